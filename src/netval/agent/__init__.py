@@ -1,0 +1,1 @@
+"""The node side: collectors (live host, recorded snapshot), pure checks, runner."""

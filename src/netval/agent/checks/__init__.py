@@ -1,0 +1,49 @@
+"""Pure checks: (snapshot, expectations) -> results. No I/O happens below this package."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+from netval.agent.checks import ecn, link, mtu, pfc, rdma
+from netval.agent.checks.context import CheckContext
+from netval.agent.checks.judged import judged_subjects
+from netval.model.ids import CheckId
+from netval.model.results import CheckResult
+from netval.model.snapshot import NodeSnapshot
+from netval.model.spec import Checks
+
+CheckFn = Callable[[CheckContext], list[CheckResult]]
+
+# The node checks in report order. Storage and peer checks need the network and live with
+# the agent runtime, not here.
+NODE_CHECKS: Final[dict[CheckId, CheckFn]] = {
+    CheckId.LINK_CARRIER: link.check_carrier,
+    CheckId.LINK_FLAPS: link.check_flaps,
+    CheckId.MTU_INTERFACE: mtu.check_interface_mtu,
+    CheckId.MTU_ROCE: mtu.check_roce_mtu,
+    CheckId.RDMA_DEVICES: rdma.check_devices,
+    CheckId.RDMA_PORT_STATE: rdma.check_port_state,
+    CheckId.RDMA_LINK_LAYER: rdma.check_link_layer,
+    CheckId.RDMA_RATE: rdma.check_rate,
+    CheckId.RDMA_GID_ROCE_V2: rdma.check_gid_roce_v2,
+    CheckId.RDMA_ERRORS: rdma.check_errors,
+    CheckId.PFC_PRIORITIES: pfc.check_priorities,
+    CheckId.PFC_TRUST: pfc.check_trust,
+    CheckId.PFC_PAUSE_STORM: pfc.check_pause_storm,
+    CheckId.PFC_DISCARDS: pfc.check_discards,
+    CheckId.ECN_NP_ENABLED: ecn.check_np_enabled,
+    CheckId.ECN_RP_ENABLED: ecn.check_rp_enabled,
+    CheckId.ECN_CNP_FLOW: ecn.check_cnp_flow,
+}
+
+
+def run_node_checks(snapshot: NodeSnapshot, checks: Checks) -> list[CheckResult]:
+    ctx = CheckContext(snapshot, checks, judged_subjects(snapshot.last, checks))
+    results: list[CheckResult] = []
+    for fn in NODE_CHECKS.values():
+        results.extend(fn(ctx))
+    return results
+
+
+__all__ = ["NODE_CHECKS", "CheckContext", "run_node_checks"]

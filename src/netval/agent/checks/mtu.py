@@ -1,0 +1,130 @@
+"""mtu.interface and mtu.roce."""
+
+from __future__ import annotations
+
+from netval.agent.checks.context import CheckContext, result, skipped
+from netval.model.ids import CheckId, Status
+from netval.model.results import CheckResult
+from netval.model.spec import ROCE_MTUS
+
+# RoCE headers (GRH 40, UDP 8, BTH 12, extended transport headers 28, ICRC 4, and
+# alignment) leave at most netdev MTU - 96 bytes for the IB payload MTU.
+ROCE_OVERHEAD = 96
+
+
+def active_roce_mtu(netdev_mtu: int) -> int | None:
+    """The largest IB MTU the driver can activate for a netdev MTU, None if none fits."""
+    fitting = [m for m in ROCE_MTUS if m <= netdev_mtu - ROCE_OVERHEAD]
+    return fitting[-1] if fitting else None
+
+
+def check_interface_mtu(ctx: CheckContext) -> list[CheckResult]:
+    if not ctx.judged.mtu_netdevs:
+        return [
+            skipped(
+                CheckId.MTU_INTERFACE,
+                ctx.node,
+                "no RDMA netdevs on this node and no interfaces named in checks.mtu.interfaces",
+            )
+        ]
+    want = ctx.checks.mtu.interface_mtu
+    out: list[CheckResult] = []
+    for name in ctx.judged.mtu_netdevs:
+        netdev = ctx.snapshot.last.netdevs.get(name)
+        expected = {"mtu": want}
+        if netdev is None:
+            out.append(
+                result(
+                    CheckId.MTU_INTERFACE,
+                    name,
+                    Status.FAIL,
+                    f"interface {name} not found on this node",
+                    expected=expected,
+                )
+            )
+        elif netdev.mtu is None:
+            out.append(
+                result(
+                    CheckId.MTU_INTERFACE,
+                    name,
+                    Status.ERROR,
+                    f"MTU of {name} not readable",
+                    expected=expected,
+                )
+            )
+        elif netdev.mtu != want:
+            out.append(
+                result(
+                    CheckId.MTU_INTERFACE,
+                    name,
+                    Status.FAIL,
+                    f"MTU {netdev.mtu}, expected {want}",
+                    {"mtu": netdev.mtu},
+                    expected,
+                )
+            )
+        else:
+            out.append(
+                result(
+                    CheckId.MTU_INTERFACE,
+                    name,
+                    Status.PASS,
+                    f"MTU {netdev.mtu}",
+                    {"mtu": netdev.mtu},
+                    expected,
+                )
+            )
+    return out
+
+
+def check_roce_mtu(ctx: CheckContext) -> list[CheckResult]:
+    if not ctx.judged.ports:
+        return [skipped(CheckId.MTU_ROCE, ctx.node, "no RDMA devices on this node")]
+    want = ctx.checks.mtu.roce_mtu
+    out: list[CheckResult] = []
+    for port in ctx.judged.ports:
+        subject = port.subject
+        if port.link_layer != "Ethernet":
+            out.append(
+                skipped(
+                    CheckId.MTU_ROCE,
+                    subject,
+                    f"link layer {port.link_layer}: not RoCE, the subnet manager sets the MTU",
+                )
+            )
+            continue
+        name = ctx.judged.port_netdev.get(subject)
+        netdev = ctx.snapshot.last.netdevs.get(name) if name else None
+        if netdev is None or netdev.mtu is None:
+            out.append(
+                result(
+                    CheckId.MTU_ROCE,
+                    subject,
+                    Status.ERROR,
+                    f"no readable netdev MTU for {subject} (netdev {name or 'unknown'})",
+                    expected={"roceMTU": want},
+                )
+            )
+            continue
+        active = active_roce_mtu(netdev.mtu)
+        observed = {"roceMTU": active, "interfaceMTU": netdev.mtu, "netdev": name}
+        if active is None or active < want:
+            message = (
+                f"active RoCE MTU {active or 'none'} (netdev {name} MTU {netdev.mtu}), "
+                f"expected {want} (needs netdev MTU >= {want + ROCE_OVERHEAD})"
+            )
+            out.append(
+                result(CheckId.MTU_ROCE, subject, Status.FAIL, message, observed, {"roceMTU": want})
+            )
+        else:
+            out.append(
+                result(
+                    CheckId.MTU_ROCE,
+                    subject,
+                    Status.PASS,
+                    f"active RoCE MTU {active} (netdev {name} MTU {netdev.mtu})",
+                    observed,
+                    {"roceMTU": want},
+                )
+            )
+    return out

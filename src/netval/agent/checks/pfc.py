@@ -1,0 +1,251 @@
+"""pfc.priorities, pfc.trust, pfc.pause_storm, pfc.discards."""
+
+from __future__ import annotations
+
+from netval.agent.checks.context import NO_DELTAS, CheckContext, result, skipped
+from netval.agent.checks.counters import deltas
+from netval.agent.drivers import DriverCounters, counters_for_driver
+from netval.model.ids import CheckId, Status
+from netval.model.results import CheckResult
+from netval.model.snapshot import Netdev
+
+
+def _no_qos(check: CheckId, ctx: CheckContext) -> list[CheckResult]:
+    return [skipped(check, ctx.node, "no RDMA netdevs on this node: PFC is not judged")]
+
+
+def _dcb_missing(check: CheckId, name: str, netdev: Netdev | None) -> CheckResult:
+    if netdev is None:
+        return result(check, name, Status.ERROR, f"interface {name} not found on this node")
+    return skipped(
+        check,
+        name,
+        f"DCB not readable on {name} (driver {netdev.driver or 'unknown'} has no DCB netlink support)",
+    )
+
+
+def check_priorities(ctx: CheckContext) -> list[CheckResult]:
+    if not ctx.judged.qos_netdevs:
+        return _no_qos(CheckId.PFC_PRIORITIES, ctx)
+    want = ctx.checks.pfc.priorities
+    out: list[CheckResult] = []
+    for name in ctx.judged.qos_netdevs:
+        netdev = ctx.snapshot.last.netdevs.get(name)
+        if netdev is None or netdev.dcb is None:
+            out.append(_dcb_missing(CheckId.PFC_PRIORITIES, name, netdev))
+            continue
+        have = sorted(netdev.dcb.pfc_enabled)
+        observed = {"priorities": list(have)}
+        expected = {"priorities": list(want)}
+        if have == want:
+            out.append(
+                result(
+                    CheckId.PFC_PRIORITIES,
+                    name,
+                    Status.PASS,
+                    f"PFC enabled on {have}",
+                    observed,
+                    expected,
+                )
+            )
+        else:
+            missing = sorted(set(want) - set(have))
+            extra = sorted(set(have) - set(want))
+            parts = []
+            if missing:
+                parts.append(f"not enabled on {missing} (that traffic is lossy)")
+            if extra:
+                parts.append(f"also enabled on {extra} (pause can spread to other classes)")
+            out.append(
+                result(
+                    CheckId.PFC_PRIORITIES,
+                    name,
+                    Status.FAIL,
+                    f"PFC enabled on {have or 'no priority'}, expected exactly {want}: "
+                    + "; ".join(parts),
+                    observed,
+                    expected,
+                )
+            )
+    return out
+
+
+def check_trust(ctx: CheckContext) -> list[CheckResult]:
+    if not ctx.judged.qos_netdevs:
+        return _no_qos(CheckId.PFC_TRUST, ctx)
+    want = ctx.checks.pfc.trust.value
+    out: list[CheckResult] = []
+    for name in ctx.judged.qos_netdevs:
+        netdev = ctx.snapshot.last.netdevs.get(name)
+        if netdev is None or netdev.dcb is None:
+            out.append(_dcb_missing(CheckId.PFC_TRUST, name, netdev))
+            continue
+        have = netdev.dcb.trust
+        dscp_entries = sum(1 for a in netdev.dcb.app if a.selector == "dscp")
+        observed = {"trust": have, "dscpMappings": dscp_entries}
+        ok = have == want
+        out.append(
+            result(
+                CheckId.PFC_TRUST,
+                name,
+                Status.PASS if ok else Status.FAIL,
+                f"trust {have} ({dscp_entries} DSCP mapping(s) in the DCB app table)"
+                + ("" if ok else f", expected trust {want}"),
+                observed,
+                {"trust": want},
+            )
+        )
+    return out
+
+
+def _counter_inputs(
+    ctx: CheckContext, check: CheckId, name: str
+) -> tuple[DriverCounters, dict[str, int], dict[str, int]] | CheckResult:
+    """The driver map and both samples' ethtool stats, or the skip that explains why not."""
+    if not ctx.snapshot.has_deltas:
+        return skipped(check, name, NO_DELTAS)
+    first, last = ctx.netdev_pair(name)
+    if last is None:
+        return result(check, name, Status.ERROR, f"interface {name} not found on this node")
+    driver = counters_for_driver(last.driver)
+    if driver is None:
+        return skipped(
+            check, name, f"driver {last.driver or 'unknown'} of {name}: counter names not mapped"
+        )
+    if first is None or first.ethtool is None or last.ethtool is None:
+        return skipped(check, name, f"ethtool statistics of {name} not readable")
+    return driver, first.ethtool, last.ethtool
+
+
+def check_pause_storm(ctx: CheckContext) -> list[CheckResult]:
+    if not ctx.judged.qos_netdevs:
+        return _no_qos(CheckId.PFC_PAUSE_STORM, ctx)
+    spec = ctx.checks.pfc
+    elapsed_us = ctx.snapshot.elapsed_seconds * 1e6
+    out: list[CheckResult] = []
+    for name in ctx.judged.qos_netdevs:
+        inputs = _counter_inputs(ctx, CheckId.PFC_PAUSE_STORM, name)
+        if isinstance(inputs, CheckResult):
+            out.append(inputs)
+            continue
+        driver, first, last = inputs
+        storms = deltas(first, last, driver.pause_storm_events)
+        grown = {k: v for k, v in storms.items() if v}
+        if grown:
+            out.append(
+                result(
+                    CheckId.PFC_PAUSE_STORM,
+                    name,
+                    Status.FAIL,
+                    "pause storm: "
+                    + ", ".join(f"{k} +{v}" for k, v in grown.items())
+                    + f" in {ctx.interval_text()} (the NIC kept pausing past its stall "
+                    "watermark); expected none",
+                    {**storms},
+                    {k: 0 for k in storms},
+                )
+            )
+        elif storms:
+            out.append(
+                result(
+                    CheckId.PFC_PAUSE_STORM,
+                    name,
+                    Status.PASS,
+                    f"no pause-storm events in {ctx.interval_text()}",
+                    {**storms},
+                    {k: 0 for k in storms},
+                )
+            )
+        for prio in spec.priorities:
+            subject = f"{name}/prio{prio}"
+            names = (
+                driver.per_prio(driver.rx_pause_duration, prio),
+                driver.per_prio(driver.tx_pause_duration, prio),
+            )
+            got = deltas(first, last, names)
+            if len(got) < 2 or elapsed_us <= 0:
+                out.append(
+                    skipped(
+                        CheckId.PFC_PAUSE_STORM,
+                        subject,
+                        f"pause duration counters {list(names)} not readable",
+                    )
+                )
+                continue
+            rx_pct = 100.0 * got[names[0]] / elapsed_us
+            tx_pct = 100.0 * got[names[1]] / elapsed_us
+            worst_pct = max(rx_pct, tx_pct)
+            observed = {"rxPausePercent": round(rx_pct, 3), "txPausePercent": round(tx_pct, 3)}
+            expected = {
+                "warnPausePercent": spec.warn_pause_percent,
+                "maxPausePercent": spec.max_pause_percent,
+            }
+            text = (
+                f"paused {rx_pct:.2f}% (rx, peer asked us) and {tx_pct:.2f}% (tx, we asked the peer) "
+                f"of {ctx.interval_text()}"
+            )
+            if worst_pct > spec.max_pause_percent:
+                status, message = (
+                    Status.FAIL,
+                    f"{text}; expected at most {spec.max_pause_percent:g}%",
+                )
+            elif worst_pct > spec.warn_pause_percent:
+                status, message = Status.WARN, f"{text}; warning above {spec.warn_pause_percent:g}%"
+            else:
+                status, message = Status.PASS, text
+            out.append(
+                result(CheckId.PFC_PAUSE_STORM, subject, status, message, observed, expected)
+            )
+    return out
+
+
+def check_discards(ctx: CheckContext) -> list[CheckResult]:
+    if not ctx.judged.qos_netdevs:
+        return _no_qos(CheckId.PFC_DISCARDS, ctx)
+    limit = ctx.checks.pfc.max_discards_per_interval
+    out: list[CheckResult] = []
+    for name in ctx.judged.qos_netdevs:
+        inputs = _counter_inputs(ctx, CheckId.PFC_DISCARDS, name)
+        if isinstance(inputs, CheckResult):
+            out.append(inputs)
+            continue
+        driver, first, last = inputs
+        names = driver.discards
+        if driver.prio_discards:
+            names += tuple(
+                driver.per_prio(driver.prio_discards, p) for p in ctx.checks.pfc.priorities
+            )
+        got = deltas(first, last, names)
+        if not got:
+            out.append(
+                skipped(CheckId.PFC_DISCARDS, name, f"discard counters {list(names)} not readable")
+            )
+            continue
+        total = sum(got.values())
+        grown = ", ".join(f"{k} +{v}" for k, v in got.items() if v)
+        observed: dict[str, int] = {**got, "total": total}
+        expected = {"maxDiscardsPerInterval": limit}
+        if total > limit:
+            out.append(
+                result(
+                    CheckId.PFC_DISCARDS,
+                    name,
+                    Status.FAIL,
+                    f"{grown} in {ctx.interval_text()}; expected at most {limit} "
+                    "(a lossless class must not drop)",
+                    {**observed},
+                    expected,
+                )
+            )
+        else:
+            out.append(
+                result(
+                    CheckId.PFC_DISCARDS,
+                    name,
+                    Status.PASS,
+                    f"{total} discards in {ctx.interval_text()}",
+                    {**observed},
+                    expected,
+                )
+            )
+    return out

@@ -1,0 +1,274 @@
+"""rdma.devices, rdma.port_state, rdma.link_layer, rdma.rate, rdma.gid_roce_v2, rdma.errors."""
+
+from __future__ import annotations
+
+from netval.agent.checks.context import NO_DELTAS, CheckContext, result, skipped
+from netval.agent.checks.counters import deltas
+from netval.agent.drivers import counters_for_rdma_device
+from netval.model.ids import CheckId, Status
+from netval.model.results import CheckResult
+from netval.model.snapshot import RdmaPort
+
+_ACTIVE = "ACTIVE"
+_LINK_UP = "LinkUp"
+_ROCE_V2 = "RoCE v2"
+
+
+def _no_devices(check: CheckId, ctx: CheckContext) -> list[CheckResult]:
+    return [skipped(check, ctx.node, "no RDMA devices on this node (/sys/class/infiniband)")]
+
+
+def _is_active(port: RdmaPort) -> bool:
+    return bool(port.state and port.state.endswith(_ACTIVE))
+
+
+def check_devices(ctx: CheckContext) -> list[CheckResult]:
+    present = ctx.snapshot.last.rdma
+    wanted = ctx.checks.rdma.devices
+    if not present and not wanted:
+        return _no_devices(CheckId.RDMA_DEVICES, ctx)
+    out: list[CheckResult] = []
+    for name in wanted:
+        if name not in present:
+            out.append(
+                result(
+                    CheckId.RDMA_DEVICES,
+                    name,
+                    Status.FAIL,
+                    f"RDMA device {name} not found; present: {', '.join(sorted(present)) or 'none'}",
+                    {"present": sorted(present)},
+                    {"devices": list(wanted)},
+                )
+            )
+    for name in sorted(present):
+        device = present[name]
+        out.append(
+            result(
+                CheckId.RDMA_DEVICES,
+                name,
+                Status.PASS,
+                f"present ({len(device.ports)} port(s), firmware {device.fw_ver or 'unknown'})",
+                {"ports": len(device.ports), "fwVer": device.fw_ver, "boardId": device.board_id},
+                {"devices": list(wanted)} if wanted else {},
+            )
+        )
+    return out
+
+
+def check_port_state(ctx: CheckContext) -> list[CheckResult]:
+    if not ctx.judged.ports:
+        return _no_devices(CheckId.RDMA_PORT_STATE, ctx)
+    out: list[CheckResult] = []
+    expected = {"state": "4: ACTIVE", "physState": "5: LinkUp"}
+    for port in ctx.judged.ports:
+        observed = {"state": port.state, "physState": port.phys_state}
+        phys_ok = bool(port.phys_state and port.phys_state.endswith(_LINK_UP))
+        if _is_active(port) and phys_ok:
+            out.append(
+                result(
+                    CheckId.RDMA_PORT_STATE,
+                    port.subject,
+                    Status.PASS,
+                    f"{port.state}, {port.phys_state}",
+                    observed,
+                    expected,
+                )
+            )
+        else:
+            out.append(
+                result(
+                    CheckId.RDMA_PORT_STATE,
+                    port.subject,
+                    Status.FAIL,
+                    f"port state {port.state or 'unreadable'}, physical state "
+                    f"{port.phys_state or 'unreadable'}; expected 4: ACTIVE, 5: LinkUp",
+                    observed,
+                    expected,
+                )
+            )
+    return out
+
+
+def check_link_layer(ctx: CheckContext) -> list[CheckResult]:
+    if not ctx.judged.ports:
+        return _no_devices(CheckId.RDMA_LINK_LAYER, ctx)
+    want = ctx.checks.rdma.link_layer.value
+    out: list[CheckResult] = []
+    for port in ctx.judged.ports:
+        ok = port.link_layer == want
+        out.append(
+            result(
+                CheckId.RDMA_LINK_LAYER,
+                port.subject,
+                Status.PASS if ok else Status.FAIL,
+                f"link layer {port.link_layer}" + ("" if ok else f", expected {want}"),
+                {"linkLayer": port.link_layer},
+                {"linkLayer": want},
+            )
+        )
+    return out
+
+
+def check_rate(ctx: CheckContext) -> list[CheckResult]:
+    if not ctx.judged.ports:
+        return _no_devices(CheckId.RDMA_RATE, ctx)
+    minimum = ctx.checks.rdma.min_rate_gbps
+    # Without a stated minimum, the ports of one node are expected to run at one rate: a port
+    # that negotiated down (a bad cable or optic) runs below its siblings.
+    active_rates = [r for p in ctx.judged.ports if _is_active(p) and (r := p.rate_gbps) is not None]
+    reference = minimum if minimum is not None else max(active_rates, default=None)
+    basis = "checks.rdma.minRateGbps" if minimum is not None else "the fastest port on this node"
+    out: list[CheckResult] = []
+    for port in ctx.judged.ports:
+        rate = port.rate_gbps
+        if not _is_active(port):
+            out.append(
+                skipped(
+                    CheckId.RDMA_RATE,
+                    port.subject,
+                    f"port not active ({port.state}); rate not judged",
+                )
+            )
+            continue
+        if rate is None or reference is None:
+            out.append(
+                result(
+                    CheckId.RDMA_RATE,
+                    port.subject,
+                    Status.ERROR,
+                    f"rate not readable ({port.rate!r})",
+                )
+            )
+            continue
+        observed = {"rateGbps": rate, "rate": port.rate}
+        expected = {"minRateGbps": reference}
+        if rate < reference:
+            out.append(
+                result(
+                    CheckId.RDMA_RATE,
+                    port.subject,
+                    Status.FAIL,
+                    f"rate {port.rate}, expected at least {reference:g} Gb/s ({basis})",
+                    observed,
+                    expected,
+                )
+            )
+        else:
+            out.append(
+                result(
+                    CheckId.RDMA_RATE,
+                    port.subject,
+                    Status.PASS,
+                    f"rate {port.rate}",
+                    observed,
+                    expected,
+                )
+            )
+    return out
+
+
+def check_gid_roce_v2(ctx: CheckContext) -> list[CheckResult]:
+    if not ctx.judged.ports:
+        return _no_devices(CheckId.RDMA_GID_ROCE_V2, ctx)
+    out: list[CheckResult] = []
+    for port in ctx.judged.ports:
+        subject = port.subject
+        if port.link_layer != "Ethernet":
+            out.append(
+                skipped(
+                    CheckId.RDMA_GID_ROCE_V2, subject, f"link layer {port.link_layer}: not RoCE"
+                )
+            )
+            continue
+        if not ctx.checks.rdma.require_ro_ce_v2:
+            out.append(
+                skipped(CheckId.RDMA_GID_ROCE_V2, subject, "checks.rdma.requireRoCEv2 is false")
+            )
+            continue
+        populated = [g for g in port.gids if g.populated]
+        v2 = [g for g in populated if g.type == _ROCE_V2]
+        types = sorted({g.type or "unknown" for g in populated})
+        observed = {"populatedGids": len(populated), "roceV2Gids": len(v2), "types": list(types)}
+        if v2:
+            out.append(
+                result(
+                    CheckId.RDMA_GID_ROCE_V2,
+                    subject,
+                    Status.PASS,
+                    f"{len(v2)} RoCE v2 GID(s), e.g. index {v2[0].index} on {v2[0].ndev or 'unknown netdev'}",
+                    observed,
+                    {"roceV2Gids": ">=1"},
+                )
+            )
+        elif not populated:
+            out.append(
+                result(
+                    CheckId.RDMA_GID_ROCE_V2,
+                    subject,
+                    Status.FAIL,
+                    "no populated GID (does the netdev have an IP address?); expected a RoCE v2 GID",
+                    observed,
+                    {"roceV2Gids": ">=1"},
+                )
+            )
+        else:
+            out.append(
+                result(
+                    CheckId.RDMA_GID_ROCE_V2,
+                    subject,
+                    Status.FAIL,
+                    f"no RoCE v2 GID: {len(populated)} populated GID(s) of type {', '.join(types)}; "
+                    "expected a RoCE v2 GID (RoCE v1 is not routable across L3 fabrics)",
+                    observed,
+                    {"roceV2Gids": ">=1"},
+                )
+            )
+    return out
+
+
+def check_errors(ctx: CheckContext) -> list[CheckResult]:
+    if not ctx.judged.ports:
+        return _no_devices(CheckId.RDMA_ERRORS, ctx)
+    limit = ctx.checks.rdma.max_errors_per_interval
+    out: list[CheckResult] = []
+    for port in ctx.judged.ports:
+        subject = port.subject
+        if not ctx.snapshot.has_deltas:
+            out.append(skipped(CheckId.RDMA_ERRORS, subject, NO_DELTAS))
+            continue
+        netdev_name = ctx.judged.port_netdev.get(subject)
+        netdev = ctx.snapshot.last.netdevs.get(netdev_name) if netdev_name else None
+        driver = counters_for_rdma_device(port.device, netdev.driver if netdev else None)
+        if driver is None:
+            out.append(
+                skipped(
+                    CheckId.RDMA_ERRORS,
+                    subject,
+                    f"unknown RDMA driver for {port.device}: its error counter names are not mapped",
+                )
+            )
+            continue
+        first_device = ctx.snapshot.first.rdma.get(port.device)
+        first_port = first_device.ports.get(port.port) if first_device else None
+        grown = deltas(
+            first_port.hw_counters if first_port else None, port.hw_counters, driver.rdma_errors
+        )
+        if not grown:
+            out.append(
+                skipped(CheckId.RDMA_ERRORS, subject, "no error counters readable in hw_counters")
+            )
+            continue
+        nonzero = {k: v for k, v in grown.items() if v}
+        expected = {"maxErrorsPerInterval": limit}
+        detail = ", ".join(f"{k} +{v}" for k, v in nonzero.items())
+        if any(v > limit for v in nonzero.values()):
+            status = Status.FAIL
+            message = f"{detail} in {ctx.interval_text()}; expected at most {limit} per counter"
+        elif nonzero:
+            status = Status.WARN
+            message = f"{detail} in {ctx.interval_text()} (within {limit} per counter)"
+        else:
+            status = Status.PASS
+            message = f"no RDMA transport errors in {ctx.interval_text()}"
+        out.append(result(CheckId.RDMA_ERRORS, subject, status, message, {**grown}, expected))
+    return out

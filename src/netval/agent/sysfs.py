@@ -1,0 +1,237 @@
+"""Parse a sysfs tree (live `/sys`, or a recorded snapshot's copy of it) into typed data.
+
+One parser serves both collectors, so a recorded snapshot yields exactly the typed data the
+live host did. Reads are per judged interface: a node with hundreds of pod veths costs the
+same as one without them.
+
+Live mode (`strict=False`): a file that cannot be read or parsed is unknown (None).
+Recorded mode (`strict=True`): an absent file is still unknown (a failed read on the node),
+but a file that is present and malformed is bad input and raises `SnapshotDataError`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Final
+
+from netval.model.snapshot import ZERO_GID, Dcb, Gid, Netdev, RdmaDevice, RdmaPort
+
+PRIORITIES: Final = range(8)
+# Files copied per netdev / RDMA port when recording; the parser reads the same names.
+NETDEV_FILES: Final = (
+    "mtu",
+    "carrier",
+    "operstate",
+    "carrier_changes",
+    "speed",
+    "address",
+    "device/uevent",
+    "bonding/slaves",
+)
+PORT_FILES: Final = ("state", "phys_state", "rate", "link_layer")
+DEVICE_FILES: Final = ("node_type", "fw_ver", "board_id")
+
+
+class SnapshotDataError(ValueError):
+    """A recorded file is present but its content is not what the kernel writes."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+class SysfsReader:
+    def __init__(
+        self,
+        sys_root: Path,
+        *,
+        rdma_cm_root: Path | None = None,
+        strict: bool = False,
+        hw_counter_names: Iterable[str] = (),
+        port_counter_names: Iterable[str] = (),
+    ) -> None:
+        self.sys_root = sys_root
+        self.net_root = sys_root / "class" / "net"
+        self.ib_root = sys_root / "class" / "infiniband"
+        self.rdma_cm_root = rdma_cm_root
+        self.strict = strict
+        # Only the counters checks read: an mlx5 port exposes ~60 counter files and reading
+        # them all would cost more than the rest of the cycle.
+        self.hw_counter_names = tuple(sorted(set(hw_counter_names)))
+        self.port_counter_names = tuple(sorted(set(port_counter_names)))
+
+    # -- primitive reads -------------------------------------------------------------------
+
+    def text(self, path: Path) -> str | None:
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+        except OSError:
+            return None
+        try:
+            value = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            if self.strict:
+                raise SnapshotDataError(path, "not UTF-8 text") from None
+            return None
+        # The kernel answers some reads with an empty string (ECN enables on some firmware):
+        # that is no value, not the value "".
+        return value or None
+
+    def integer(self, path: Path) -> int | None:
+        value = self.text(path)
+        if value is None:
+            return None
+        try:
+            return int(value, 0) if value.startswith("0x") else int(value)
+        except ValueError:
+            if self.strict:
+                raise SnapshotDataError(path, f"not an integer: {value[:40]!r}") from None
+            return None
+
+    def listdir(self, path: Path) -> list[str]:
+        try:
+            return sorted(os.listdir(path))
+        except OSError:
+            return []
+
+    # -- netdevs ---------------------------------------------------------------------------
+
+    def netdev_exists(self, name: str) -> bool:
+        return (self.net_root / name).is_dir()
+
+    def read_netdev(
+        self, name: str, *, ethtool: dict[str, int] | None = None, dcb: Dcb | None = None
+    ) -> Netdev | None:
+        """A netdev's sysfs state; ethtool stats and DCB come from the caller's source."""
+        base = self.net_root / name
+        mtu = self.integer(base / "mtu")
+        operstate = self.text(base / "operstate")
+        if mtu is None and operstate is None and not base.is_dir():
+            return None
+        speed = self.integer(base / "speed")
+        slaves = self.text(base / "bonding" / "slaves")
+        return Netdev(
+            name=name,
+            mtu=mtu,
+            carrier=self.integer(base / "carrier"),
+            operstate=operstate,
+            carrier_changes=self.integer(base / "carrier_changes"),
+            # A down link reads -1 (or EINVAL) for speed: unknown either way.
+            speed_mbps=speed if speed is not None and speed >= 0 else None,
+            address=self.text(base / "address"),
+            driver=self._driver(base),
+            bond_slaves=tuple(slaves.split()) if slaves else (),
+            ecn_np=self._ecn(base / "ecn" / "roce_np" / "enable"),
+            ecn_rp=self._ecn(base / "ecn" / "roce_rp" / "enable"),
+            ethtool=ethtool,
+            dcb=dcb,
+        )
+
+    def _driver(self, base: Path) -> str | None:
+        uevent = self.text(base / "device" / "uevent")
+        if uevent is None:
+            return None
+        for line in uevent.splitlines():
+            if line.startswith("DRIVER="):
+                return line[len("DRIVER=") :] or None
+        return None
+
+    def _ecn(self, enable_dir: Path) -> dict[int, bool]:
+        out: dict[int, bool] = {}
+        if not enable_dir.is_dir():
+            return out
+        for prio in PRIORITIES:
+            value = self.integer(enable_dir / str(prio))
+            if value is not None:
+                out[prio] = value != 0
+        return out
+
+    # -- RDMA ------------------------------------------------------------------------------
+
+    def rdma_device_names(self) -> list[str]:
+        return self.listdir(self.ib_root)
+
+    def read_rdma_device(
+        self,
+        name: str,
+        *,
+        gid_indices: Callable[[str, int, Path], Iterable[int]] | None = None,
+    ) -> RdmaDevice:
+        """`gid_indices(device, port, gids_dir)` lets the live collector skip empty slots."""
+        base = self.ib_root / name
+        ports: dict[int, RdmaPort] = {}
+        for port_name in self.listdir(base / "ports"):
+            if not port_name.isdigit():
+                continue
+            port = int(port_name)
+            ports[port] = self._read_port(name, port, base / "ports" / port_name, gid_indices)
+        hint = self.listdir(base / "device" / "net")
+        return RdmaDevice(
+            name=name,
+            node_type=self.text(base / "node_type"),
+            fw_ver=self.text(base / "fw_ver"),
+            board_id=self.text(base / "board_id"),
+            netdev_hint=hint[0] if hint else None,
+            ports=ports,
+        )
+
+    def _read_port(
+        self,
+        device: str,
+        port: int,
+        base: Path,
+        gid_indices: Callable[[str, int, Path], Iterable[int]] | None,
+    ) -> RdmaPort:
+        gids_dir = base / "gids"
+        indices = (
+            gid_indices(device, port, gids_dir)
+            if gid_indices is not None
+            else self.all_gid_indices(gids_dir)
+        )
+        gids = tuple(g for g in (self.read_gid(base, i) for i in indices) if g is not None)
+        counters = self._counters(base / "counters", self.port_counter_names)
+        hw_counters = self._counters(base / "hw_counters", self.hw_counter_names)
+        tos = None
+        if self.rdma_cm_root is not None:
+            tos = self.integer(
+                self.rdma_cm_root / device / "ports" / str(port) / "default_roce_tos"
+            )
+        return RdmaPort(
+            device=device,
+            port=port,
+            state=self.text(base / "state"),
+            phys_state=self.text(base / "phys_state"),
+            rate=self.text(base / "rate"),
+            link_layer=self.text(base / "link_layer"),
+            gids=gids,
+            counters=counters,
+            hw_counters=hw_counters,
+            default_roce_tos=tos,
+        )
+
+    def all_gid_indices(self, gids_dir: Path) -> list[int]:
+        return sorted(int(n) for n in self.listdir(gids_dir) if n.isdigit())
+
+    def read_gid(self, port_dir: Path, index: int) -> Gid | None:
+        """A populated GID slot; empty (all-zero) slots are None, like unreadable ones."""
+        gid = self.text(port_dir / "gids" / str(index))
+        if gid is None or gid == ZERO_GID:
+            return None
+        return Gid(
+            index=index,
+            gid=gid,
+            type=self.text(port_dir / "gid_attrs" / "types" / str(index)),
+            ndev=self.text(port_dir / "gid_attrs" / "ndevs" / str(index)),
+        )
+
+    def _counters(self, directory: Path, names: tuple[str, ...]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for name in names:
+            value = self.integer(directory / name)
+            if value is not None:
+                out[name] = value
+        return out

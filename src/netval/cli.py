@@ -1,0 +1,248 @@
+"""`netval` command line: probe, snapshot.
+
+Exit codes (a contract for scripts and CI): 0 nothing failed or errored, 1 a check failed or
+errored, 2 bad usage or bad input (one line on stderr naming the file and field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final
+
+import yaml
+
+from netval import __version__
+from netval.model.manifest import ConfigError, ProbeConfig, probe_config_from_document
+
+EXIT_OK: Final = 0
+EXIT_UNHEALTHY: Final = 1
+EXIT_BAD_INPUT: Final = 2
+MAX_CONFIG_BYTES: Final = 1 << 20
+
+
+class BadInput(Exception):
+    """Input the user must fix; printed as one line, exit 2."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 3600 seconds: {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="netval",
+        description="Validate the network fabric of GPU nodes (RoCE, MTU, PFC, ECN, links).",
+    )
+    parser.add_argument("--version", action="version", version=f"netval {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    probe = sub.add_parser(
+        "probe",
+        help="run the node checks on this host or on a recorded snapshot",
+        description="Run the node checks on this host (default) or on a recorded snapshot.",
+    )
+    probe.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        metavar="SNAPSHOT_DIR",
+        help="evaluate a recorded netval-snapshot/1 directory instead of this host",
+    )
+    _add_common(probe)
+    probe.add_argument(
+        "--output",
+        choices=("table", "json"),
+        default="table",
+        help="table for people (default), json for the report schema",
+    )
+    probe.add_argument(
+        "-v", "--verbose", action="store_true", help="table: list passing checks one by one"
+    )
+
+    snap = sub.add_parser(
+        "snapshot",
+        help="record this host in the netval-snapshot/1 format",
+        description="Record this host so `netval probe --from DIR` can evaluate it anywhere.",
+    )
+    snap.add_argument("--out", type=Path, required=True, metavar="DIR", help="new or empty dir")
+    _add_common(snap, default_interval=5.0)
+    return parser
+
+
+def _add_common(p: argparse.ArgumentParser, default_interval: float = 1.0) -> None:
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="NetworkValidation YAML (uses spec.checks) or a bare checks mapping",
+    )
+    p.add_argument(
+        "--samples",
+        type=_positive_int,
+        default=2,
+        metavar="N",
+        help="samples to take on a live host; counters are judged first vs last (default 2)",
+    )
+    p.add_argument(
+        "--interval",
+        type=_seconds,
+        default=default_interval,
+        metavar="S",
+        help=f"seconds between samples (default {default_interval:g})",
+    )
+    p.add_argument(
+        "--node", metavar="NAME", help="node name (default: NETVAL_NODE_NAME or hostname)"
+    )
+
+
+def load_probe_config(path: Path | None) -> ProbeConfig:
+    if path is None:
+        return probe_config_from_document(None)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise BadInput(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        docs = [d for d in yaml.safe_load_all(raw.decode("utf-8")) if d is not None]
+    except UnicodeDecodeError:
+        raise BadInput(f"{path}: not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise BadInput(f"{path}: invalid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if len(docs) > 1:
+        raise BadInput(f"{path}: holds {len(docs)} YAML documents, expected one")
+    try:
+        return probe_config_from_document(docs[0] if docs else None)
+    except ConfigError as exc:
+        raise BadInput(f"{path}: {exc}") from None
+
+
+def _node_name(explicit: str | None) -> str:
+    return explicit or os.environ.get("NETVAL_NODE_NAME") or socket.gethostname()
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from netval.agent.report_builder import build_report
+    from netval.agent.snapshot_dir import SnapshotError, load_snapshot
+    from netval.table_output import render_table, use_colour
+
+    config = load_probe_config(args.config)
+    started_at = datetime.now(UTC)
+    t0 = time.perf_counter()
+    if args.source is not None:
+        try:
+            snapshot = load_snapshot(args.source)
+        except SnapshotError as exc:
+            raise BadInput(str(exc)) from None
+    else:
+        from netval.agent.collect_live import LiveCollector, collect
+
+        with LiveCollector(interfaces=config.checks.named_interfaces) as collector:
+            snapshot = collect(
+                collector,
+                node=_node_name(args.node),
+                samples=args.samples,
+                interval=args.interval,
+            )
+    report = build_report(
+        snapshot,
+        config.checks,
+        validation=config.validation,
+        generation=0,
+        started_at=started_at,
+        duration_ms=(time.perf_counter() - t0) * 1000,
+    )
+    if args.output == "json":
+        sys.stdout.write(report.to_json() + "\n")
+    else:
+        sys.stdout.write(render_table(report, colour=use_colour(sys.stdout), verbose=args.verbose))
+    return EXIT_UNHEALTHY if report.status.is_bad else EXIT_OK
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from netval.agent.collect_live import DEFAULT_RDMA_CM_ROOT, DEFAULT_SYS_ROOT, LiveCollector
+    from netval.agent.snapshot_dir import (
+        MIN_SAMPLES,
+        SnapshotError,
+        hardware_netdevs,
+        prepare_output_dir,
+        record_sample,
+        write_meta,
+    )
+
+    if args.samples < MIN_SAMPLES:
+        raise BadInput(f"--samples: a snapshot needs at least {MIN_SAMPLES} samples")
+    config = load_probe_config(args.config)
+    try:
+        prepare_output_dir(args.out)
+    except SnapshotError as exc:
+        raise BadInput(str(exc)) from None
+    interfaces = [*config.checks.named_interfaces, *hardware_netdevs(DEFAULT_SYS_ROOT)]
+    captured_at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    starts: list[float] = []
+    with LiveCollector(interfaces=list(dict.fromkeys(interfaces))) as collector:
+        start = time.monotonic()
+        for i in range(args.samples):
+            delay = start + i * args.interval - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            starts.append(time.monotonic())
+            sample = collector.sample()
+            record_sample(
+                args.out / "samples" / str(i),
+                sample,
+                sys_root=DEFAULT_SYS_ROOT,
+                rdma_cm_root=DEFAULT_RDMA_CM_ROOT,
+            )
+    write_meta(
+        args.out,
+        node=_node_name(args.node),
+        captured_at=captured_at,
+        interval_seconds=round((starts[-1] - starts[0]) / (len(starts) - 1), 3),
+    )
+    sys.stderr.write(f"recorded {args.samples} samples in {args.out}\n")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"probe": cmd_probe, "snapshot": cmd_snapshot}
+    try:
+        return handlers[args.command](args)
+    except BadInput as exc:
+        sys.stderr.write(f"netval: error: {exc}\n")
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

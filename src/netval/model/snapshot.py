@@ -1,0 +1,143 @@
+"""The typed node snapshot: what collectors produce and checks judge.
+
+Both the live collector and the recorded-snapshot reader produce these types, so a recorded
+snapshot evaluates exactly as the live host did. `None` always means "could not be read"
+(EINVAL on a down link's speed, an empty ECN read, DCB unsupported): checks turn it into a
+skip or a clear failure, never a crash.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+SNAPSHOT_FORMAT: Final = "netval-snapshot/1"
+
+ZERO_GID: Final = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+@dataclass(frozen=True, slots=True)
+class DcbApp:
+    selector: str  # "dscp", "ethertype", "stream", "dgram", "any", or "sel<N>"
+    protocol: int
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class Dcb:
+    """IEEE 802.1Qaz state of a netdev (DCB_CMD_IEEE_GET)."""
+
+    pfc_enabled: frozenset[int]
+    pfc_requests: tuple[int, ...] = ()
+    pfc_indications: tuple[int, ...] = ()
+    app: tuple[DcbApp, ...] = ()
+
+    @property
+    def trust(self) -> str:
+        """mlx5 trusts DSCP exactly when the app table maps DSCP values to priorities."""
+        return "dscp" if any(a.selector == "dscp" for a in self.app) else "pcp"
+
+
+@dataclass(frozen=True, slots=True)
+class Netdev:
+    name: str
+    mtu: int | None = None
+    carrier: int | None = None
+    operstate: str | None = None
+    carrier_changes: int | None = None
+    speed_mbps: int | None = None
+    address: str | None = None
+    driver: str | None = None
+    bond_slaves: tuple[str, ...] = ()
+    ecn_np: dict[int, bool] = field(default_factory=dict)
+    ecn_rp: dict[int, bool] = field(default_factory=dict)
+    ethtool: dict[str, int] | None = None
+    dcb: Dcb | None = None
+
+    @property
+    def has_ecn_controls(self) -> bool:
+        return bool(self.ecn_np or self.ecn_rp)
+
+
+@dataclass(frozen=True, slots=True)
+class Gid:
+    index: int
+    gid: str
+    type: str | None = None  # "RoCE v2", "IB/RoCE v1"
+    ndev: str | None = None
+
+    @property
+    def populated(self) -> bool:
+        return self.gid != ZERO_GID
+
+
+@dataclass(frozen=True, slots=True)
+class RdmaPort:
+    device: str
+    port: int
+    state: str | None = None  # "4: ACTIVE"
+    phys_state: str | None = None  # "5: LinkUp"
+    rate: str | None = None  # "400 Gb/sec (4X NDR)"
+    link_layer: str | None = None  # "Ethernet" | "InfiniBand"
+    gids: tuple[Gid, ...] = ()
+    counters: dict[str, int] = field(default_factory=dict)
+    hw_counters: dict[str, int] = field(default_factory=dict)
+    default_roce_tos: int | None = None
+
+    @property
+    def subject(self) -> str:
+        return f"{self.device}/{self.port}"
+
+    @property
+    def rate_gbps(self) -> float | None:
+        if not self.rate:
+            return None
+        try:
+            return float(self.rate.split()[0])
+        except (ValueError, IndexError):
+            return None
+
+    @property
+    def netdevs(self) -> tuple[str, ...]:
+        """Netdevs this port's populated GIDs are bound to, in GID order."""
+        return tuple(dict.fromkeys(g.ndev for g in self.gids if g.populated and g.ndev))
+
+
+@dataclass(frozen=True, slots=True)
+class RdmaDevice:
+    name: str
+    node_type: str | None = None
+    fw_ver: str | None = None
+    board_id: str | None = None
+    netdev_hint: str | None = None  # from /sys/class/net/<if>/device/infiniband
+    ports: dict[int, RdmaPort] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    netdevs: dict[str, Netdev]
+    rdma: dict[str, RdmaDevice]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    node: str
+    captured_at: str
+    interval_seconds: float
+    samples: tuple[Sample, ...]
+
+    @property
+    def first(self) -> Sample:
+        return self.samples[0]
+
+    @property
+    def last(self) -> Sample:
+        return self.samples[-1]
+
+    @property
+    def elapsed_seconds(self) -> float:
+        return self.interval_seconds * (len(self.samples) - 1)
+
+    @property
+    def has_deltas(self) -> bool:
+        return len(self.samples) >= 2

@@ -1,0 +1,188 @@
+"""The NetworkValidation spec (camelCase on the wire): expectations shared by agent and operator.
+
+This is a trust boundary (user YAML, the rendered agent config), so every model forbids
+unknown fields and bounds its values; defaults are documented in docs/checks.md.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Final
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from netval.model.duration import DURATION_PATTERN, parse_duration
+
+MIN_INTERVAL_SECONDS: Final = 5.0
+
+Priority = Annotated[int, Field(ge=0, le=7)]
+IfName = Annotated[str, Field(min_length=1, max_length=15, pattern=r"^[^/\s:]+$")]
+RoceMTU = Annotated[int, Field(description="one of 256, 512, 1024, 2048, 4096")]
+ROCE_MTUS: Final = (256, 512, 1024, 2048, 4096)
+
+
+def _unique_priorities(values: list[int]) -> list[int]:
+    if len(set(values)) != len(values):
+        raise ValueError(f"priorities must be unique, got {values}")
+    return sorted(values)
+
+
+Priorities = Annotated[list[Priority], AfterValidator(_unique_priorities)]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True
+    )
+
+
+class LinkLayer(StrEnum):
+    ETHERNET = "Ethernet"
+    INFINIBAND = "InfiniBand"
+
+
+class Trust(StrEnum):
+    DSCP = "dscp"
+    PCP = "pcp"
+
+
+class StorageProtocol(StrEnum):
+    TCP = "tcp"
+    CEPH = "ceph"
+    NFS = "nfs"
+    S3 = "s3"
+    HTTP = "http"
+
+
+class AdmissionMode(StrEnum):
+    GATE = "gate"
+    DENY = "deny"
+
+
+class LinkChecks(_Spec):
+    interfaces: list[IfName] = Field(default_factory=list)
+    max_carrier_changes: Annotated[int, Field(ge=0)] = 0
+
+
+class MtuChecks(_Spec):
+    interface_mtu: Annotated[int, Field(alias="interfaceMTU", ge=68, le=65535)] = 9000
+    roce_mtu: Annotated[RoceMTU, Field(alias="roceMTU")] = 4096
+    interfaces: list[IfName] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _roce_mtu_is_ib_mtu(self) -> MtuChecks:
+        if self.roce_mtu not in ROCE_MTUS:
+            raise ValueError(f"roceMTU must be one of {list(ROCE_MTUS)}, got {self.roce_mtu}")
+        return self
+
+
+class RdmaChecks(_Spec):
+    devices: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(default_factory=list)
+    link_layer: LinkLayer = LinkLayer.ETHERNET
+    min_rate_gbps: Annotated[float | None, Field(ge=0)] = None
+    require_ro_ce_v2: Annotated[bool, Field(alias="requireRoCEv2")] = True
+    max_errors_per_interval: Annotated[int, Field(ge=0)] = 10
+
+
+class PfcChecks(_Spec):
+    priorities: Priorities = Field(default_factory=lambda: [3])
+    trust: Trust = Trust.DSCP
+    warn_pause_percent: Annotated[float, Field(ge=0, le=100)] = 5.0
+    max_pause_percent: Annotated[float, Field(ge=0, le=100)] = 20.0
+    max_discards_per_interval: Annotated[int, Field(ge=0)] = 0
+
+
+class EcnChecks(_Spec):
+    # None means "the PFC priorities": RoCE congestion control only works when ECN and PFC
+    # protect the same traffic class.
+    priorities: Priorities | None = None
+    min_marks_for_cnp: Annotated[int, Field(ge=1)] = 100
+    max_cnp_ignored_per_interval: Annotated[int, Field(ge=0)] = 0
+
+
+class StorageEndpoint(_Spec):
+    name: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9._-]+$")]
+    protocol: StorageProtocol
+    host: Annotated[str, Field(min_length=1, max_length=253)]
+    port: Annotated[int | None, Field(ge=1, le=65535)] = None
+    path: Annotated[str | None, Field(max_length=1024)] = None
+    max_latency_ms: Annotated[float, Field(gt=0)] = 10.0
+    min_throughput_m_bps: Annotated[float | None, Field(alias="minThroughputMBps", gt=0)] = None
+
+
+class StorageChecks(_Spec):
+    endpoints: list[StorageEndpoint] = Field(default_factory=list)
+    throughput_every_cycles: Annotated[int, Field(ge=1)] = 10
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> StorageChecks:
+        names = [e.name for e in self.endpoints]
+        if len(set(names)) != len(names):
+            raise ValueError(f"storage endpoint names must be unique, got {names}")
+        return self
+
+
+class PeerChecks(_Spec):
+    enabled: bool = False
+    interface: IfName | None = None
+    port: Annotated[int, Field(ge=1, le=65535)] = 7471
+    topology_key: Annotated[str, Field(min_length=1, max_length=317)] = (
+        "topology.kubernetes.io/zone"
+    )
+    samples_per_domain: Annotated[int, Field(ge=1, le=64)] = 2
+    max_latency_ms: Annotated[float, Field(gt=0)] = 1.0
+    max_loss_percent: Annotated[float, Field(ge=0, le=100)] = 0.1
+    min_throughput_ratio: Annotated[float, Field(gt=0, le=1)] = 0.5
+
+
+class Checks(_Spec):
+    """`spec.checks`: what a healthy node looks like."""
+
+    link: LinkChecks = Field(default_factory=LinkChecks)
+    mtu: MtuChecks = Field(default_factory=MtuChecks)
+    rdma: RdmaChecks = Field(default_factory=RdmaChecks)
+    pfc: PfcChecks = Field(default_factory=PfcChecks)
+    ecn: EcnChecks = Field(default_factory=EcnChecks)
+    storage: StorageChecks = Field(default_factory=StorageChecks)
+    peers: PeerChecks = Field(default_factory=PeerChecks)
+
+    @property
+    def ecn_priorities(self) -> list[int]:
+        return self.ecn.priorities if self.ecn.priorities is not None else self.pfc.priorities
+
+    @property
+    def named_interfaces(self) -> list[str]:
+        """Interfaces the user asked to judge in addition to the RDMA netdevs."""
+        return list(dict.fromkeys([*self.link.interfaces, *self.mtu.interfaces]))
+
+
+class Gating(_Spec):
+    node_label: bool = True
+    taint: bool = False
+    max_unhealthy_percent: Annotated[float, Field(ge=0, le=100)] = 10.0
+    recovery_reports: Annotated[int, Field(ge=1, le=100)] = 3
+    admission: AdmissionMode = AdmissionMode.GATE
+
+
+class Telemetry(_Spec):
+    otlp_endpoint: Annotated[str | None, Field(max_length=1024)] = None
+
+
+class NetworkValidationSpec(_Spec):
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    interval: Annotated[str, Field(pattern=DURATION_PATTERN)] = "30s"
+    checks: Checks = Field(default_factory=Checks)
+    gating: Gating = Field(default_factory=Gating)
+    telemetry: Telemetry = Field(default_factory=Telemetry)
+
+    @model_validator(mode="after")
+    def _interval_floor(self) -> NetworkValidationSpec:
+        if parse_duration(self.interval) < MIN_INTERVAL_SECONDS:
+            raise ValueError(f"interval must be at least 5s, got {self.interval!r}")
+        return self
+
+    @property
+    def interval_seconds(self) -> float:
+        return parse_duration(self.interval)
