@@ -27,11 +27,8 @@ def use_colour(stream: TextIO) -> bool:
 def _group(result: CheckResult, node: str) -> str:
     if result.subject == node:
         return "node"
-    # ens1np0/prio3 -> ens1np0; mlx5_0/1 -> mlx5_0 port 1
-    head, _, tail = result.subject.partition("/")
-    if tail.isdigit():
-        return f"{head} port {tail}"
-    return head
+    # ens1np0/prio3 -> ens1np0; mlx5_0/1 -> mlx5_0
+    return result.subject.partition("/")[0]
 
 
 def render_table(report: Report, *, colour: bool, verbose: bool = False) -> str:
@@ -49,8 +46,8 @@ def render_table(report: Report, *, colour: bool, verbose: bool = False) -> str:
         for r in results:
             if r.status is Status.PASS and not verbose:
                 continue
-            subject = r.subject.partition("/")[2] if "/" in r.subject else ""
-            where = f" [{subject}]" if subject and not subject.isdigit() else ""
+            detail = r.subject.partition("/")[2]
+            where = f" [port {detail}]" if detail.isdigit() else (f" [{detail}]" if detail else "")
             lines.append(
                 f"  {paint(r.status, f'{r.status.value.upper():5}')}  "
                 f"{r.check.value:{check_width}}  {r.message}{where}"

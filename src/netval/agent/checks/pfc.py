@@ -163,6 +163,19 @@ def check_pause_storm(ctx: CheckContext) -> list[CheckResult]:
                 driver.per_prio(driver.tx_pause_duration, prio),
             )
             got = deltas(first, last, names)
+            netdev = ctx.snapshot.last.netdevs.get(name)
+            if netdev is not None and netdev.dcb is not None and prio not in netdev.dcb.pfc_enabled:
+                # mlx5 lists per-priority pause counters only for PFC-enabled priorities;
+                # the missing PFC itself is pfc.priorities' finding.
+                out.append(
+                    skipped(
+                        CheckId.PFC_PAUSE_STORM,
+                        subject,
+                        f"PFC is not enabled on priority {prio}: no pause to measure "
+                        "(see pfc.priorities)",
+                    )
+                )
+                continue
             if len(got) < 2 or elapsed_us <= 0:
                 out.append(
                     skipped(

@@ -1,0 +1,148 @@
+"""Every bundled snapshot fails exactly the checks its fault explains, through the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from netval.cli import main
+from netval.model import Report, Status
+
+SNAPSHOTS = Path(__file__).resolve().parent.parent / "examples" / "snapshots"
+
+# Each fault and the checks it must fail (fail or error), nothing more, nothing less.
+EXPECTED_FAILING = {
+    "healthy-roce": set(),
+    "fault-mtu-1500": {"mtu.interface", "mtu.roce"},
+    # Without PFC the lossless class drops: discards grow and RoCE retransmits.
+    "fault-pfc-disabled": {"pfc.priorities", "pfc.discards", "rdma.errors"},
+    "fault-ecn-np-disabled": {"ecn.np_enabled", "ecn.cnp_flow"},
+    "fault-ecn-rp-disabled": {"ecn.rp_enabled", "ecn.cnp_flow"},
+    # QPs on the dead port time out (local_ack_timeout_err) while the link flaps.
+    "fault-link-down": {"link.carrier", "link.flaps", "rdma.port_state", "rdma.errors"},
+    "fault-roce-v1-only": {"rdma.gid_roce_v2"},
+    "fault-degraded-rate": {"rdma.rate"},
+    "fault-pause-storm": {"pfc.pause_storm"},
+}
+# The subject each fault is expected to pin the failure on.
+EXPECTED_SUBJECTS = {
+    "fault-mtu-1500": {"ens2np0", "mlx5_1/1"},
+    "fault-ecn-np-disabled": {"ens1np0/prio3", "mlx5_0/1"},
+    "fault-ecn-rp-disabled": {"ens1np0/prio3", "mlx5_0/1"},
+    "fault-link-down": {"ens2np0", "mlx5_1/1"},
+    "fault-roce-v1-only": {"mlx5_0/1"},
+    "fault-degraded-rate": {"mlx5_1/1"},
+}
+
+
+def probe_json(name: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, Report]:
+    code = main(["probe", "--from", str(SNAPSHOTS / name), "--output", "json"])
+    out = capsys.readouterr().out
+    return code, Report.model_validate_json(out)
+
+
+def test_every_bundled_snapshot_is_covered() -> None:
+    bundled = {p.name for p in SNAPSHOTS.iterdir() if (p / "meta.json").exists()}
+    assert bundled == set(EXPECTED_FAILING)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_FAILING))
+def test_snapshot_fails_exactly_its_checks(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, report = probe_json(name, capsys)
+    failing = {r.check.value for r in report.results if r.status.is_bad}
+    assert failing == EXPECTED_FAILING[name]
+    assert code == (1 if failing else 0)
+    assert report.status == (Status.FAIL if failing else Status.PASS)
+    if name in EXPECTED_SUBJECTS:
+        assert {r.subject for r in report.results if r.status.is_bad} == EXPECTED_SUBJECTS[name]
+    for r in report.results:
+        if r.status.is_bad:
+            # Every non-pass result says what was seen and what was expected.
+            assert r.message and r.expected, r
+
+
+def test_healthy_node_passes_everything_without_warnings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, report = probe_json("healthy-roce", capsys)
+    statuses = {r.status for r in report.results}
+    assert statuses == {Status.PASS}
+    judged = {r.check.value for r in report.results}
+    assert judged == {
+        "link.carrier", "link.flaps", "mtu.interface", "mtu.roce", "rdma.devices",
+        "rdma.port_state", "rdma.link_layer", "rdma.rate", "rdma.gid_roce_v2", "rdma.errors",
+        "pfc.priorities", "pfc.trust", "pfc.pause_storm", "pfc.discards",
+        "ecn.np_enabled", "ecn.rp_enabled", "ecn.cnp_flow",
+    }  # fmt: skip
+    subjects = {r.subject for r in report.results}
+    assert {"ens1np0", "ens2np0", "mlx5_0/1", "mlx5_1/1", "ens1np0/prio3"} <= subjects
+    assert report.node == "gpu-a01"
+
+
+def test_json_output_is_the_report_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["probe", "--from", str(SNAPSHOTS / "fault-mtu-1500"), "--output", "json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == "netval.io/report/v1"
+    assert set(doc) == {
+        "schema", "validation", "generation", "node", "startedAt", "durationMs", "status",
+        "results", "traceparent",
+    }  # fmt: skip
+    mtu = next(r for r in doc["results"] if r["check"] == "mtu.interface" and r["status"] == "fail")
+    assert mtu == {
+        "check": "mtu.interface",
+        "subject": "ens2np0",
+        "status": "fail",
+        "message": "MTU 1500, expected 9000",
+        "observed": {"mtu": 1500},
+        "expected": {"mtu": 9000},
+    }
+    roce = next(r for r in doc["results"] if r["check"] == "mtu.roce" and r["status"] == "fail")
+    assert roce["observed"]["roceMTU"] == 1024
+
+
+def test_table_output_groups_by_device(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["probe", "--from", str(SNAPSHOTS / "fault-ecn-np-disabled")])
+    out = capsys.readouterr().out
+    assert code == 1
+    lines = out.splitlines()
+    assert "ens1np0" in lines and "mlx5_0" in lines
+    assert any("ecn.cnp_flow" in line and "[port 1]" in line for line in lines)
+    fail_lines = [line for line in lines if "FAIL" in line and "ecn." in line]
+    assert any("ecn.np_enabled" in line and "[prio3]" in line for line in fail_lines)
+    assert "\x1b[" not in out  # no colour codes when stdout is not a terminal
+    assert lines[-1].startswith("FAIL: ")
+
+
+def test_config_changes_the_verdict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same snapshot judged against a 1500-byte fabric: now the 9000 port is wrong."""
+    cfg = tmp_path / "nv.yaml"
+    cfg.write_text(
+        "apiVersion: netval.io/v1alpha1\nkind: NetworkValidation\nmetadata: {name: pool-a}\n"
+        "spec:\n  checks:\n    mtu: {interfaceMTU: 1500, roceMTU: 1024}\n"
+    )
+    code = main(
+        ["probe", "--from", str(SNAPSHOTS / "fault-mtu-1500"), "--config", str(cfg),
+         "--output", "json"]
+    )  # fmt: skip
+    report = Report.model_validate_json(capsys.readouterr().out)
+    assert code == 1
+    assert report.validation == "pool-a"
+    bad = {(r.check.value, r.subject) for r in report.results if r.status.is_bad}
+    assert bad == {("mtu.interface", "ens1np0")}
+
+
+def test_pfc_and_ecn_on_different_priorities_is_a_fault(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Healthy node (PFC and ECN on 3) judged by a spec that moves PFC to 4: both break."""
+    cfg = tmp_path / "checks.yaml"
+    cfg.write_text("pfc: {priorities: [4]}\n")
+    main(["probe", "--from", str(SNAPSHOTS / "healthy-roce"), "--config", str(cfg),
+          "--output", "json"])  # fmt: skip
+    report = Report.model_validate_json(capsys.readouterr().out)
+    bad = {(r.check.value, r.subject) for r in report.results if r.status.is_bad}
+    assert ("pfc.priorities", "ens1np0") in bad
+    assert ("ecn.np_enabled", "ens1np0/prio4") in bad
+    assert ("ecn.rp_enabled", "ens2np0/prio4") in bad
