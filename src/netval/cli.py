@@ -89,6 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     snap.add_argument("--out", type=Path, required=True, metavar="DIR", help="new or empty dir")
     _add_common(snap, default_interval=5.0)
+
+    sub.add_parser(
+        "agent",
+        help="run the node agent (in the DaemonSet): probe every interval, publish over MQTT",
+        description="Run the node agent. Settings come from the environment: NETVAL_CONFIG, "
+        "NETVAL_NODE_NAME, NETVAL_MQTT_URL, NETVAL_MQTT_USERNAME, NETVAL_MQTT_PASSWORD_FILE, "
+        "NETVAL_MQTT_CA_FILE, NETVAL_METRICS_ADDR and the standard OTEL_* variables.",
+    )
     return parser
 
 
@@ -231,10 +239,29 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_agent(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from netval.agent.agent_config import AgentConfigError, agent_settings_from_env
+    from netval.agent.main import run_agent
+
+    logging.basicConfig(
+        level=os.environ.get("NETVAL_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        settings = agent_settings_from_env(os.environ)
+    except AgentConfigError as exc:
+        raise BadInput(str(exc)) from None
+    asyncio.run(run_agent(settings))
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"probe": cmd_probe, "snapshot": cmd_snapshot}
+    handlers = {"probe": cmd_probe, "snapshot": cmd_snapshot, "agent": cmd_agent}
     try:
         return handlers[args.command](args)
     except BadInput as exc:

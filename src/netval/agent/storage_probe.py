@@ -32,25 +32,27 @@ percent-encoded so they cannot inject header lines.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import ipaddress
 import re
+import secrets
 import socket
 import ssl
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import cache
-from typing import Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 from urllib.parse import quote
 
 from pydantic import JsonValue
 
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
-from netval.model.spec import StorageEndpoint, StorageProtocol
+from netval.model.spec import StorageChecks, StorageEndpoint, StorageProtocol
 
 __all__ = [
     "CEPH_MSGR1_BANNER",
@@ -444,11 +446,6 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 3)
 
 
-def _address(sockaddr: tuple[object, ...]) -> str:
-    host, port = str(sockaddr[0]), sockaddr[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 # ---------------------------------------------------------------- I/O: connections
 
 
@@ -474,7 +471,17 @@ def _tls_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-async def _resolve(target: _Target, progress: _Progress) -> list[tuple[object, ...]]:
+class _Address(NamedTuple):
+    family: int
+    proto: int
+    sockaddr: tuple[Any, ...]
+
+    def __str__(self) -> str:
+        host, port = self.sockaddr[0], self.sockaddr[1]
+        return f"[{host}]:{port}" if self.family == socket.AF_INET6 else f"{host}:{port}"
+
+
+async def _resolve(target: _Target, progress: _Progress) -> list[_Address]:
     progress.step = f"resolving {target.host!r} (DNS)"
     try:
         ipaddress.ip_address(target.host)
@@ -491,7 +498,7 @@ async def _resolve(target: _Target, progress: _Progress) -> list[tuple[object, .
         )
     if not infos:
         raise _ProbeFailure(f"DNS lookup of {target.host!r} returned no addresses")
-    return [(family, proto, sockaddr) for family, _type, proto, _name, sockaddr in infos]
+    return [_Address(family, proto, tuple(addr)) for family, _t, proto, _n, addr in infos]
 
 
 async def _connect(target: _Target, progress: _Progress) -> _Stream:
@@ -499,16 +506,14 @@ async def _connect(target: _Target, progress: _Progress) -> _Stream:
     addresses = await _resolve(target, progress)
     loop = asyncio.get_running_loop()
     last_error: OSError | None = None
-    for family, proto, sockaddr in addresses:
-        assert isinstance(family, int) and isinstance(proto, int)
-        assert isinstance(sockaddr, tuple)
-        progress.address = _address(sockaddr)
-        progress.step = f"connecting to {progress.address}"
-        sock = socket.socket(family, socket.SOCK_STREAM, proto)
+    for address in addresses:
+        progress.address = str(address)
+        progress.step = f"connecting to {address}"
+        sock = socket.socket(address.family, socket.SOCK_STREAM, address.proto)
         sock.setblocking(False)
         started = time.perf_counter()
         try:
-            await loop.sock_connect(sock, sockaddr)
+            await loop.sock_connect(sock, address.sockaddr)
         except OSError as exc:
             sock.close()
             last_error = exc
@@ -519,11 +524,12 @@ async def _connect(target: _Target, progress: _Progress) -> _Stream:
         connect_seconds = time.perf_counter() - started
         tls = _tls_context() if target.tls else None
         if tls is not None:
-            progress.step = f"in the TLS handshake with {progress.address}"
+            progress.step = f"in the TLS handshake with {address}"
+        # From here the transport owns the socket and closes it on failure.
         reader, writer = await asyncio.open_connection(
             sock=sock, ssl=tls, server_hostname=target.host if tls is not None else None
         )
-        return _Stream(reader, writer, progress.address, connect_seconds, started)
+        return _Stream(reader, writer, str(address), connect_seconds, started)
     assert last_error is not None
     raise last_error
 
@@ -532,7 +538,7 @@ async def _close(writer: asyncio.StreamWriter) -> None:
     writer.close()
     try:
         await asyncio.wait_for(writer.wait_closed(), _CLOSE_GRACE_SECONDS)
-    except (OSError, TimeoutError, ssl.SSLError):
+    except OSError:  # TimeoutError and ssl.SSLError included
         # A peer that never finishes the TLS close (or already reset) must not stall the cycle.
         writer.transport.abort()
 
@@ -559,3 +565,464 @@ def _network_failure(exc: Exception, progress: _Progress, timeout: float) -> str
         reason = exc.strerror or errno.errorcode.get(exc.errno or 0) or str(exc)
         return f"{reason} {progress.step}"
     return None
+
+
+# ---------------------------------------------------------------- I/O: protocol exchanges
+
+_ExchangeFn = Callable[[_Stream, _Target, _Progress], Awaitable[_Exchange]]
+
+
+async def _tcp_exchange(stream: _Stream, target: _Target, progress: _Progress) -> _Exchange:
+    return _Exchange(f"TCP connect to {stream.address} succeeded")
+
+
+async def _ceph_exchange(stream: _Stream, target: _Target, progress: _Progress) -> _Exchange:
+    progress.step = f"waiting for the Ceph messenger banner from {stream.address}"
+    reader = stream.reader
+    try:
+        try:
+            # readexactly consumes nothing until all bytes are there: cancelling it loses nothing.
+            head = await asyncio.wait_for(
+                reader.readexactly(_CEPH_HEAD_LEN), _CEPH_SPEAK_FIRST_WAIT
+            )
+        except TimeoutError:
+            stream.writer.write(encode_msgr2_banner())
+            await stream.writer.drain()
+            head = await reader.readexactly(_CEPH_HEAD_LEN)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial and not (
+            CEPH_MSGR2_PREFIX.startswith(exc.partial[: len(CEPH_MSGR2_PREFIX)])
+            or CEPH_MSGR1_BANNER.startswith(exc.partial)
+        ):
+            raise _ProbeFailure(_unexpected_banner(exc.partial)) from None
+        raise
+    kind = classify_ceph_banner(head)
+    if kind is None:
+        # Whatever else already arrived makes the culprit easier to recognise.
+        with contextlib.suppress(TimeoutError, OSError):
+            head += await asyncio.wait_for(reader.read(64), 0.05)
+        raise _ProbeFailure(f"{_unexpected_banner(head)} (from {stream.address})")
+    if kind == "msgr1":
+        return _Exchange(f"Ceph msgr1 banner from {stream.address}", {"banner": "msgr1"})
+    length_bytes = head[len(CEPH_MSGR2_PREFIX) :] + await reader.readexactly(1)
+    (length,) = struct.unpack("<H", length_bytes)
+    if not _MSGR2_FEATURES_LEN <= length <= _MSGR2_MAX_PAYLOAD:
+        raise _ProbeFailure(
+            f"malformed msgr2 banner from {stream.address}: payload length {length}"
+        )
+    supported, required = decode_msgr2_features(await reader.readexactly(length))
+    return _Exchange(
+        f"Ceph msgr2 banner from {stream.address} "
+        f"(features supported {supported:#x}, required {required:#x})",
+        {"banner": "msgr2", "msgr2Supported": supported, "msgr2Required": required},
+    )
+
+
+async def _read_rpc_record(reader: asyncio.StreamReader, address: str) -> bytes:
+    fragments: list[bytes] = []
+    total = 0
+    while True:
+        last, length = decode_record_mark(await reader.readexactly(4))
+        total += length
+        if total > _RPC_MAX_REPLY_BYTES:
+            raise _ProbeFailure(
+                f"reply from {address} is not an ONC RPC record (fragment length {length}); "
+                "is this an NFS server?"
+            )
+        fragments.append(await reader.readexactly(length))
+        if last:
+            return b"".join(fragments)
+
+
+async def _rpc_null(stream: _Stream, version: int) -> RpcReply:
+    xid = secrets.randbits(32)
+    stream.writer.write(encode_rpc_null_call(xid, NFS_PROGRAM, version))
+    await stream.writer.drain()
+    try:
+        reply = decode_rpc_reply(await _read_rpc_record(stream.reader, stream.address))
+    except ValueError as exc:
+        raise _ProbeFailure(f"malformed RPC reply from {stream.address}: {exc}") from None
+    if reply.xid != xid:
+        raise _ProbeFailure(
+            f"RPC reply from {stream.address} has xid {reply.xid:#010x}, "
+            f"expected {xid:#010x} (not an answer to our call)"
+        )
+    return reply
+
+
+def _offers_fallback(reply: RpcReply) -> bool:
+    return (
+        reply.accepted
+        and reply.stat == AcceptStat.PROG_MISMATCH
+        and reply.low is not None
+        and reply.high is not None
+        and reply.low <= _NFS_FALLBACK_VERSION <= reply.high
+    )
+
+
+async def _nfs_exchange(stream: _Stream, target: _Target, progress: _Progress) -> _Exchange:
+    version = _NFS_VERSION
+    progress.step = f"waiting for the NFS v{version} NULL reply from {stream.address}"
+    reply = await _rpc_null(stream, version)
+    if _offers_fallback(reply):
+        # NFSv4-only servers answer v3 with PROG_MISMATCH; the service is there, so ask in v4.
+        version = _NFS_FALLBACK_VERSION
+        progress.step = f"waiting for the NFS v{version} NULL reply from {stream.address}"
+        reply = await _rpc_null(stream, version)
+    if not reply.success:
+        raise _ProbeFailure(
+            f"NFS v{version} NULL call to {stream.address}: {describe_rpc_reply(reply)}"
+        )
+    return _Exchange(
+        f"NFS v{version} NULL call answered by {stream.address}", {"nfsVersion": version}
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _HttpHead:
+    status: int
+    reason: str
+    headers: dict[str, str]
+
+    def said(self, method: str, target: str) -> str:
+        return f"{method} {target} answered {self.status} {self.reason}".rstrip()
+
+
+async def _read_http_head(reader: asyncio.StreamReader, address: str) -> _HttpHead:
+    try:
+        status_line = await reader.readline()
+        if not status_line:
+            raise _ProbeFailure(f"{address} closed the connection without an HTTP response")
+        status, reason = parse_http_status_line(status_line)
+        lines: list[bytes] = []
+        for _ in range(_HTTP_MAX_HEADER_LINES):
+            line = await reader.readline()
+            if line in (b"\r\n", b"\n", b""):
+                return _HttpHead(status, reason, _parse_http_headers(lines))
+            lines.append(line)
+    except ValueError as exc:  # not HTTP, or a line beyond the reader's limit
+        raise _ProbeFailure(f"unexpected response from {address}: {exc}") from None
+    raise _ProbeFailure(f"more than {_HTTP_MAX_HEADER_LINES} HTTP header lines from {address}")
+
+
+async def _http_exchange(stream: _Stream, target: _Target, progress: _Progress) -> _Exchange:
+    progress.step = f"waiting for the HTTP response to HEAD {target.request_target}"
+    stream.writer.write(_build_http_request("HEAD", target.host_header, target.request_target))
+    await stream.writer.drain()
+    head = await _read_http_head(stream.reader, stream.address)
+    said = head.said("HEAD", target.request_target)
+    if not http_reachable(target.protocol, head.status, has_path=target.has_path):
+        why = "server error" if head.status >= 500 else "a configured path must answer 2xx/3xx"
+        raise _ProbeFailure(f"{said} from {stream.address} ({why})")
+    return _Exchange(f"{said} from {stream.address}", {"httpStatus": head.status})
+
+
+_EXCHANGES: Final[Mapping[StorageProtocol, _ExchangeFn]] = {
+    StorageProtocol.TCP: _tcp_exchange,
+    StorageProtocol.CEPH: _ceph_exchange,
+    StorageProtocol.NFS: _nfs_exchange,
+    StorageProtocol.S3: _http_exchange,
+    StorageProtocol.HTTP: _http_exchange,
+}
+
+
+async def _reach(target: _Target, phase_timeout: float) -> _Reach:
+    progress = _Progress("before connecting")
+    stream: _Stream | None = None
+    try:
+        async with asyncio.timeout(phase_timeout):
+            stream = await _connect(target, progress)
+            exchange = await _EXCHANGES[target.protocol](stream, target, progress)
+            total_seconds = time.perf_counter() - stream.started
+    except Exception as exc:
+        message = _network_failure(exc, progress, phase_timeout)
+        if message is None:
+            raise
+        return _Reach(ok=False, message=message, observed=_where(progress))
+    finally:
+        if stream is not None:
+            await _close(stream.writer)
+    return _Reach(
+        ok=True,
+        message=exchange.summary,
+        latency_ms=_ms(total_seconds),
+        connect_ms=_ms(stream.connect_seconds),
+        observed={"address": stream.address, **exchange.observed},
+    )
+
+
+def _where(progress: _Progress) -> dict[str, JsonValue]:
+    return {"address": progress.address} if progress.address else {}
+
+
+# ---------------------------------------------------------------- I/O: throughput
+
+
+@dataclass(frozen=True, slots=True)
+class _Transfer:
+    received: int
+    seconds: float
+    time_capped: bool
+    http_status: int
+
+
+async def _read_body(
+    reader: asyncio.StreamReader, limit: int, stall_timeout: float
+) -> tuple[int, bool]:
+    """(bytes read, stopped by THROUGHPUT_MAX_SECONDS); a stall raises _ProbeFailure."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + THROUGHPUT_MAX_SECONDS
+    received = 0
+    stall_guard = False
+    try:
+        async with asyncio.timeout(None) as guard:
+            while received < limit:
+                now = loop.time()
+                if now >= end:
+                    return received, True
+                stall_guard = now + stall_timeout < end
+                guard.reschedule(min(now + stall_timeout, end))
+                chunk = await reader.read(min(_READ_CHUNK, limit - received))
+                if not chunk:
+                    break
+                received += len(chunk)
+    except TimeoutError:
+        if stall_guard:
+            raise _ProbeFailure(
+                f"transfer stalled: no data for {stall_timeout:g} s after {received} bytes"
+            ) from None
+        return received, True
+    return received, False
+
+
+async def _transfer(target: _Target, phase_timeout: float, progress: _Progress) -> _Transfer:
+    stream: _Stream | None = None
+    try:
+        async with asyncio.timeout(phase_timeout):
+            stream = await _connect(target, progress)
+            progress.step = f"waiting for the HTTP response to GET {target.request_target}"
+            stream.writer.write(
+                _build_http_request(
+                    "GET",
+                    target.host_header,
+                    target.request_target,
+                    {
+                        "Range": f"bytes=0-{THROUGHPUT_MAX_BYTES - 1}",
+                        # a compressed body would overstate the path's bandwidth
+                        "Accept-Encoding": "identity",
+                    },
+                )
+            )
+            await stream.writer.drain()
+            head = await _read_http_head(stream.reader, stream.address)
+        if head.status not in (200, 206):
+            hint = (
+                "; the object must be readable without credentials (public, or a presigned path)"
+                if head.status in (401, 403)
+                else ""
+            )
+            raise _ProbeFailure(f"{head.said('GET', target.request_target)}{hint}")
+        limit = THROUGHPUT_MAX_BYTES
+        length = head.headers.get("content-length", "")
+        if length.isdigit():
+            limit = min(limit, int(length))
+        progress.step = f"reading {target.request_target}"
+        started = time.perf_counter()
+        # With Connection: close a chunked body ends at EOF; its framing bytes count, which is
+        # noise next to the megabytes measured.
+        received, time_capped = await _read_body(stream.reader, limit, phase_timeout)
+        seconds = time.perf_counter() - started
+    finally:
+        if stream is not None:
+            await _close(stream.writer)
+    return _Transfer(received, seconds, time_capped, head.status)
+
+
+def _throughput_skip_reason(
+    endpoint: StorageEndpoint, *, measure: bool, reachable: bool
+) -> str | None:
+    if endpoint.min_throughput_m_bps is None:
+        return "not measured: no minThroughputMBps set"
+    if endpoint.protocol not in _HTTP_PROTOCOLS:
+        return (
+            f"not measured: throughput is measured for s3 and http endpoints only, "
+            f"not {endpoint.protocol.value}"
+        )
+    if endpoint.path is None:
+        return "not measured: no path set (throughput reads the object at path)"
+    if not measure:
+        return "not measured this cycle (throughput runs every throughputEveryCycles cycles)"
+    if not reachable:
+        return "not measured: endpoint unreachable"
+    return None
+
+
+async def _throughput_result(
+    endpoint: StorageEndpoint,
+    target: _Target,
+    reach: _Reach,
+    *,
+    measure: bool,
+    phase_timeout: float,
+) -> CheckResult:
+    check = CheckId.STORAGE_THROUGHPUT
+    reason = _throughput_skip_reason(endpoint, measure=measure, reachable=reach.ok)
+    if reason is not None:
+        return _result(check, endpoint, Status.SKIP, reason)
+    minimum = endpoint.min_throughput_m_bps
+    assert minimum is not None
+    expected: dict[str, JsonValue] = {"minThroughputMBps": minimum}
+    progress = _Progress("before connecting")
+    try:
+        transfer = await _transfer(target, phase_timeout, progress)
+    except Exception as exc:
+        message = _network_failure(exc, progress, phase_timeout)
+        if message is None:
+            raise
+        return _result(check, endpoint, Status.FAIL, message, expected=expected)
+    if transfer.received == 0:
+        return _result(
+            check,
+            endpoint,
+            Status.FAIL,
+            f"GET {target.request_target} returned no data",
+            expected=expected,
+        )
+    mbps = transfer.received / _MEGABYTE / max(transfer.seconds, 1e-9)
+    observed: dict[str, JsonValue] = {
+        "MBps": round(mbps, 3),
+        "bytes": transfer.received,
+        "seconds": round(transfer.seconds, 4),
+        "httpStatus": transfer.http_status,
+    }
+    read = f"{mbps:.1f} MB/s reading {transfer.received} bytes of {target.request_target}"
+    if transfer.received < THROUGHPUT_MIN_BYTES and not transfer.time_capped:
+        return _result(
+            check,
+            endpoint,
+            Status.WARN,
+            f"{read}: the object is too small for a meaningful rate "
+            f"(use one of at least {THROUGHPUT_MIN_BYTES} bytes)",
+            observed,
+            expected,
+        )
+    if mbps < minimum:
+        return _result(
+            check,
+            endpoint,
+            Status.FAIL,
+            f"{read}, below the minimum of {minimum:g} MB/s",
+            observed,
+            expected,
+        )
+    return _result(
+        check, endpoint, Status.PASS, f"{read} (minimum {minimum:g} MB/s)", observed, expected
+    )
+
+
+# ---------------------------------------------------------------- results and public API
+
+
+def _unjudged(endpoint: StorageEndpoint, why: str) -> list[CheckResult]:
+    return [
+        _result(CheckId.STORAGE_LATENCY, endpoint, Status.SKIP, f"not measured: {why}"),
+        _result(CheckId.STORAGE_THROUGHPUT, endpoint, Status.SKIP, f"not measured: {why}"),
+    ]
+
+
+def _reach_results(endpoint: StorageEndpoint, reach: _Reach) -> list[CheckResult]:
+    reachable = _result(
+        CheckId.STORAGE_REACHABLE,
+        endpoint,
+        Status.PASS if reach.ok else Status.FAIL,
+        reach.message,
+        {"reachable": reach.ok, "protocol": endpoint.protocol.value, **reach.observed},
+        {"reachable": True},
+    )
+    if not reach.ok or reach.latency_ms is None:
+        return [
+            reachable,
+            _result(
+                CheckId.STORAGE_LATENCY, endpoint, Status.SKIP, "not measured: endpoint unreachable"
+            ),
+        ]
+    observed: dict[str, JsonValue] = {"latencyMs": reach.latency_ms, "connectMs": reach.connect_ms}
+    expected: dict[str, JsonValue] = {"maxLatencyMs": endpoint.max_latency_ms}
+    too_slow = reach.latency_ms > endpoint.max_latency_ms
+    latency = _result(
+        CheckId.STORAGE_LATENCY,
+        endpoint,
+        Status.FAIL if too_slow else Status.PASS,
+        f"{reach.latency_ms:g} ms (connect {reach.connect_ms:g} ms) "
+        f"{'exceeds' if too_slow else 'within'} the maximum of {endpoint.max_latency_ms:g} ms",
+        observed,
+        expected,
+    )
+    return [reachable, latency]
+
+
+async def _probe(
+    endpoint: StorageEndpoint, *, measure_throughput: bool, phase_timeout: float
+) -> list[CheckResult]:
+    try:
+        target = _target(endpoint)
+    except ValueError as exc:
+        return [
+            _result(
+                CheckId.STORAGE_REACHABLE,
+                endpoint,
+                Status.ERROR,
+                f"invalid endpoint: {exc}",
+            ),
+            *_unjudged(endpoint, "invalid endpoint"),
+        ]
+    reach = await _reach(target, phase_timeout)
+    throughput = await _throughput_result(
+        endpoint, target, reach, measure=measure_throughput, phase_timeout=phase_timeout
+    )
+    return [*_reach_results(endpoint, reach), throughput]
+
+
+async def probe_endpoint(
+    endpoint: StorageEndpoint,
+    *,
+    measure_throughput: bool,
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,  # noqa: ASYNC109 - a per-phase bound, not one deadline
+) -> list[CheckResult]:
+    """storage.reachable, storage.latency and storage.throughput for one endpoint, in that order.
+
+    `timeout` bounds each network phase (the reachability exchange; the throughput request up
+    to its response headers, and any stall while reading the body). Never raises for network
+    or endpoint problems: they are fail/error results.
+    """
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    try:
+        return await _probe(endpoint, measure_throughput=measure_throughput, phase_timeout=timeout)
+    except Exception as exc:  # the contract: a probe bug is a result, not a dead agent cycle
+        return [
+            _result(
+                CheckId.STORAGE_REACHABLE,
+                endpoint,
+                Status.ERROR,
+                f"probe failed unexpectedly: {type(exc).__name__}: {exc}",
+            ),
+            *_unjudged(endpoint, "the probe failed"),
+        ]
+
+
+async def probe_storage(
+    checks: StorageChecks,
+    *,
+    cycle: int,
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,  # noqa: ASYNC109 - see probe_endpoint
+) -> list[CheckResult]:
+    """All endpoints concurrently, results in endpoint order; throughput on due cycles only."""
+    measure = throughput_due(cycle, checks.throughput_every_cycles)
+    per_endpoint = await asyncio.gather(
+        *(
+            probe_endpoint(endpoint, measure_throughput=measure, timeout=timeout)
+            for endpoint in checks.endpoints
+        )
+    )
+    return [result for results in per_endpoint for result in results]

@@ -8,7 +8,7 @@ from typing import Final
 from netval.agent.checks import ecn, link, mtu, pfc, rdma
 from netval.agent.checks.context import CheckContext
 from netval.agent.checks.judged import judged_subjects
-from netval.model.ids import CheckId
+from netval.model.ids import CheckGroup, CheckId
 from netval.model.results import CheckResult
 from netval.model.snapshot import NodeSnapshot
 from netval.model.spec import Checks
@@ -38,12 +38,23 @@ NODE_CHECKS: Final[dict[CheckId, CheckFn]] = {
 }
 
 
+def make_context(snapshot: NodeSnapshot, checks: Checks) -> CheckContext:
+    return CheckContext(snapshot, checks, judged_subjects(snapshot.last, checks))
+
+
+def node_check_groups() -> dict[CheckGroup, list[CheckFn]]:
+    groups: dict[CheckGroup, list[CheckFn]] = {}
+    for check_id, fn in NODE_CHECKS.items():
+        groups.setdefault(check_id.group, []).append(fn)
+    return groups
+
+
 def run_node_checks(snapshot: NodeSnapshot, checks: Checks) -> list[CheckResult]:
-    ctx = CheckContext(snapshot, checks, judged_subjects(snapshot.last, checks))
+    ctx = make_context(snapshot, checks)
     results: list[CheckResult] = []
     for fn in NODE_CHECKS.values():
         results.extend(fn(ctx))
     return results
 
 
-__all__ = ["NODE_CHECKS", "CheckContext", "run_node_checks"]
+__all__ = ["NODE_CHECKS", "CheckContext", "make_context", "node_check_groups", "run_node_checks"]

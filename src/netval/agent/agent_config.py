@@ -1,0 +1,99 @@
+"""The agent's configuration: the file the operator renders into a ConfigMap, plus env.
+
+`NETVAL_CONFIG` names a YAML or JSON file `{validation, generation, spec}` where spec is the
+NetworkValidation spec. It is a trust boundary: validated with pydantic, errors name the
+field.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Final
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from netval.model.manifest import describe_validation_error
+from netval.model.spec import NetworkValidationSpec
+from netval.mqtt_settings import MqttSettings, mqtt_settings_from_env
+
+ENV_CONFIG: Final = "NETVAL_CONFIG"
+ENV_NODE: Final = "NETVAL_NODE_NAME"
+ENV_METRICS_ADDR: Final = "NETVAL_METRICS_ADDR"
+DEFAULT_METRICS_ADDR: Final = ":9477"
+MAX_CONFIG_BYTES: Final = 1 << 20
+
+
+class AgentConfigError(ValueError):
+    pass
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    validation: Annotated[
+        str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    ]
+    generation: Annotated[int, Field(ge=0)]
+    spec: NetworkValidationSpec
+
+
+def load_agent_config(path: Path) -> AgentConfig:
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise AgentConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise AgentConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        doc = yaml.safe_load(raw.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise AgentConfigError(f"{path}: not valid YAML/JSON: {exc}") from None
+    try:
+        return AgentConfig.model_validate(doc)
+    except ValidationError as exc:
+        raise AgentConfigError(f"{path}: {describe_validation_error(exc, '')}") from None
+
+
+def parse_host_port(text: str, *, variable: str) -> tuple[str, int] | None:
+    """`HOST:PORT`, `:PORT`, or `off`."""
+    if text.strip().lower() == "off":
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise AgentConfigError(f"{variable}: expected HOST:PORT or 'off', got {text!r}")
+    # Metrics are served on the node like any node exporter's (hostNetwork).
+    return (host.strip("[]") or "0.0.0.0", int(port))  # noqa: S104
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    """Everything `netval agent` reads from its environment, built once at start."""
+
+    node: str
+    config_path: Path
+    config: AgentConfig
+    mqtt: MqttSettings
+    metrics_addr: tuple[str, int] | None
+
+
+def agent_settings_from_env(env: Mapping[str, str] = os.environ) -> AgentSettings:
+    node = env.get(ENV_NODE, "").strip()
+    if not node:
+        raise AgentConfigError(f"{ENV_NODE} is not set (the DaemonSet sets it from spec.nodeName)")
+    config_path = env.get(ENV_CONFIG, "").strip()
+    if not config_path:
+        raise AgentConfigError(f"{ENV_CONFIG} is not set (path of the agent config file)")
+    config = load_agent_config(Path(config_path))
+    try:
+        mqtt = mqtt_settings_from_env(env, client_id=f"netval-agent-{config.validation}-{node}")
+    except ValueError as exc:
+        raise AgentConfigError(str(exc)) from None
+    metrics = parse_host_port(
+        env.get(ENV_METRICS_ADDR, DEFAULT_METRICS_ADDR), variable=ENV_METRICS_ADDR
+    )
+    return AgentSettings(node, Path(config_path), config, mqtt, metrics)

@@ -1,0 +1,82 @@
+"""`netval agent`: wire settings, collector, publisher, link events, metrics and the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Mapping
+
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from netval.agent.agent_config import AgentSettings
+from netval.agent.collect_live import LiveCollector
+from netval.agent.link_events import LinkWatcher
+from netval.agent.metrics_http import AgentMetrics, serve_metrics
+from netval.agent.mqtt_publisher import ReportPublisher
+from netval.agent.runner import ProbeRunner
+from netval.agent.telemetry import make_tracer_provider
+
+log = logging.getLogger("netval.agent")
+
+
+async def run_agent(
+    settings: AgentSettings,
+    *,
+    env: Mapping[str, str] = os.environ,
+    span_exporter: SpanExporter | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run until SIGTERM/SIGINT (or `stop`); publish `offline` and exit cleanly."""
+    spec = settings.config.spec
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    provider = make_tracer_provider(
+        env,
+        default_service="netval-agent",
+        otlp_endpoint=spec.telemetry.otlp_endpoint,
+        exporter=span_exporter,
+    )
+    metrics = AgentMetrics(interval_seconds=spec.interval_seconds)
+    publisher = ReportPublisher(settings.mqtt, settings.config.validation, settings.node)
+    metrics.attach_publisher(publisher.stats)
+    collector = LiveCollector(interfaces=spec.checks.named_interfaces)
+    server = None
+    watch_task = None
+    try:
+        if settings.metrics_addr is not None:
+            server = await serve_metrics(*settings.metrics_addr, metrics)
+            log.info("metrics on %s", [s.getsockname() for s in server.sockets])
+        await publisher.start()
+        runner = ProbeRunner(
+            config=settings.config,
+            node=settings.node,
+            collector=collector,
+            sink=publisher,
+            tracer_provider=provider,
+            metrics=metrics,
+        )
+        watcher = LinkWatcher(runner.on_link_change)
+        runner.watcher = watcher
+        watch_task = asyncio.create_task(watcher.run(), name="netval-link-events")
+        log.info(
+            "agent for validation %s (generation %d) on node %s, interval %gs",
+            settings.config.validation,
+            settings.config.generation,
+            settings.node,
+            spec.interval_seconds,
+        )
+        await runner.run(stop)
+    finally:
+        if watch_task is not None:
+            watch_task.cancel()
+        await publisher.stop()
+        if server is not None:
+            server.close()
+        collector.close()
+        provider.shutdown()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,116 @@
+"""`/healthz` and Prometheus `/metrics` for the agent, on a small asyncio HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from netval.agent.mqtt_publisher import PublisherStats
+from netval.model.results import Report
+
+_MAX_REQUEST: Final = 8192
+
+
+class _PublisherCollector(Collector):
+    def __init__(self, stats: Callable[[], PublisherStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        s = self._stats()
+        for name, value, doc in (
+            ("netval_reports_published", s.published, "Reports acknowledged by the broker"),
+            ("netval_publish_failures", s.publish_failures, "Report publishes that failed"),
+            ("netval_reports_replaced", s.replaced, "Unsent reports replaced by newer ones"),
+            ("netval_mqtt_reconnects", s.reconnects, "MQTT reconnection attempts"),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
+        yield GaugeMetricFamily(
+            "netval_mqtt_connected", "1 while connected to the broker", value=int(s.connected)
+        )
+
+
+class AgentMetrics:
+    def __init__(self, *, interval_seconds: float) -> None:
+        self.registry = CollectorRegistry()
+        self.interval_seconds = interval_seconds
+        self.started = time.monotonic()
+        self.last_cycle: float | None = None
+        self.probe_duration = Histogram(
+            "netval_probe_duration_seconds",
+            "Duration of a probe cycle (collect, check, storage probes)",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5, 30),
+            registry=self.registry,
+        )
+        self.cycles = Counter(
+            "netval_probe_cycles", "Probe cycles by trigger", ["reason"], registry=self.registry
+        )
+        self.check_status = Gauge(
+            "netval_check_status",
+            "1 for the current status of each check and subject",
+            ["check", "subject", "status"],
+            registry=self.registry,
+        )
+
+    def attach_publisher(self, stats: Callable[[], PublisherStats]) -> None:
+        self.registry.register(_PublisherCollector(stats))
+
+    def observe(self, report: Report, reason: str) -> None:
+        self.last_cycle = time.monotonic()
+        self.probe_duration.observe(report.duration_ms / 1000)
+        self.cycles.labels(reason=reason).inc()
+        # Replace the series: a subject that disappeared must not keep its last status.
+        self.check_status.clear()
+        for r in report.results:
+            self.check_status.labels(
+                check=r.check.value, subject=r.subject, status=r.status.value
+            ).set(1)
+
+    def healthy(self) -> bool:
+        """Alive while cycles keep completing: within 3 intervals of the last (or of start)."""
+        reference = self.last_cycle if self.last_cycle is not None else self.started
+        return time.monotonic() - reference < 3 * self.interval_seconds + 5
+
+
+async def serve_metrics(host: str, port: int, metrics: AgentMetrics) -> asyncio.Server:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            method, path, *_ = head[:_MAX_REQUEST].decode("latin-1").split(" ", 2)
+            if method not in ("GET", "HEAD"):
+                status, ctype, body = "405 Method Not Allowed", "text/plain", b"GET only\n"
+            elif path == "/healthz":
+                ok = metrics.healthy()
+                status = "200 OK" if ok else "503 Service Unavailable"
+                ctype, body = (
+                    "text/plain",
+                    b"ok\n" if ok else b"no probe cycle completed recently\n",
+                )
+            elif path == "/metrics":
+                status, ctype = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
+                body = generate_latest(metrics.registry)
+            else:
+                status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n".encode()
+                + (body if method == "GET" else b"")
+            )
+            await writer.drain()
+        except (
+            TimeoutError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ValueError,
+            ConnectionError,
+        ):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, host, port, limit=_MAX_REQUEST)

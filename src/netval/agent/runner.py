@@ -1,0 +1,253 @@
+"""The agent's probe loop: a drift-free, jittered schedule plus out-of-cycle event probes.
+
+Each cycle takes one sample and judges it against the previous one, so counter checks see
+true per-interval deltas. A link event (carrier or MTU change on a judged interface)
+triggers an extra probe, rate-limited so a flapping port cannot flood the broker; event
+probes skip the storage probes (reusing the last results) so they publish within a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Final, Protocol
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Span
+from opentelemetry.util.types import AttributeValue
+
+from netval.agent.agent_config import AgentConfig
+from netval.agent.checks import make_context, node_check_groups
+from netval.agent.link_events import LinkState, LinkWatcher
+from netval.agent.metrics_http import AgentMetrics
+from netval.agent.storage_probe import probe_storage, throughput_due
+from netval.agent.telemetry import traceparent_of
+from netval.model.ids import CheckGroup, CheckId
+from netval.model.results import CheckResult, Report, node_status
+from netval.model.snapshot import NodeSnapshot, Sample
+
+log = logging.getLogger("netval.agent")
+
+EVENT_MIN_SPACING: Final = 1.0  # seconds between two event-triggered probes
+REASON_INTERVAL: Final = "interval"
+REASON_LINK_EVENT: Final = "link-event"
+
+
+class Collector(Protocol):
+    def sample(self) -> Sample: ...
+
+
+class ReportSink(Protocol):
+    async def publish(self, report: Report) -> None: ...
+
+
+@dataclass(slots=True)
+class _Previous:
+    sample: Sample
+    at: float
+
+
+class ProbeRunner:
+    def __init__(
+        self,
+        *,
+        config: AgentConfig,
+        node: str,
+        collector: Collector,
+        sink: ReportSink,
+        tracer_provider: TracerProvider,
+        metrics: AgentMetrics | None = None,
+        watcher: LinkWatcher | None = None,
+        event_min_spacing: float = EVENT_MIN_SPACING,
+        storage_timeout: float = 5.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.node = node
+        self.collector = collector
+        self.sink = sink
+        self.metrics = metrics
+        self.watcher = watcher
+        self.tracer = tracer_provider.get_tracer("netval.agent")
+        self.interval = config.spec.interval_seconds
+        self.event_min_spacing = event_min_spacing
+        self.storage_timeout = storage_timeout
+        self._rng = rng or random.Random()  # noqa: S311 - start jitter, not crypto
+        self._trigger = asyncio.Event()
+        self._previous: _Previous | None = None
+        self._cycle = 0
+        self._last_event_probe = float("-inf")
+        self._storage: list[CheckResult] = []
+        self._throughput: dict[str, tuple[CheckResult, int]] = {}
+        self.reports = 0
+
+    def on_link_change(self, name: str, now: LinkState, before: LinkState | None) -> None:
+        log.info("link event on %s: %s -> %s", name, before, now)
+        self._trigger.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        self._take_sample()  # baseline: the first cycle already has deltas
+        # Jitter the start so a thousand agents started together do not probe together.
+        start = loop.time() + self._rng.uniform(0, self.interval)
+        slot = 0
+        while not stop.is_set():
+            deadline = start + slot * self.interval
+            reason = await self._wait(deadline, stop)
+            if reason is None:
+                break
+            if reason == REASON_INTERVAL:
+                # Drift-free: slots are fixed; a cycle that overran skips missed slots.
+                while start + slot * self.interval <= loop.time():
+                    slot += 1
+            try:
+                await self.probe_once(reason)
+            except Exception:
+                log.exception("probe cycle failed")
+
+    async def _wait(self, deadline: float, stop: asyncio.Event) -> str | None:
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            if stop.is_set():
+                return None
+            if now >= deadline:
+                self._trigger.clear()  # this cycle covers pending events too
+                return REASON_INTERVAL
+            if self._trigger.is_set():
+                earliest = self._last_event_probe + self.event_min_spacing
+                if time.monotonic() >= earliest:
+                    self._trigger.clear()
+                    return REASON_LINK_EVENT
+                wait_for = min(deadline - now, earliest - time.monotonic())
+                await _first_of(stop.wait(), asyncio.sleep(max(wait_for, 0.0)))
+                continue
+            await _first_of(stop.wait(), self._trigger.wait(), asyncio.sleep(deadline - now))
+
+    def _take_sample(self) -> tuple[Sample, float]:
+        sample = self.collector.sample()
+        at = time.monotonic()
+        if self.watcher is not None:
+            self.watcher.remember(sample.netdevs)
+        return sample, at
+
+    async def probe_once(self, reason: str = REASON_INTERVAL) -> Report:
+        started_at = datetime.now(UTC)
+        t0 = time.perf_counter()
+        spec = self.config.spec
+        attrs: dict[str, AttributeValue] = {
+            "netval.node": self.node,
+            "netval.validation": self.config.validation,
+            "netval.generation": self.config.generation,
+            "netval.reason": reason,
+        }
+        with self.tracer.start_as_current_span("netval.probe_cycle", attributes=attrs) as cycle:
+            with self.tracer.start_as_current_span("netval.collect", attributes=attrs):
+                if self._previous is None:
+                    sample, at = self._take_sample()
+                    self._previous = _Previous(sample, at)
+                sample, at = self._take_sample()
+            previous = self._previous
+            self._previous = _Previous(sample, at)
+            snapshot = NodeSnapshot(
+                node=self.node,
+                captured_at=started_at.isoformat(),
+                interval_seconds=max(at - previous.at, 1e-6),
+                samples=(previous.sample, sample),
+            )
+            ctx = make_context(snapshot, spec.checks)
+            results: list[CheckResult] = []
+            for group, fns in node_check_groups().items():
+                with self.tracer.start_as_current_span(
+                    f"netval.checks.{group.value}",
+                    attributes={**attrs, "netval.check_group": group.value},
+                ) as span:
+                    group_results = [r for fn in fns for r in fn(ctx)]
+                    _annotate(span, group_results)
+                    results.extend(group_results)
+            if spec.checks.storage.endpoints:
+                with self.tracer.start_as_current_span(
+                    "netval.checks.storage", attributes={**attrs, "netval.check_group": "storage"}
+                ) as span:
+                    if reason == REASON_INTERVAL or not self._storage:
+                        self._storage = await self._probe_storage()
+                    _annotate(span, self._storage)
+                    results.extend(self._storage)
+            status = node_status(results)
+            cycle.set_attribute("netval.status", status.value)
+            traceparent = traceparent_of(cycle)
+        report = Report(
+            validation=self.config.validation,
+            generation=self.config.generation,
+            node=self.node,
+            started_at=started_at,
+            duration_ms=(time.perf_counter() - t0) * 1000,
+            status=status,
+            results=results,
+            traceparent=traceparent,
+        )
+        if reason == REASON_LINK_EVENT:
+            self._last_event_probe = time.monotonic()
+        else:
+            self._cycle += 1
+        await self.sink.publish(report)
+        self.reports += 1
+        if self.metrics is not None:
+            self.metrics.observe(report, reason)
+        return report
+
+    async def _probe_storage(self) -> list[CheckResult]:
+        results = await probe_storage(
+            self.config.spec.checks.storage, cycle=self._cycle, timeout=self.storage_timeout
+        )
+        # Throughput is measured every N cycles; between measurements the last measured
+        # result stands, so a slow path does not vanish from N-1 reports out of N.
+        storage = self.config.spec.checks.storage
+        measured = throughput_due(self._cycle, storage.throughput_every_cycles)
+        out: list[CheckResult] = []
+        for r in results:
+            if r.check is CheckId.STORAGE_THROUGHPUT:
+                if measured:
+                    self._throughput[r.subject] = (r, self._cycle)
+                elif r.subject in self._throughput:
+                    kept, cycle = self._throughput[r.subject]
+                    r = kept.model_copy(
+                        update={
+                            "message": f"{kept.message} (measured {self._cycle - cycle} cycle(s) ago)"
+                        }
+                    )
+            out.append(r)
+        return out
+
+
+def _annotate(span: Span, results: list[CheckResult]) -> None:
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.status.value] = counts.get(r.status.value, 0) + 1
+        span.add_event(
+            "netval.result",
+            {
+                "netval.check": r.check.value,
+                "netval.subject": r.subject,
+                "netval.status": r.status.value,
+            },
+        )
+    for status, n in counts.items():
+        span.set_attribute(f"netval.results.{status}", n)
+    span.set_attribute("netval.status", node_status(results).value)
+
+
+async def _first_of(*aws: object) -> None:
+    tasks = [asyncio.ensure_future(a) for a in aws]  # type: ignore[call-overload]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+__all__ = ["REASON_INTERVAL", "REASON_LINK_EVENT", "CheckGroup", "ProbeRunner"]
