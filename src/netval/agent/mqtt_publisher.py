@@ -1,0 +1,378 @@
+"""Publish one node's reports for one validation over MQTT v5 (DESIGN.md, "MQTT").
+
+Topics, all under ``netval/v1/<validation>/<node>/``:
+
+- ``report``: the JSON report, QoS 1, retained.
+- ``state``: ``online`` (retained, on every connect); ``offline`` as the retained last will
+  (the broker publishes it when the connection dies: SIGKILL, node loss, keepalive timeout)
+  and published explicitly on a clean `ReportPublisher.stop`.
+- any other single level via `ReportPublisher.publish_retained` (e.g. ``endpoint`` for
+  east-west): the latest payload per suffix is kept and re-published on every connect, since
+  a broker restarted without persistence forgets retained messages.
+
+One background task owns the connection: connect, publish ``online`` and the retained extras,
+then send reports as they come. Any `aiomqtt.MqttError` (refused, bad credentials, broker
+gone, PUBACK timeout) tears the connection down and the task reconnects after a capped
+exponential backoff with full jitter. Reports are never queued: a single slot holds the
+newest unsent report, a newer one replaces it (counted in ``replaced``), so memory is bounded
+whatever the outage length. A report leaves the slot only when the broker acknowledged it
+(PUBACK); a report whose publish failed goes back to the slot unless a newer one arrived.
+Reports are not re-sent after a reconnect once acknowledged (the operator counts consecutive
+reports for taint recovery; a duplicate would count twice).
+
+Optionally the same connection subscribes to topic filters (e.g. the operator's retained
+``assignment``) and hands messages to a callback; subscriptions are renewed on reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import aiomqtt
+from aiomqtt import MqttError, ProtocolVersion, Will
+
+from netval.model.results import Report
+from netval.model.topics import OFFLINE, ONLINE, TOPIC_ROOT, TopicKind, check_topic_level
+from netval.mqtt_settings import MqttSettings
+
+log = logging.getLogger(__name__)
+
+REPORT: Final = TopicKind.REPORT.value
+STATE: Final = TopicKind.STATE.value
+_RESERVED_SUFFIXES: Final = frozenset({REPORT, STATE})
+_STABLE_AFTER: Final = 10.0  # seconds a connection must hold before the backoff resets
+
+MessageHandler = Callable[[aiomqtt.Message], None]
+
+
+def topic_prefix(validation: str, node: str) -> str:
+    """``netval/v1/<validation>/<node>`` after checking both levels."""
+    return (
+        f"{TOPIC_ROOT}/{check_topic_level(validation, 'validation name')}"
+        f"/{check_topic_level(node, 'node name')}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PublisherStats:
+    """A snapshot of the counters (they feed /metrics)."""
+
+    published: int  # reports acknowledged by the broker
+    publish_failures: int  # report publishes that raised (the report was kept for a retry)
+    replaced: int  # unsent reports dropped because a newer one arrived
+    reconnects: int  # connection attempts after the first one
+    connect_failures: int  # connection attempts that failed (refused, bad credentials, ...)
+    connected: bool
+
+
+class ReportPublisher:
+    """Owns the MQTT connection of one (validation, node); see the module docstring."""
+
+    def __init__(
+        self,
+        settings: MqttSettings,
+        validation: str,
+        node: str,
+        *,
+        keepalive: int = 30,
+        timeout: float = 10.0,
+        backoff_base: float = 0.5,
+        backoff_cap: float = 30.0,
+        stop_timeout: float = 5.0,
+        subscriptions: Sequence[str] = (),
+        on_message: MessageHandler | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if keepalive < 1 or timeout <= 0 or stop_timeout <= 0:
+            raise ValueError("keepalive, timeout and stop_timeout must be positive")
+        if backoff_base <= 0 or backoff_cap < backoff_base:
+            raise ValueError("need 0 < backoff_base <= backoff_cap")
+        if subscriptions and on_message is None:
+            raise ValueError("subscriptions need an on_message handler")
+        self.settings = settings
+        self.validation = validation
+        self.node = node
+        self.prefix = topic_prefix(validation, node)
+        self.report_topic = f"{self.prefix}/{REPORT}"
+        self.state_topic = f"{self.prefix}/{STATE}"
+        self._keepalive = keepalive
+        self._timeout = timeout
+        self._backoff_base = backoff_base
+        self._backoff_cap = backoff_cap
+        self._stop_timeout = stop_timeout
+        self._subscriptions = tuple(subscriptions)
+        self._on_message = on_message
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
+        self._tls_context = settings.ssl_context()  # load the CA once, not per reconnect
+
+        self._pending: Report | None = None  # the single slot
+        self._retained: dict[str, bytes] = {}  # suffix -> latest payload
+        self._retained_dirty: set[str] = set()
+        self._wakeup = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+
+        self._published = 0
+        self._publish_failures = 0
+        self._replaced = 0
+        self._reconnects = 0
+        self._connect_failures = 0
+        self._connected = False
+        self._connected_at = 0.0
+
+    # ---- counters -------------------------------------------------------------------
+    @property
+    def connected(self) -> bool:
+        """True between a successful connect (``online`` acknowledged) and its loss."""
+        return self._connected
+
+    @property
+    def published(self) -> int:
+        return self._published
+
+    @property
+    def publish_failures(self) -> int:
+        return self._publish_failures
+
+    @property
+    def replaced(self) -> int:
+        return self._replaced
+
+    @property
+    def reconnects(self) -> int:
+        return self._reconnects
+
+    @property
+    def connect_failures(self) -> int:
+        return self._connect_failures
+
+    @property
+    def running(self) -> bool:
+        """The connection task is alive (started, not stopped, not crashed)."""
+        return self._task is not None and not self._task.done()
+
+    @property
+    def has_pending(self) -> bool:
+        """A report waits in the slot (not yet acknowledged by the broker)."""
+        return self._pending is not None
+
+    def stats(self) -> PublisherStats:
+        return PublisherStats(
+            published=self._published,
+            publish_failures=self._publish_failures,
+            replaced=self._replaced,
+            reconnects=self._reconnects,
+            connect_failures=self._connect_failures,
+            connected=self._connected,
+        )
+
+    # ---- public API -----------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the connection task; returns at once (the connection comes up in the
+        background, ``connected`` tells when)."""
+        if self._task is not None:
+            raise RuntimeError("ReportPublisher already started")
+        self._task = asyncio.create_task(self._run(), name=f"mqtt-publisher {self.prefix}")
+
+    async def publish(self, report: Report) -> None:
+        """Put ``report`` in the slot for sending; never blocks on the network."""
+        self.publish_nowait(report)
+
+    def publish_nowait(self, report: Report) -> None:
+        if report.validation != self.validation or report.node != self.node:
+            raise ValueError(
+                f"report for {report.validation}/{report.node} given to the publisher of "
+                f"{self.validation}/{self.node}"
+            )
+        if self._pending is not None:
+            self._replaced += 1
+        self._pending = report
+        self._wakeup.set()
+
+    def publish_retained(self, topic_suffix: str, payload: bytes) -> None:
+        """Publish ``payload`` retained (QoS 1) on ``<prefix>/<topic_suffix>`` now or on the
+        next connect, and again on every reconnect. Only the latest payload per suffix is
+        kept. ``report`` and ``state`` are owned by the publisher."""
+        check_topic_level(topic_suffix, "topic suffix")
+        if topic_suffix in _RESERVED_SUFFIXES:
+            raise ValueError(f"topic suffix {topic_suffix!r} is reserved")
+        self._retained[topic_suffix] = bytes(payload)
+        self._retained_dirty.add(topic_suffix)
+        self._wakeup.set()
+
+    async def stop(self) -> None:
+        """Send the pending report, publish ``offline`` (retained), disconnect cleanly.
+
+        Bounded by ``stop_timeout``: past it the task is cancelled. When the broker is not
+        reachable nothing is sent; the broker has then already published the will, or
+        (restarted without persistence) holds no state for this node.
+        """
+        task = self._task
+        if task is None or task.done():
+            self._connected = False
+            return
+        self._stopping = True
+        self._wakeup.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), self._stop_timeout)
+        except TimeoutError:
+            log.warning("MQTT publisher %s: clean stop timed out; cancelling", self.prefix)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        finally:
+            self._connected = False
+
+    async def __aenter__(self) -> ReportPublisher:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    # ---- the connection task --------------------------------------------------------
+    def _client(self) -> aiomqtt.Client:
+        s = self.settings
+        return aiomqtt.Client(
+            s.host,
+            s.port,
+            username=s.username,
+            password=s.password,
+            identifier=s.client_id,
+            protocol=ProtocolVersion.V5,
+            will=Will(self.state_topic, OFFLINE, qos=1, retain=True),
+            keepalive=self._keepalive,
+            timeout=self._timeout,
+            tls_context=self._tls_context,
+        )
+
+    def _backoff(self, failures: int) -> float:
+        """Full jitter: uniform in [0, min(cap, base * 2**(failures-1))]."""
+        ceiling = min(self._backoff_cap, self._backoff_base * 2 ** min(failures - 1, 30))
+        return self._rng.uniform(0, ceiling)
+
+    async def _run(self) -> None:
+        failures = 0  # consecutive failed attempts/connections, for the backoff
+        attempts = 0
+        while not self._stopping:
+            if attempts:
+                self._reconnects += 1
+            attempts += 1
+            try:
+                await self._session()
+                return  # clean stop
+            except Exception as exc:
+                # MqttError is the expected failure; anything else (a paho or TLS surprise)
+                # must not kill the task silently either: log it and retry with backoff.
+                was_connected = self._connected
+                self._connected = False
+                if not isinstance(exc, MqttError):
+                    log.exception("MQTT %s: unexpected error", self.settings.url)
+                elif was_connected:
+                    log.warning("MQTT %s: connection lost: %s", self.settings.url, exc)
+                else:
+                    level = logging.WARNING if failures == 0 else logging.DEBUG
+                    log.log(level, "MQTT %s: cannot connect: %s", self.settings.url, exc)
+                if not was_connected:
+                    self._connect_failures += 1
+                elif time.monotonic() - self._connected_at >= _STABLE_AFTER:
+                    # Reset the backoff only after a connection that held for a while, so
+                    # that a broker which accepts and then drops us (e.g. a client-id
+                    # takeover fight) is not hammered at the base delay.
+                    failures = 0
+            failures += 1
+            if self._stopping:
+                return
+            delay = self._backoff(failures)
+            # Sleep, but wake at once for stop(); new reports just wait in the slot.
+            stop_wait = asyncio.create_task(self._wait_stopping())
+            try:
+                await asyncio.wait({stop_wait}, timeout=delay)
+            finally:
+                stop_wait.cancel()
+
+    async def _wait_stopping(self) -> None:
+        while not self._stopping:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+
+    async def _session(self) -> None:
+        """One connection: returns after a clean stop, raises MqttError when it breaks."""
+        client = self._client()
+        async with client:
+            await client.publish(self.state_topic, ONLINE, qos=1, retain=True)
+            for topic in self._subscriptions:
+                granted = await client.subscribe(topic, qos=1)
+                # MQTT v5 SUBACK carries a reason code per filter; >= 0x80 is a refusal
+                # (e.g. an ACL), which aiomqtt returns instead of raising.
+                if any(getattr(code, "is_failure", False) for code in granted):
+                    log.warning(
+                        "MQTT %s: subscription to %s refused: %s", self.settings.url, topic, granted
+                    )
+            self._retained_dirty = set(self._retained)
+            self._connected = True
+            self._connected_at = time.monotonic()
+            log.info("MQTT %s: connected as %s", self.settings.url, self.prefix)
+            watcher = asyncio.create_task(self._watch(client))
+            try:
+                while True:
+                    self._wakeup.clear()
+                    await self._flush(client)
+                    if self._stopping:
+                        break
+                    waiter = asyncio.create_task(self._wakeup.wait())
+                    try:
+                        await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        waiter.cancel()
+                    if watcher.done():
+                        watcher.result()  # re-raises the MqttError of the lost connection
+                        raise MqttError("connection closed")
+                await client.publish(self.state_topic, OFFLINE, qos=1, retain=True)
+            finally:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError, MqttError):
+                    await watcher
+            self._connected = False
+            # leaving the context sends DISCONNECT (reason 0): the broker drops the will
+
+    async def _watch(self, client: aiomqtt.Client) -> None:
+        """Ends with MqttError when the connection drops; dispatches subscribed messages."""
+        async for message in client.messages:
+            if self._on_message is None:
+                continue
+            try:
+                self._on_message(message)
+            except Exception:
+                log.exception("MQTT message handler failed for %s", message.topic)
+
+    async def _flush(self, client: aiomqtt.Client) -> None:
+        report = self._pending
+        if report is not None:
+            self._pending = None
+            payload = report.to_json().encode()
+            try:
+                await client.publish(self.report_topic, payload, qos=1, retain=True)
+            except MqttError:
+                self._publish_failures += 1
+                if self._pending is None:
+                    self._pending = report  # retry after reconnect
+                else:
+                    self._replaced += 1  # a newer one arrived meanwhile
+                raise
+            self._published += 1
+        while self._retained_dirty:
+            suffix = self._retained_dirty.pop()
+            payload = self._retained[suffix]
+            try:
+                await client.publish(f"{self.prefix}/{suffix}", payload, qos=1, retain=True)
+            except MqttError:
+                self._retained_dirty.add(suffix)
+                raise

@@ -1,0 +1,90 @@
+"""The NetworkValidation status (what `kubectl get/describe/wait` and `netval status` read).
+
+Conditions follow metav1.Condition: type, status, reason, message, lastTransitionTime,
+observedGeneration. Reasons are CamelCase constants, part of the contract.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+MAX_FAILURES: Final = 50
+
+
+class ConditionType(StrEnum):
+    READY = "Ready"  # agents deployed and every targeted node reported within 3 intervals
+    HEALTHY = "Healthy"  # no targeted node failing
+    GATING = "Gating"  # node gating acts as configured (False when the breaker tripped)
+
+
+class Reason(StrEnum):
+    AGENTS_PENDING = "AgentsPending"
+    AGENTS_REPORTING = "AgentsReporting"
+    NODES_STALE = "NodesStale"
+    NO_TARGETED_NODES = "NoTargetedNodes"
+    CHECKS_FAILING = "ChecksFailing"
+    ALL_CHECKS_PASSING = "AllChecksPassing"
+    AWAITING_REPORTS = "AwaitingReports"
+    INVALID_SPEC = "InvalidSpec"
+    BREAKER_TRIPPED = "BreakerTripped"
+    GATING_ACTIVE = "GatingActive"
+
+
+class _Status(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class Condition(_Status):
+    type: ConditionType
+    status: Literal["True", "False", "Unknown"]
+    reason: Annotated[
+        str, Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024)
+    ]
+    message: Annotated[str, Field(max_length=32768)] = ""
+    last_transition_time: datetime
+    observed_generation: Annotated[int, Field(ge=0)]
+
+
+class NodeCounts(_Status):
+    targeted: int = 0
+    reporting: int = 0
+    passing: int = 0
+    warning: int = 0
+    failing: int = 0
+    stale: int = 0
+
+
+class CheckCounts(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    pass_: Annotated[int, Field(alias="pass", ge=0)] = 0
+    warn: Annotated[int, Field(ge=0)] = 0
+    fail: Annotated[int, Field(ge=0)] = 0
+
+
+class Failure(_Status):
+    node: str
+    check: str
+    subject: str
+    message: str
+    since: datetime
+
+
+class NetworkValidationStatus(_Status):
+    observed_generation: int = 0
+    conditions: list[Condition] = Field(default_factory=list)
+    nodes: NodeCounts = Field(default_factory=NodeCounts)
+    checks: dict[str, CheckCounts] = Field(default_factory=dict)
+    failures: Annotated[list[Failure], Field(max_length=MAX_FAILURES)] = Field(default_factory=list)
+    last_report_time: datetime | None = None
+
+    def condition(self, kind: ConditionType) -> Condition | None:
+        return next((c for c in self.conditions if c.type == kind), None)
+
+    def to_patch(self) -> dict[str, object]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)

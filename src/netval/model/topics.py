@@ -1,0 +1,68 @@
+"""MQTT topic contract shared by agent and operator: `netval/v1/<validation>/<node>/<kind>`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+TOPIC_ROOT: Final = "netval/v1"
+ONLINE: Final = b"online"
+OFFLINE: Final = b"offline"
+_MAX_LEVEL: Final = 253
+
+
+class TopicKind(StrEnum):
+    REPORT = "report"  # agent -> operator, retained JSON report
+    STATE = "state"  # agent -> operator, retained online/offline (last will)
+    ENDPOINT = "endpoint"  # agent -> agents, retained east-west responder announcement
+    ASSIGNMENT = "assignment"  # operator -> agent, retained {"domain": ...}
+
+
+def check_topic_level(value: str, what: str = "topic level") -> str:
+    """Return `value` if it is one safe MQTT topic level, else raise ValueError.
+
+    Safe: non-empty, at most 253 characters, no `/` (level separator), no `+` or `#`
+    (wildcards: a publisher may not use them, a subscriber would match too much), no NUL,
+    not starting with `$` (reserved for broker topics such as `$SYS`).
+    """
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string, got {value!r}")
+    if len(value) > _MAX_LEVEL:
+        raise ValueError(f"{what} {value[:40]!r}... is longer than {_MAX_LEVEL} characters")
+    bad = sorted({c for c in value if c in "/+#\0"})
+    if bad:
+        raise ValueError(
+            f"{what} {value!r} contains {bad!r}; '/', '+', '#' and NUL are not allowed"
+        )
+    if value.startswith("$"):
+        raise ValueError(f"{what} {value!r} must not start with '$'")
+    return value
+
+
+def topic(validation: str, node: str, kind: TopicKind) -> str:
+    check_topic_level(validation, "validation name")
+    check_topic_level(node, "node name")
+    return f"{TOPIC_ROOT}/{validation}/{node}/{kind.value}"
+
+
+def subscription(kind: TopicKind, validation: str | None = None) -> str:
+    """Filter for one kind across all nodes (and all validations unless one is given)."""
+    return f"{TOPIC_ROOT}/{validation or '+'}/+/{kind.value}"
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedTopic:
+    validation: str
+    node: str
+    kind: TopicKind
+
+
+def parse_topic(name: str) -> ParsedTopic | None:
+    parts = name.split("/")
+    if len(parts) != 5 or f"{parts[0]}/{parts[1]}" != TOPIC_ROOT:
+        return None
+    _, _, validation, node, kind = parts
+    if not validation or not node or kind not in TopicKind.__members__.values():
+        return None
+    return ParsedTopic(validation, node, TopicKind(kind))

@@ -1,0 +1,194 @@
+"""MQTT connection settings shared by the agent and the operator.
+
+One immutable object per process, built once at start from the environment (DESIGN.md,
+"Processes and configuration"):
+
+- ``NETVAL_MQTT_URL``: ``mqtt://host[:port]`` (default port 1883) or ``mqtts://host[:port]``
+  (TLS, default port 8883). Required.
+- ``NETVAL_MQTT_USERNAME``: optional user name.
+- ``NETVAL_MQTT_PASSWORD_FILE``: optional file holding the password (a mounted Secret); read
+  once here, one trailing newline stripped. Needs ``NETVAL_MQTT_USERNAME``.
+- ``NETVAL_MQTT_CA_FILE``: optional PEM CA bundle that verifies the broker (``mqtts`` only);
+  without it the system trust store is used.
+
+An empty variable counts as unset (Kubernetes renders unset optional values as ""). Every
+error is a ``ValueError`` that names the variable at fault. Credentials never appear in the
+URL and the password never appears in ``repr``.
+
+This module imports neither the agent nor the operator, nor aiomqtt: both sides use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+from urllib.parse import urlsplit
+
+ENV_URL: Final = "NETVAL_MQTT_URL"
+ENV_USERNAME: Final = "NETVAL_MQTT_USERNAME"
+ENV_PASSWORD_FILE: Final = "NETVAL_MQTT_PASSWORD_FILE"
+ENV_CA_FILE: Final = "NETVAL_MQTT_CA_FILE"
+
+DEFAULT_PORTS: Final[Mapping[str, int]] = {"mqtt": 1883, "mqtts": 8883}
+
+# MQTT client identifiers: the spec guarantees 1..23 chars of [0-9a-zA-Z]; brokers
+# (Mosquitto included) accept up to 65535 UTF-8 bytes. Keep a sane bound.
+_MAX_CLIENT_ID: Final = 256
+
+
+@dataclass(frozen=True, slots=True)
+class MqttSettings:
+    """Where and how to reach the broker. Immutable; build with `mqtt_settings_from_env`."""
+
+    host: str
+    port: int
+    tls: bool = False
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ca_file: Path | None = None
+    # None lets the broker assign one (MQTT v5). Two live connections with the same id
+    # kick each other off (session takeover), so a fixed id must be unique per process.
+    client_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.host:
+            raise ValueError("MQTT host must not be empty")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"MQTT port {self.port} out of range 1..65535")
+        if self.password is not None and self.username is None:
+            raise ValueError("an MQTT password needs a username")
+        if self.ca_file is not None and not self.tls:
+            raise ValueError("an MQTT CA file needs TLS (mqtts://)")
+        if self.client_id is not None and not 0 < len(self.client_id) <= _MAX_CLIENT_ID:
+            raise ValueError(f"MQTT client id must be 1..{_MAX_CLIENT_ID} characters")
+
+    @property
+    def url(self) -> str:
+        """The broker URL without credentials (safe to log)."""
+        scheme = "mqtts" if self.tls else "mqtt"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A client TLS context verifying the broker (hostname included), or None for mqtt://."""
+        if not self.tls:
+            return None
+        return ssl.create_default_context(
+            cafile=str(self.ca_file) if self.ca_file is not None else None
+        )
+
+    def with_client_id(self, client_id: str | None) -> MqttSettings:
+        """A copy with another client id (e.g. one derived from the node name)."""
+        return dataclasses.replace(self, client_id=client_id)
+
+
+def parse_mqtt_url(url: str, *, variable: str = ENV_URL) -> tuple[str, int, bool]:
+    """``mqtt://host[:port]`` / ``mqtts://host[:port]`` -> (host, port, tls). Pure."""
+
+    def bad(why: str) -> ValueError:
+        return ValueError(
+            f"{variable}={url!r}: {why}; expected mqtt://host[:port] or mqtts://host[:port]"
+        )
+
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError as exc:  # bad port, unbalanced [ ]
+        raise bad(str(exc)) from None
+    scheme = parts.scheme.lower()
+    if scheme not in DEFAULT_PORTS:
+        raise bad(f"unsupported scheme {parts.scheme!r}" if scheme else "no scheme")
+    if parts.username is not None or parts.password is not None:
+        raise bad(
+            f"credentials do not belong in the URL; use {ENV_USERNAME} and {ENV_PASSWORD_FILE}"
+        )
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise bad("unexpected path, query or fragment")
+    host = parts.hostname
+    if not host:
+        raise bad("no host")
+    if port == 0:
+        raise bad("port 0")
+    return host, port if port is not None else DEFAULT_PORTS[scheme], scheme == "mqtts"
+
+
+def _get(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name)
+    if value is None or not value.strip():
+        return None
+    return value.strip()
+
+
+def _read_password(path: str) -> str:
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(
+            f"{ENV_PASSWORD_FILE}={path!r}: cannot read: {exc.strerror or exc}"
+        ) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{ENV_PASSWORD_FILE}={path!r}: not UTF-8 text") from None
+    # Strip exactly one trailing line ending (echo / editors add one); keep other whitespace,
+    # which may be part of the password.
+    if text.endswith("\r\n"):
+        text = text[:-2]
+    elif text.endswith("\n"):
+        text = text[:-1]
+    if not text:
+        raise ValueError(f"{ENV_PASSWORD_FILE}={path!r}: the file is empty")
+    return text
+
+
+def _check_ca_file(path: str) -> Path:
+    try:
+        ssl.create_default_context(cafile=path)
+    except ssl.SSLError as exc:  # (a subclass of OSError: catch it first)
+        raise ValueError(f"{ENV_CA_FILE}={path!r}: not a usable PEM CA bundle: {exc}") from None
+    except OSError as exc:  # missing or unreadable (FileNotFoundError, PermissionError)
+        raise ValueError(f"{ENV_CA_FILE}={path!r}: cannot read: {exc.strerror or exc}") from None
+    return Path(path)
+
+
+def mqtt_settings_from_env(env: Mapping[str, str], *, client_id: str | None = None) -> MqttSettings:
+    """Build the settings from ``env`` (pass ``os.environ`` at process start).
+
+    Reads the password file and loads the CA file once, so that a bad mount fails at start
+    with a clear message instead of at every reconnect. Raises ValueError naming the variable.
+    """
+    url = _get(env, ENV_URL)
+    if url is None:
+        raise ValueError(
+            f"{ENV_URL} is not set; expected mqtt://host[:port] or mqtts://host[:port]"
+        )
+    host, port, tls = parse_mqtt_url(url)
+
+    username = _get(env, ENV_USERNAME)
+    password_file = _get(env, ENV_PASSWORD_FILE)
+    password = None
+    if password_file is not None:
+        if username is None:
+            raise ValueError(f"{ENV_PASSWORD_FILE} is set but {ENV_USERNAME} is not")
+        password = _read_password(password_file)
+
+    ca_path = _get(env, ENV_CA_FILE)
+    ca_file = None
+    if ca_path is not None:
+        if not tls:
+            raise ValueError(f"{ENV_CA_FILE} is set but {ENV_URL}={url!r} is not mqtts://")
+        ca_file = _check_ca_file(ca_path)
+
+    return MqttSettings(
+        host=host,
+        port=port,
+        tls=tls,
+        username=username,
+        password=password,
+        ca_file=ca_file,
+        client_id=client_id,
+    )

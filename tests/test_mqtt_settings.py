@@ -1,0 +1,150 @@
+"""netval.mqtt_settings: parsing NETVAL_MQTT_* into one immutable settings object."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+from netval.mqtt_settings import MqttSettings, mqtt_settings_from_env, parse_mqtt_url
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("mqtt://broker", ("broker", 1883, False)),
+        ("mqtt://broker:1884", ("broker", 1884, False)),
+        ("mqtts://broker.netval.svc", ("broker.netval.svc", 8883, True)),
+        ("MQTTS://10.0.0.5:9883/", ("10.0.0.5", 9883, True)),
+        ("mqtt://[fd00::1]:1883", ("fd00::1", 1883, False)),
+    ],
+)
+def test_url_parsing(url: str, expected: tuple[str, int, bool]) -> None:
+    assert parse_mqtt_url(url) == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://broker:1883", "unsupported scheme 'http'"),
+        ("broker:1883", "unsupported scheme 'broker'"),
+        ("//broker", "no scheme"),
+        ("mqtt://", "no host"),
+        ("mqtt://broker:99999", "out of range"),
+        ("mqtt://broker:0", "port 0"),
+        ("mqtt://broker:abc", "Port could not be cast"),
+        ("mqtt://user:pw@broker", "credentials do not belong in the URL"),
+        ("mqtt://broker/topic", "unexpected path"),
+        ("ws://broker", "unsupported scheme"),
+    ],
+)
+def test_bad_urls_name_the_variable(url: str, why: str) -> None:
+    with pytest.raises(ValueError, match="NETVAL_MQTT_URL") as err:
+        mqtt_settings_from_env({"NETVAL_MQTT_URL": url})
+    assert why in str(err.value)
+
+
+def test_missing_url() -> None:
+    with pytest.raises(ValueError, match="NETVAL_MQTT_URL is not set"):
+        mqtt_settings_from_env({})
+    with pytest.raises(ValueError, match="NETVAL_MQTT_URL is not set"):
+        mqtt_settings_from_env({"NETVAL_MQTT_URL": "  "})
+
+
+def test_full_settings_and_password_file(tmp_path: Path) -> None:
+    pw = tmp_path / "password"
+    pw.write_bytes(b"  s3cr et\t\n")  # one trailing newline stripped, the rest kept
+    env = {
+        "NETVAL_MQTT_URL": "mqtt://broker.netval.svc",
+        "NETVAL_MQTT_USERNAME": "agent",
+        "NETVAL_MQTT_PASSWORD_FILE": str(pw),
+        "NETVAL_MQTT_CA_FILE": "",  # empty counts as unset
+    }
+    settings = mqtt_settings_from_env(env, client_id="netval-agent-node1")
+    assert settings == MqttSettings(
+        host="broker.netval.svc",
+        port=1883,
+        tls=False,
+        username="agent",
+        password="  s3cr et\t",
+        client_id="netval-agent-node1",
+    )
+    assert "s3cr" not in repr(settings)
+    assert settings.url == "mqtt://broker.netval.svc:1883"
+    assert settings.ssl_context() is None
+    pw.write_text("changed")  # read once: the object does not change
+    assert settings.password == "  s3cr et\t"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.port = 1  # type: ignore[misc]
+    assert settings.with_client_id(None).client_id is None
+
+
+def test_password_file_crlf(tmp_path: Path) -> None:
+    pw = tmp_path / "password"
+    pw.write_bytes(b"pw\r\n")
+    env = {"NETVAL_MQTT_URL": "mqtt://b", "NETVAL_MQTT_USERNAME": "u"}
+    assert mqtt_settings_from_env(env | {"NETVAL_MQTT_PASSWORD_FILE": str(pw)}).password == "pw"
+
+
+def test_password_file_errors(tmp_path: Path) -> None:
+    env = {"NETVAL_MQTT_URL": "mqtt://b", "NETVAL_MQTT_USERNAME": "u"}
+    missing = tmp_path / "nope"
+    with pytest.raises(ValueError, match=r"NETVAL_MQTT_PASSWORD_FILE=.*nope.*cannot read"):
+        mqtt_settings_from_env(env | {"NETVAL_MQTT_PASSWORD_FILE": str(missing)})
+    with pytest.raises(ValueError, match=r"NETVAL_MQTT_PASSWORD_FILE=.*cannot read"):
+        mqtt_settings_from_env(env | {"NETVAL_MQTT_PASSWORD_FILE": str(tmp_path)})  # a dir
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match=r"NETVAL_MQTT_PASSWORD_FILE=.*empty"):
+        mqtt_settings_from_env(env | {"NETVAL_MQTT_PASSWORD_FILE": str(empty)})
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match=r"NETVAL_MQTT_PASSWORD_FILE=.*UTF-8"):
+        mqtt_settings_from_env(env | {"NETVAL_MQTT_PASSWORD_FILE": str(binary)})
+    pw = tmp_path / "pw"
+    pw.write_text("x")
+    with pytest.raises(ValueError, match="NETVAL_MQTT_USERNAME is not"):
+        mqtt_settings_from_env(
+            {"NETVAL_MQTT_URL": "mqtt://b", "NETVAL_MQTT_PASSWORD_FILE": str(pw)}
+        )
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_unreadable_password_file(tmp_path: Path) -> None:
+    pw = tmp_path / "pw"
+    pw.write_text("x")
+    pw.chmod(0)
+    env = {"NETVAL_MQTT_URL": "mqtt://b", "NETVAL_MQTT_USERNAME": "u"}
+    with pytest.raises(ValueError, match="NETVAL_MQTT_PASSWORD_FILE"):
+        mqtt_settings_from_env(env | {"NETVAL_MQTT_PASSWORD_FILE": str(pw)})
+
+
+def test_ca_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"NETVAL_MQTT_CA_FILE=.*cannot read"):
+        mqtt_settings_from_env(
+            {"NETVAL_MQTT_URL": "mqtts://b", "NETVAL_MQTT_CA_FILE": str(tmp_path / "nope.pem")}
+        )
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(ValueError, match=r"NETVAL_MQTT_CA_FILE=.*not a usable PEM"):
+        mqtt_settings_from_env({"NETVAL_MQTT_URL": "mqtts://b", "NETVAL_MQTT_CA_FILE": str(junk)})
+    with pytest.raises(ValueError, match="NETVAL_MQTT_CA_FILE is set but NETVAL_MQTT_URL"):
+        mqtt_settings_from_env({"NETVAL_MQTT_URL": "mqtt://b", "NETVAL_MQTT_CA_FILE": str(junk)})
+
+
+def test_mqtts_without_ca_uses_system_trust() -> None:
+    settings = mqtt_settings_from_env({"NETVAL_MQTT_URL": "mqtts://broker"})
+    assert (settings.port, settings.tls, settings.ca_file) == (8883, True, None)
+    context = settings.ssl_context()
+    assert context is not None and context.check_hostname
+
+
+def test_direct_construction_is_checked() -> None:
+    with pytest.raises(ValueError, match="port"):
+        MqttSettings(host="b", port=70000)
+    with pytest.raises(ValueError, match="needs a username"):
+        MqttSettings(host="b", port=1883, password="x")
+    with pytest.raises(ValueError, match="needs TLS"):
+        MqttSettings(host="b", port=1883, ca_file=Path("/x"))
