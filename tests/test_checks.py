@@ -31,20 +31,25 @@ SNAPSHOTS = Path(__file__).resolve().parent.parent / "examples" / "snapshots"
 
 
 @pytest.mark.parametrize(
-    ("first", "last", "expected"),
+    ("first", "last", "width", "expected"),
     [
-        (10, 15, 5),
-        (5, 5, 0),
-        (None, 5, None),
-        (5, None, None),
+        (10, 15, 64, 5),
+        (5, 5, 64, 0),
+        (None, 5, 64, None),
+        (5, None, 64, None),
         # a 32-bit counter wrapped: 0xFFFFFFF0 -> 0x10 is 0x20 of growth
-        (0xFFFF_FFF0, 0x10, 0x20),
-        # a 64-bit counter went backwards: reset (driver reload), count what we know
-        (1 << 40, 7, 7),
+        (0xFFFF_FFF0, 0x10, 32, 0x20),
+        # a 32-bit counter whose "wrap" would be over half its range was reset instead
+        (1000, 7, 32, 7),
+        # a 64-bit counter that went backwards was reset (driver reload): count what we know
+        (1000, 7, 64, 7),
+        ((1 << 40), 7, 64, 7),
     ],
 )
-def test_counter_delta(first: int | None, last: int | None, expected: int | None) -> None:
-    assert delta(first, last) == expected
+def test_counter_delta(
+    first: int | None, last: int | None, width: int, expected: int | None
+) -> None:
+    assert delta(first, last, width=width) == expected
 
 
 @pytest.mark.parametrize(
@@ -91,11 +96,11 @@ def _slave(name: str, driver: str | None, ethtool: dict[str, int], ecn: bool = T
     )
 
 
-def _lag_sample(discards: int, ignored: int) -> Sample:
+def _lag_sample(discards: int, ignored: int, prio_discards: int = 0) -> Sample:
     stats = {
         "rx_discards_phy": discards,
         "tx_discards_phy": 0,
-        "rx_prio3_discards": 0,
+        "rx_prio3_discards": prio_discards,
         "rx_prio3_pause_duration": 0,
         "tx_prio3_pause_duration": 0,
         "tx_pause_storm_warning_events": 0,
@@ -115,7 +120,9 @@ def _lag_sample(discards: int, ignored: int) -> Sample:
         netdevs={
             "bond0": bond,
             "ens1f0np0": _slave("ens1f0np0", "mlx5_core", stats),
-            "ens1f1np1": _slave("ens1f1np1", "mlx5_core", dict(stats, rx_discards_phy=0)),
+            "ens1f1np1": _slave(
+                "ens1f1np1", "mlx5_core", dict(stats, rx_discards_phy=0, rx_prio3_discards=0)
+            ),
         },
         rdma={
             "mlx5_bond_0": RdmaDevice(
@@ -126,7 +133,7 @@ def _lag_sample(discards: int, ignored: int) -> Sample:
 
 
 def test_roce_lag_judges_bond_for_link_and_slaves_for_qos() -> None:
-    snap = NodeSnapshot("n1", "now", 10.0, (_lag_sample(0, 0), _lag_sample(25, 3)))
+    snap = NodeSnapshot("n1", "now", 10.0, (_lag_sample(0, 0), _lag_sample(25, 3, 25)))
     results = run_node_checks(snap, Checks())
     assert {r.subject for r in _by(results, "link.carrier")} == {"bond0"}
     assert {r.subject for r in _by(results, "mtu.interface")} == {"bond0"}
@@ -138,8 +145,8 @@ def test_roce_lag_judges_bond_for_link_and_slaves_for_qos() -> None:
     # the discards happened on one slave, the ignored CNPs on the LAG's RDMA port
     assert _bad(results) == {("pfc.discards", "ens1f0np0"), ("ecn.cnp_flow", "mlx5_bond_0/1")}
     discards = next(r for r in _by(results, "pfc.discards") if r.subject == "ens1f0np0")
-    assert discards.observed["rx_discards_phy"] == 25
-    assert "rx_discards_phy +25" in discards.message
+    assert discards.observed["rx_prio3_discards"] == 25
+    assert "rx_prio3_discards +25" in discards.message
 
 
 def test_unknown_driver_counter_checks_skip_never_fail() -> None:
@@ -227,3 +234,42 @@ def test_spec_bounds_and_defaults() -> None:
                     {"name": "a", "protocol": "nfs", "host": "h"}]}}}):  # fmt: skip
         with pytest.raises(ValidationError):
             NetworkValidationSpec.model_validate(bad)
+
+
+def test_lossy_class_drops_do_not_fail_the_lossless_check() -> None:
+    """Port-level drops with clean per-priority counters: reported, not judged."""
+    snap = NodeSnapshot("n1", "now", 10.0, (_lag_sample(0, 0), _lag_sample(500, 0)))
+    results = run_node_checks(snap, Checks())
+    discards = next(r for r in _by(results, "pfc.discards") if r.subject == "ens1f0np0")
+    # _lag_sample grows rx_discards_phy only: the lossless priority's own counter is flat
+    assert discards.status is Status.PASS
+    assert discards.observed["rx_discards_phy"] == 500
+    assert discards.observed["total"] == 0
+
+
+def test_rate_compares_only_ports_of_the_same_card_model() -> None:
+    def device(name: str, board: str, rate: str, ndev: str) -> RdmaDevice:
+        port = RdmaPort(
+            device=name, port=1, state="4: ACTIVE", phys_state="5: LinkUp", rate=rate,
+            link_layer="Ethernet", gids=(Gid(1, "fe80:0000:0000:0000:0000:0000:0000:0001",
+                                         "RoCE v2", ndev),),
+        )  # fmt: skip
+        return RdmaDevice(name, board_id=board, ports={1: port})
+
+    rdma = {
+        "mlx5_0": device("mlx5_0", "MT_0000000838", "400 Gb/sec (4X NDR)", "ens1np0"),
+        "mlx5_1": device("mlx5_1", "MT_0000000838", "200 Gb/sec (4X HDR)", "ens2np0"),
+        "mlx5_2": device("mlx5_2", "MT_0000000359", "200 Gb/sec (4X HDR)", "ens3np0"),
+    }
+    snap = NodeSnapshot("n1", "now", 10.0, (Sample({}, rdma), Sample({}, rdma)))
+    rate = {r.subject: r.status for r in _by(run_node_checks(snap, Checks()), "rdma.rate")}
+    assert rate == {"mlx5_0/1": Status.PASS, "mlx5_1/1": Status.FAIL, "mlx5_2/1": Status.PASS}
+
+
+def test_carrier_up_but_not_operationally_up() -> None:
+    v0 = Netdev(name="v0", mtu=9000, carrier=1, operstate="dormant", carrier_changes=2)
+    snap = NodeSnapshot("n1", "now", 1.0, (Sample({"v0": v0}, {}), Sample({"v0": v0}, {})))
+    results = run_node_checks(snap, Checks.model_validate({"link": {"interfaces": ["v0"]}}))
+    (carrier,) = _by(results, "link.carrier")
+    assert carrier.status is Status.FAIL
+    assert carrier.message == "carrier up but operstate dormant; expected operstate up"

@@ -40,6 +40,9 @@ def check_carrier(ctx: CheckContext) -> list[CheckResult]:
                 f"carrier unreadable, interface is administratively down "
                 f"(operstate {netdev.operstate}); expected carrier up"
             )
+        elif netdev.carrier == 1:
+            status = Status.FAIL
+            message = f"carrier up but operstate {netdev.operstate}; expected operstate up"
         else:
             status = Status.FAIL
             message = f"no carrier (carrier {netdev.carrier}, operstate {netdev.operstate}); expected carrier up"
@@ -58,7 +61,9 @@ def check_flaps(ctx: CheckContext) -> list[CheckResult]:
             continue
         first, last = ctx.netdev_pair(name)
         changes = delta(
-            first.carrier_changes if first else None, last.carrier_changes if last else None
+            first.carrier_changes if first else None,
+            last.carrier_changes if last else None,
+            width=32,  # the kernel counts carrier ups and downs in atomic_t
         )
         if changes is None:
             out.append(skipped(CheckId.LINK_FLAPS, name, f"carrier_changes of {name} not readable"))

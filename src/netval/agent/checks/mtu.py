@@ -7,8 +7,8 @@ from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.model.spec import ROCE_MTUS
 
-# RoCE headers (GRH 40, UDP 8, BTH 12, extended transport headers 28, ICRC 4, and
-# alignment) leave at most netdev MTU - 96 bytes for the IB payload MTU.
+# The kernel's iboe_get_mtu() subtracts the largest RoCE headers (GRH 40, UDP 8, BTH 12,
+# XRC ETH 4, AtomicETH 28, ICRC 4 = 96) from the netdev MTU before it picks the IB MTU.
 ROCE_OVERHEAD = 96
 
 

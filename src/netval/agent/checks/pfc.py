@@ -176,7 +176,10 @@ def check_pause_storm(ctx: CheckContext) -> list[CheckResult]:
                     )
                 )
                 continue
-            if len(got) < 2 or elapsed_us <= 0:
+            if elapsed_us <= 0:
+                out.append(skipped(CheckId.PFC_PAUSE_STORM, subject, "zero-length sampling window"))
+                continue
+            if len(got) < 2:
                 out.append(
                     skipped(
                         CheckId.PFC_PAUSE_STORM,
@@ -223,20 +226,25 @@ def check_discards(ctx: CheckContext) -> list[CheckResult]:
             out.append(inputs)
             continue
         driver, first, last = inputs
-        names = driver.discards
-        if driver.prio_discards:
-            names += tuple(
-                driver.per_prio(driver.prio_discards, p) for p in ctx.checks.pfc.priorities
-            )
-        got = deltas(first, last, names)
+        # Judge the lossless priorities' own drop counters: port-level drops also count lossy
+        # classes (TCP may drop), so they are the fallback for NICs without per-priority
+        # counters and otherwise only reported.
+        prio_names = (
+            tuple(driver.per_prio(driver.prio_discards, p) for p in ctx.checks.pfc.priorities)
+            if driver.prio_discards
+            else ()
+        )
+        port_level = deltas(first, last, driver.discards)
+        got = deltas(first, last, prio_names) or port_level
         if not got:
+            names = [*prio_names, *driver.discards]
             out.append(
-                skipped(CheckId.PFC_DISCARDS, name, f"discard counters {list(names)} not readable")
+                skipped(CheckId.PFC_DISCARDS, name, f"discard counters {names} not readable")
             )
             continue
         total = sum(got.values())
         grown = ", ".join(f"{k} +{v}" for k, v in got.items() if v)
-        observed: dict[str, int] = {**got, "total": total}
+        observed: dict[str, int] = {**port_level, **got, "total": total}
         expected = {"maxDiscardsPerInterval": limit}
         if total > limit:
             out.append(

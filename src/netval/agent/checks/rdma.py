@@ -22,6 +22,11 @@ def _is_active(port: RdmaPort) -> bool:
     return bool(port.state and port.state.endswith(_ACTIVE))
 
 
+def _board(ctx: CheckContext, port: RdmaPort) -> str | None:
+    device = ctx.snapshot.last.rdma.get(port.device)
+    return device.board_id if device else None
+
+
 def check_devices(ctx: CheckContext) -> list[CheckResult]:
     present = ctx.snapshot.last.rdma
     wanted = ctx.checks.rdma.devices
@@ -101,7 +106,8 @@ def check_link_layer(ctx: CheckContext) -> list[CheckResult]:
                 CheckId.RDMA_LINK_LAYER,
                 port.subject,
                 Status.PASS if ok else Status.FAIL,
-                f"link layer {port.link_layer}" + ("" if ok else f", expected {want}"),
+                f"link layer {port.link_layer or 'unreadable'}"
+                + ("" if ok else f", expected {want}"),
                 {"linkLayer": port.link_layer},
                 {"linkLayer": want},
             )
@@ -113,13 +119,24 @@ def check_rate(ctx: CheckContext) -> list[CheckResult]:
     if not ctx.judged.ports:
         return _no_devices(CheckId.RDMA_RATE, ctx)
     minimum = ctx.checks.rdma.min_rate_gbps
-    # Without a stated minimum, the ports of one node are expected to run at one rate: a port
-    # that negotiated down (a bad cable or optic) runs below its siblings.
-    active_rates = [r for p in ctx.judged.ports if _is_active(p) and (r := p.rate_gbps) is not None]
-    reference = minimum if minimum is not None else max(active_rates, default=None)
-    basis = "checks.rdma.minRateGbps" if minimum is not None else "the fastest port on this node"
+    # Without a stated minimum, the ports of one card model on a node are expected to run at
+    # one rate: a port that negotiated down (a bad cable or optic) runs below its siblings.
+    # Comparing per model (board_id) keeps a 200G storage NIC beside 400G compute NICs from
+    # looking degraded.
+    fastest: dict[str | None, float] = {}
+    for p in ctx.judged.ports:
+        p_rate = p.rate_gbps
+        if _is_active(p) and p_rate is not None:
+            board = _board(ctx, p)
+            fastest[board] = max(p_rate, fastest.get(board, p_rate))
+    basis = (
+        "checks.rdma.minRateGbps"
+        if minimum is not None
+        else "the fastest port of the same card model on this node"
+    )
     out: list[CheckResult] = []
     for port in ctx.judged.ports:
+        reference = minimum if minimum is not None else fastest.get(_board(ctx, port))
         rate = port.rate_gbps
         if not _is_active(port):
             out.append(
@@ -206,7 +223,7 @@ def check_gid_roce_v2(ctx: CheckContext) -> list[CheckResult]:
                     CheckId.RDMA_GID_ROCE_V2,
                     subject,
                     Status.FAIL,
-                    "no populated GID (does the netdev have an IP address?); expected a RoCE v2 GID",
+                    "no populated GID (is the netdev gone, down, or in another network namespace?); expected a RoCE v2 GID",
                     observed,
                     {"roceV2Gids": ">=1"},
                 )
@@ -251,7 +268,10 @@ def check_errors(ctx: CheckContext) -> list[CheckResult]:
         first_device = ctx.snapshot.first.rdma.get(port.device)
         first_port = first_device.ports.get(port.port) if first_device else None
         grown = deltas(
-            first_port.hw_counters if first_port else None, port.hw_counters, driver.rdma_errors
+            first_port.hw_counters if first_port else None,
+            port.hw_counters,
+            driver.rdma_errors,
+            width=32,  # mlx5 Q counters
         )
         if not grown:
             out.append(
