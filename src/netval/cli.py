@@ -233,7 +233,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         args.out,
         node=_node_name(args.node),
         captured_at=captured_at,
-        interval_seconds=round((starts[-1] - starts[0]) / (len(starts) - 1), 3),
+        # a window too short to measure still has a length: the format needs > 0
+        interval_seconds=max(round((starts[-1] - starts[0]) / (len(starts) - 1), 3), 0.001),
     )
     sys.stderr.write(f"recorded {args.samples} samples in {args.out}\n")
     return EXIT_OK

@@ -66,7 +66,12 @@ def check_flaps(ctx: CheckContext) -> list[CheckResult]:
             width=32,  # the kernel counts carrier ups and downs in atomic_t
         )
         if changes is None:
-            out.append(skipped(CheckId.LINK_FLAPS, name, f"carrier_changes of {name} not readable"))
+            reason = (
+                f"interface {name} not found on this node"
+                if last is None
+                else f"carrier_changes of {name} not readable"
+            )
+            out.append(skipped(CheckId.LINK_FLAPS, name, reason))
             continue
         flaps = (changes + 1) // 2
         observed = {"carrierChanges": changes, "flaps": flaps}

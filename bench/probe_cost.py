@@ -1,0 +1,380 @@
+"""What one probe cycle costs: netval's warm cycle vs the shell way, with 0/64/200 pod veths.
+
+Run as root from the repository root:
+
+    python bench/probe_cost.py
+
+It builds a namespace host with 8 judged veth interfaces (MTU 9000, carrier up; peers in a
+second "pods" namespace) and adds background veths (0, then 64, then 200 of them, peers in
+the pods namespace too, as a Kubernetes node's pod veths are). For each count a worker runs
+inside the host namespace (`ip netns exec`, so /sys/class/net is the namespace's) and times,
+interleaved round by round:
+
+  (a) netval warm cycle: LiveCollector.sample() for the 8 interfaces + the node checks on a
+      snapshot of the previous and the new sample (what the agent does every interval);
+  (b) the shell way (NHC style): one bash run that, per interface, runs
+      `ip -j -d link show dev X`, `ethtool -S X` and one `cat` of mtu, carrier, operstate,
+      carrier_changes and speed (output captured, not even parsed);
+  (c) a pyroute2 full link dump, IPRoute().get_links() on an open socket (what netval avoids);
+
+and the cold start of `netval probe --config CFG --samples 1` (process start to exit) with its
+peak RSS (wait4 rusage of that child). Namespaces are deleted however the run ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+JUDGED = [f"j{i}" for i in range(8)]
+BACKGROUND_COUNTS = (0, 64, 200)
+TARGET_RATIO = 10.0
+TARGET_SLOWDOWN_PERCENT = 10.0
+TARGET_WARM_MS = 3.0
+
+SHELL_SCRIPT = r"""#!/bin/bash
+# One health-check pass over the given interfaces, the way node health check scripts do it.
+rc=0
+for dev in "$@"; do
+    link=$(ip -j -d link show dev "$dev") || rc=1
+    if [ -n "$NV_ETHTOOL" ]; then
+        stats=$(ethtool -S "$dev") || rc=1
+    fi
+    d=/sys/class/net/$dev
+    sysfs=$(cat "$d/mtu" "$d/carrier" "$d/operstate" "$d/carrier_changes" "$d/speed") || rc=1
+done
+exit $rc
+"""
+
+
+def netval_script() -> str:
+    candidate = Path(sysconfig.get_path("scripts")) / "netval"
+    if candidate.is_file():
+        return str(candidate)
+    found = shutil.which("netval")
+    if found is None:
+        sys.exit("the netval console script is not installed (pip install -e .)")
+    return found
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# -- worker: runs inside the host namespace ---------------------------------------------------
+
+
+def worker(args: argparse.Namespace) -> dict[str, Any]:
+    from pyroute2 import IPRoute
+
+    from netval.agent.checks import run_node_checks
+    from netval.agent.collect_live import LiveCollector
+    from netval.cli import load_probe_config
+    from netval.model.ids import Status
+    from netval.model.snapshot import NodeSnapshot
+
+    judged = args.judged.split(",")
+    interfaces = sorted(os.listdir("/sys/class/net"))
+    checks = load_probe_config(Path(args.config)).checks
+    ethtool = shutil.which("ethtool")
+    env = {**os.environ, "NV_ETHTOOL": "1" if ethtool else ""}
+    fd, script = tempfile.mkstemp(prefix="nvt-nhc-", suffix=".sh")
+    os.write(fd, SHELL_SCRIPT.encode())
+    os.close(fd)
+
+    warm: list[float] = []
+    collect: list[float] = []
+    shell: list[float] = []
+    dump: list[float] = []
+    cold: list[float] = []
+    rss_kib: list[int] = []
+    try:
+        with LiveCollector(interfaces=judged) as collector, IPRoute() as ipr:
+            prev = collector.sample()
+
+            def cycle() -> tuple[int, int]:
+                """One agent interval's work; (collect, total) in ns."""
+                nonlocal prev
+                t0 = time.perf_counter_ns()
+                new = collector.sample()
+                t1 = time.perf_counter_ns()
+                snapshot = NodeSnapshot(
+                    node="bench", captured_at="", interval_seconds=10.0, samples=(prev, new)
+                )
+                run_node_checks(snapshot, checks)
+                prev = new
+                return t1 - t0, time.perf_counter_ns() - t0
+
+            for _ in range(20):  # warm-up: ethtool names cached, sockets open
+                cycle()
+            first = run_node_checks(
+                NodeSnapshot("bench", "", 10.0, (prev, collector.sample())), checks
+            )
+            bad = [(r.check, r.subject, r.message) for r in first if r.status.is_bad]
+            judged_pass = sum(1 for r in first if r.status == Status.PASS)
+            assert not bad, f"the judged interfaces should pass: {bad}"
+            links = len(ipr.get_links())
+            assert links == len(interfaces), (links, len(interfaces))
+
+            def shell_run() -> float:
+                t0 = time.perf_counter_ns()
+                proc = subprocess.run(
+                    ["bash", script, *judged], env=env, stdout=subprocess.DEVNULL, check=False
+                )
+                elapsed = (time.perf_counter_ns() - t0) / 1e6
+                assert proc.returncode == 0, "the shell check failed"
+                return elapsed
+
+            def dump_run() -> float:
+                t0 = time.perf_counter_ns()
+                ipr.get_links()
+                return (time.perf_counter_ns() - t0) / 1e6
+
+            for _ in range(3):  # warm-up: binaries and libraries in the page cache
+                shell_run()
+                dump_run()
+            for _ in range(args.rounds):
+                for _ in range(args.cycles_per_round):
+                    collect_ns, total_ns = cycle()
+                    collect.append(collect_ns / 1e6)
+                    warm.append(total_ns / 1e6)
+                shell.append(shell_run())
+                dump.append(dump_run())
+
+        argv = [netval_script(), "probe", "--config", args.config, "--samples", "1"]
+        for _ in range(args.cold_runs):
+            t0 = time.perf_counter_ns()
+            child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            _, status, usage = os.wait4(child.pid, 0)
+            cold.append((time.perf_counter_ns() - t0) / 1e6)
+            child.returncode = os.waitstatus_to_exitcode(status)
+            assert child.returncode == 0, f"netval probe exited {child.returncode}"
+            rss_kib.append(usage.ru_maxrss)
+    finally:
+        os.unlink(script)
+    return {
+        "interfaces": len(interfaces),
+        "judged_pass": judged_pass,
+        "ethtool": ethtool is not None,
+        "warm": warm,
+        "collect": collect,
+        "shell": shell,
+        "dump": dump,
+        "cold": cold,
+        "rss_kib": rss_kib,
+    }
+
+
+# -- driver: builds namespaces, runs workers, prints figures ---------------------------------
+
+
+def ip_batch(netns: str, lines: list[str]) -> None:
+    if lines:
+        subprocess.run(
+            ["ip", "-n", netns, "-batch", "-"],
+            input="\n".join(lines) + "\n",
+            text=True,
+            check=True,
+        )
+
+
+def add_veths(host: str, pods: str, names: list[str], mtu: int | None = None) -> None:
+    """Veths in `host` whose peers (<name>p) live in `pods`; all up. Two netlink batches."""
+    with_mtu = f" mtu {mtu}" if mtu else ""
+    ip_batch(
+        host,
+        [f"link add {n}{with_mtu} type veth peer name {n}p{with_mtu} netns {pods}" for n in names],
+    )
+    ip_batch(pods, [f"link set {n}p up" for n in names])
+    ip_batch(host, [f"link set {n} up" for n in names])
+
+
+def wait_carrier(host: str, names: list[str], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        out = subprocess.run(
+            ["ip", "-n", host, "-j", "link", "show"], capture_output=True, text=True, check=True
+        )
+        states = {link["ifname"]: link.get("operstate") for link in json.loads(out.stdout)}
+        if all(states.get(n) == "UP" for n in names):
+            return
+        if time.monotonic() > deadline:
+            sys.exit(f"judged interfaces did not come up: {states}")
+        time.sleep(0.01)
+
+
+def run_worker(host: str, count: int, config: str, args: argparse.Namespace) -> dict[str, Any]:
+    argv = [
+        "ip",
+        "netns",
+        "exec",
+        host,
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        "--judged",
+        ",".join(JUDGED),
+        "--config",
+        config,
+        "--rounds",
+        str(args.rounds),
+        "--cycles-per-round",
+        str(args.cycles_per_round),
+        "--cold-runs",
+        str(args.cold_runs),
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    if proc.returncode != 0:
+        sys.exit(f"worker for {count} background interfaces failed:\n{proc.stderr}")
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--judged", help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=30, help="shell/dump samples per count")
+    parser.add_argument("--cycles-per-round", type=int, default=20, help="netval cycles per round")
+    parser.add_argument("--cold-runs", type=int, default=5, help="cold starts per count")
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return 0
+
+    if os.geteuid() != 0:
+        sys.exit("run as root: the benchmark builds network namespaces")
+    if shutil.which("ip") is None:
+        sys.exit("needs iproute2 (ip)")
+    ethtool_note = (
+        "ethtool -S included"
+        if shutil.which("ethtool")
+        else "ethtool NOT installed (apt-get install ethtool): shell way measured without it"
+    )
+    import pyroute2
+
+    import netval
+
+    started = time.monotonic()
+    suffix = secrets.token_hex(3)
+    host, pods = f"nvt-bench-{suffix}", f"nvt-pods-{suffix}"
+    workdir = tempfile.mkdtemp(prefix="nvt-bench-")
+    config = os.path.join(workdir, "checks.json")
+    with open(config, "w", encoding="utf-8") as fh:
+        json.dump(
+            {
+                "link": {"interfaces": JUDGED},
+                "mtu": {"interfaces": JUDGED, "interfaceMTU": 9000},
+            },
+            fh,
+        )
+    rows: list[dict[str, Any]] = []
+    created: list[str] = []
+    try:
+        for name in (host, pods):
+            subprocess.run(["ip", "netns", "add", name], check=True)
+            created.append(name)
+        add_veths(host, pods, JUDGED, mtu=9000)
+        wait_carrier(host, JUDGED)
+        have = 0
+        for count in BACKGROUND_COUNTS:
+            t0 = time.monotonic()
+            add_veths(host, pods, [f"bg{i}" for i in range(have, count)])
+            have = count
+            built = time.monotonic() - t0
+            result = run_worker(host, count, config, args)
+            result["background"] = count
+            result["build_s"] = built
+            rows.append(result)
+            print(
+                f"  measured {count:>3} background interfaces "
+                f"({result['interfaces']} in the namespace incl. lo; built in {built:.2f} s)",
+                flush=True,
+            )
+    finally:
+        for name in created:
+            subprocess.run(["ip", "netns", "del", name], check=False)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    print()
+    print(
+        f"netval {netval.__version__}, pyroute2 {pyroute2.__version__}, "
+        f"Python {platform.python_version()}, kernel {platform.release()}, "
+        f"{os.cpu_count()} CPU(s); {ethtool_note}"
+    )
+    print(
+        f"{len(JUDGED)} judged veth interfaces; per count: {args.rounds} rounds of "
+        f"{args.cycles_per_round} netval cycles + 1 shell run + 1 link dump, interleaved"
+    )
+    print()
+    print(
+        "| background interfaces | netval warm cycle median (p90) | shell way (NHC) median "
+        "| shell / netval | pyroute2 get_links() median |"
+    )
+    print("|---:|---:|---:|---:|---:|")
+    medians: dict[int, float] = {}
+    ratios: list[float] = []
+    for row in rows:
+        warm = statistics.median(row["warm"])
+        shell = statistics.median(row["shell"])
+        dump = statistics.median(row["dump"])
+        medians[row["background"]] = warm
+        ratios.append(shell / warm)
+        print(
+            f"| {row['background']} | {warm:.3f} ms ({quantile(row['warm'], 0.9):.3f}) "
+            f"| {shell:.1f} ms | {shell / warm:.0f}x | {dump:.2f} ms |"
+        )
+    print()
+    for row in rows:
+        share = statistics.median(row["collect"])
+        print(
+            f"netval cycle with {row['background']:>3} background: collector "
+            f"{share:.3f} ms + checks {statistics.median(row['warm']) - share:.3f} ms (medians)"
+        )
+    slowdown = (medians[max(medians)] / medians[min(medians)] - 1) * 100
+    cold = [c for row in rows for c in row["cold"]]
+    rss = max(r for row in rows for r in row["rss_kib"])
+    print()
+    print(
+        f"netval warm cycle at {max(medians)} vs {min(medians)} background interfaces: "
+        f"{slowdown:+.1f} %"
+    )
+    print(
+        f"cold start `netval probe --config CFG --samples 1`: median "
+        f"{statistics.median(cold):.0f} ms (min {min(cold):.0f}, max {max(cold):.0f}, "
+        f"{len(cold)} runs); peak RSS {rss / 1024:.1f} MiB"
+    )
+    print()
+    worst_warm = max(quantile(row["warm"], 0.5) for row in rows)
+    targets = [
+        (f"shell / netval >= {TARGET_RATIO:.0f}x", min(ratios) >= TARGET_RATIO),
+        (f"warm cycle <= {TARGET_WARM_MS:g} ms", worst_warm <= TARGET_WARM_MS),
+        (
+            f"<= {TARGET_SLOWDOWN_PERCENT:g} % slower at {max(medians)} background",
+            slowdown <= TARGET_SLOWDOWN_PERCENT,
+        ),
+    ]
+    for label, ok in targets:
+        print(f"target {label}: {'met' if ok else 'MISSED'}")
+    print(
+        f"command: python bench/probe_cost.py  (as root; whole run {time.monotonic() - started:.0f} s)"
+    )
+    return 0 if all(ok for _, ok in targets) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
