@@ -137,7 +137,7 @@ class ReportIngest:
         self,
         settings: MqttSettings,
         *,
-        on_report: Callable[[Report], None],
+        on_report: Callable[[Report, bool], None],
         on_state: Callable[[StateChange], None],
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
@@ -151,13 +151,14 @@ class ReportIngest:
         self._backoff_cap = backoff_cap
         self._rng = random.Random()  # noqa: S311 - jitter
 
-    def handle(self, topic_name: str, payload: bytes) -> None:
+    def handle(self, topic_name: str, payload: bytes, *, retained: bool = False) -> None:
+        """`retained`: replayed by the broker on subscribe, not sent just now."""
         decoded = decode_message(topic_name, payload)
         if isinstance(decoded, Dropped):
             self.stats.drop(decoded)
         elif isinstance(decoded, Report):
             self.stats.reports += 1
-            self.on_report(decoded)
+            self.on_report(decoded, retained)
         elif isinstance(decoded, StateChange):
             self.stats.states += 1
             self.on_state(decoded)
@@ -204,7 +205,7 @@ class ReportIngest:
                     data = payload if isinstance(payload, bytes) else str(payload or "").encode()
                     if message.retain:
                         self._last_retained = time.monotonic()
-                    self.handle(message.topic.value, data)
+                    self.handle(message.topic.value, data, retained=bool(message.retain))
             finally:
                 sync.cancel()
 

@@ -1,0 +1,1 @@
+"""The netval operator: Kopf handlers, manifest rendering, aggregation, gating, webhooks."""

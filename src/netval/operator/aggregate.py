@@ -1,0 +1,598 @@
+"""Per-validation aggregation of agent reports into the NetworkValidation status.
+
+Pure and in memory: no I/O, no Kopf, no asyncio, no clock. Every function that depends on
+time takes ``now`` (timezone-aware) explicitly, so the operator, tests and benchmarks drive
+time themselves. The operator owns one `ValidationState` per NetworkValidation, feeds it
+reports and online/offline state from MQTT and the targeted node set from its Node watch,
+and calls `compute_status` once per write window.
+
+Semantics (the contract the operator and the tests rely on):
+
+- Freshness. A node is *fresh* when its latest accepted report was received within
+  ``STALE_AFTER_INTERVALS`` (3) intervals (age <= 3 x interval) and its retained state is not
+  ``offline``; ``offline`` makes it stale at once. The time is the operator's receive time,
+  not the agent's clock; for a *retained* message (replayed by the broker after the operator
+  (re)subscribes, so its receive time says nothing) it is the report's own end time
+  (startedAt + durationMs, capped at now), so a long-dead node does not look fresh after an
+  operator restart.
+- Ordering. A report older than the node's stored one (lower generation: STALE_GENERATION;
+  same generation, earlier startedAt: OUT_OF_ORDER) is ignored while the stored one is still
+  fresh; once the stored report is stale, any newer-received report replaces it (so an agent
+  whose clock stepped back, or a CR deleted and recreated with generation 1, recovers within
+  3 intervals). A report with the stored generation and startedAt is a DUPLICATE (QoS 1
+  redelivery, retained replay on reconnect) and changes nothing, freshness included.
+- Generations. Reports of a generation older than the CR's are accepted until some node
+  reports the CR's generation (the agents roll out one by one), then ignored
+  (STALE_GENERATION). Stored older-generation reports keep counting until their node
+  reports the new generation or goes stale; the Ready message says how many nodes are still
+  on an older generation. A report *newer* than the CR's generation (the operator has not
+  seen the CR update yet, or a retained report of a deleted incarnation) is accepted.
+- Targeting. A report of a node outside ``targeted`` is stored (NOT_TARGETED) but counted
+  nowhere; it counts as soon as the node becomes targeted. A targeted node that never
+  reported is *awaiting* for 3 intervals after it became targeted (or after the agents became
+  ready, whichever is later), then stale. ``nodes.stale`` is ``targeted - reporting``
+  (awaiting nodes included); the Ready condition tells awaiting and stale apart.
+- Node status is the worst of the report's ``status`` and its results (a report that claims
+  less than its results is not trusted). error counts as failing, skip-only as passing.
+- ``checks`` counts *nodes* per check id: each fresh targeted node contributes once per
+  check, at the worst status of that check's results (error as fail; skip-only checks are
+  not counted). ``failures`` lists fail/error results of fresh targeted nodes, ordered by
+  (since, node, check, subject) so the longest-standing failures come first and the order
+  is stable, capped at 50; messages are truncated to keep the status small.
+- ``since`` is the time the (node, check, subject) failure was first seen in an accepted
+  report; kept while it keeps failing (fail <-> error included), dropped when it passes or
+  disappears. `restore_since` seeds it from a previous status after an operator restart.
+- Healthy is about fresh reports only: False/ChecksFailing when a fresh targeted node fails;
+  Unknown when no targeted node has a fresh report (AwaitingReports if none ever reported,
+  NodesStale if all are stale, NoTargetedNodes); True/AllChecksPassing otherwise, with stale
+  nodes and warnings mentioned in the message (staleness is Ready's business).
+- ``dirty`` is set by every mutation that can change the status; the status writer clears
+  it after a successful patch. Time alone also changes the status (nodes turn stale):
+  `next_deadline` says when to recompute next.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Final, Literal
+
+from netval.model.ids import Status, worst
+from netval.model.results import Report
+from netval.model.status import (
+    MAX_FAILURES,
+    CheckCounts,
+    Condition,
+    ConditionType,
+    Failure,
+    NetworkValidationStatus,
+    NodeCounts,
+    Reason,
+)
+
+STALE_AFTER_INTERVALS: Final = 3
+MAX_NAMES_IN_MESSAGE: Final = 5
+MAX_CHECKS_PER_NODE_IN_MESSAGE: Final = 3
+MAX_FAILURE_MESSAGE: Final = 256
+
+NodeHealth = Literal["healthy", "degraded", "unhealthy", "unknown"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+# Index of a status in a node's per-check bucket: pass, warn, fail (error counts as fail).
+_BUCKET: Final[dict[Status, int]] = {
+    Status.PASS: 0,
+    Status.WARN: 1,
+    Status.FAIL: 2,
+    Status.ERROR: 2,
+}
+_HEALTH: Final[dict[Status, NodeHealth]] = {
+    Status.SKIP: "healthy",
+    Status.PASS: "healthy",
+    Status.WARN: "degraded",
+    Status.FAIL: "unhealthy",
+    Status.ERROR: "unhealthy",
+}
+
+# (since, node, check, subject, message): sorts as the failures list is ordered.
+FailureKey = tuple[datetime, str, str, str, str]
+
+
+class IngestResult(StrEnum):
+    ACCEPTED = "accepted"
+    NOT_TARGETED = "not_targeted"  # stored (counts once the node is targeted), not counted now
+    DUPLICATE = "duplicate"  # same generation and startedAt as the stored report
+    STALE_GENERATION = "stale_generation"  # older than the node's or the rolled-out generation
+    OUT_OF_ORDER = "out_of_order"  # same generation, older startedAt than the stored report
+    WRONG_VALIDATION = "wrong_validation"  # report.validation is not this validation
+
+    @property
+    def stored(self) -> bool:
+        return self in (IngestResult.ACCEPTED, IngestResult.NOT_TARGETED)
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    """A node's latest accepted report, pre-digested so `compute_status` is cheap."""
+
+    report: Report
+    reported_at: datetime  # receive time (retained: the report's end time, capped at now)
+    status: Status  # effective node status
+    check_buckets: tuple[tuple[str, int], ...]  # (check id, 0 pass | 1 warn | 2 fail)
+    failures: tuple[FailureKey, ...]  # sorted
+    failing_checks: tuple[str, ...]  # sorted, unique
+    failing_since: dict[tuple[str, str], datetime]  # (check, subject) -> first seen failing
+    ok_streak: int  # consecutive accepted reports without fail/error (for taint recovery)
+
+
+@dataclass(slots=True)
+class ValidationState:
+    """Everything the operator knows about one NetworkValidation, in memory."""
+
+    name: str
+    generation: int = 0  # the CR's metadata.generation
+    interval_seconds: float = 30.0
+    targeted: set[str] = field(default_factory=set)  # use set_targeted (records join times)
+    agents_ready: bool = False  # use set_agents_ready
+    agents_detail: str = ""  # e.g. "3/4 agent pods ready", shown while agents are pending
+    spec_error: str | None = None  # set when the spec is invalid: Ready=False InvalidSpec
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    offline: dict[str, datetime] = field(default_factory=dict)  # node -> since
+    targeted_since: dict[str, datetime] = field(default_factory=dict)
+    agents_ready_since: datetime | None = None
+    newest_generation: int = -1  # newest generation reported by any node
+    since_hints: dict[str, dict[tuple[str, str], datetime]] = field(default_factory=dict)
+    dirty: bool = True
+
+    @property
+    def stale_after(self) -> timedelta:
+        return timedelta(seconds=STALE_AFTER_INTERVALS * self.interval_seconds)
+
+
+# -- mutations --------------------------------------------------------------------------
+
+
+def set_spec(
+    state: ValidationState,
+    *,
+    generation: int,
+    interval_seconds: float,
+    spec_error: str | None = None,
+) -> None:
+    """The CR was created, changed or resumed."""
+    if (state.generation, state.interval_seconds, state.spec_error) != (
+        generation,
+        interval_seconds,
+        spec_error,
+    ):
+        state.generation = generation
+        state.interval_seconds = interval_seconds
+        state.spec_error = spec_error
+        state.dirty = True
+
+
+def set_targeted(state: ValidationState, nodes: Iterable[str], now: datetime) -> None:
+    """The nodes that match the nodeSelector (from the operator's Node watch)."""
+    _require_aware(now)
+    new = set(nodes)
+    if new == state.targeted:
+        return
+    for node in new - state.targeted:
+        state.targeted_since[node] = now
+    for node in state.targeted - new:
+        state.targeted_since.pop(node, None)
+    state.targeted = new
+    state.dirty = True
+
+
+def set_agents_ready(
+    state: ValidationState, ready: bool, now: datetime, *, detail: str = ""
+) -> None:
+    """Whether the agent DaemonSet exists and has rolled out (detail: shown while pending)."""
+    _require_aware(now)
+    if ready and not state.agents_ready:
+        state.agents_ready_since = now
+    if (ready, detail) != (state.agents_ready, state.agents_detail):
+        state.agents_ready = ready
+        state.agents_detail = detail
+        state.dirty = True
+
+
+def ingest_report(
+    state: ValidationState, report: Report, now: datetime, *, retained: bool = False
+) -> IngestResult:
+    """Fold one validated report in. ``retained``: the MQTT message had the retain flag
+    (a replay on subscribe, not a live publish); see the module docstring."""
+    _require_aware(now)
+    if report.validation != state.name:
+        return IngestResult.WRONG_VALIDATION
+    node = report.node
+    started = _aware(report.started_at)
+    stored = state.nodes.get(node)
+    if stored is not None:
+        old_gen, old_started = stored.report.generation, _aware(stored.report.started_at)
+        if report.generation == old_gen and started == old_started:
+            return IngestResult.DUPLICATE
+        if now - stored.reported_at <= state.stale_after:
+            if report.generation < old_gen:
+                return IngestResult.STALE_GENERATION
+            if report.generation == old_gen and started < old_started:
+                return IngestResult.OUT_OF_ORDER
+    if report.generation < state.generation <= state.newest_generation:
+        return IngestResult.STALE_GENERATION
+
+    if retained:
+        reported_at = min(now, started + timedelta(milliseconds=report.duration_ms))
+    else:
+        reported_at = now
+        state.offline.pop(node, None)  # a live report: the agent is evidently running
+    hints = state.since_hints.pop(node, None)
+    state.nodes[node] = _digest(report, reported_at, stored, hints)
+    state.newest_generation = max(state.newest_generation, report.generation)
+    if node not in state.targeted:
+        return IngestResult.NOT_TARGETED
+    state.dirty = True
+    return IngestResult.ACCEPTED
+
+
+def node_online(state: ValidationState, node: str, now: datetime) -> None:
+    """Retained ``online`` state: the agent is connected (freshness still needs reports)."""
+    _require_aware(now)
+    if state.offline.pop(node, None) is not None and node in state.targeted:
+        state.dirty = True
+
+
+def node_offline(state: ValidationState, node: str, now: datetime) -> None:
+    """Retained ``offline`` state (the agent's last will): the node is stale at once."""
+    _require_aware(now)
+    if node not in state.offline:
+        state.offline[node] = now
+        if node in state.targeted:
+            state.dirty = True
+
+
+def forget_node(state: ValidationState, node: str) -> None:
+    """The Node was deleted: drop everything about it."""
+    known = node in state.nodes or node in state.targeted or node in state.offline
+    state.nodes.pop(node, None)
+    state.offline.pop(node, None)
+    state.targeted.discard(node)
+    state.targeted_since.pop(node, None)
+    state.since_hints.pop(node, None)
+    if known:
+        state.dirty = True
+
+
+def restore_since(state: ValidationState, previous: NetworkValidationStatus) -> None:
+    """After an operator restart: keep the ``since`` of failures listed in the last written
+    status (only those; the list is capped) when the node's first report still fails them."""
+    for f in previous.failures:
+        state.since_hints.setdefault(f.node, {})[(f.check, f.subject)] = _aware(f.since)
+
+
+# -- queries ----------------------------------------------------------------------------
+
+
+def is_fresh(state: ValidationState, node: str, now: datetime) -> bool:
+    rec = state.nodes.get(node)
+    return rec is not None and _fresh(state, node, rec, now)
+
+
+def node_health(state: ValidationState, node: str, now: datetime) -> NodeHealth:
+    """The node's fabric label value for this validation: from its fresh report; ``unknown``
+    when it is stale, never reported or not targeted by this validation."""
+    _require_aware(now)
+    rec = state.nodes.get(node)
+    if node not in state.targeted or rec is None or not _fresh(state, node, rec, now):
+        return "unknown"
+    return _HEALTH[rec.status]
+
+
+def next_deadline(state: ValidationState, now: datetime) -> datetime | None:
+    """The earliest future time at which time alone changes the status (a fresh node turns
+    stale, an awaiting node's grace ends); None when nothing is pending."""
+    _require_aware(now)
+    window = state.stale_after
+    best: datetime | None = None
+    for node in state.targeted:
+        if node in state.offline:
+            continue
+        rec = state.nodes.get(node)
+        start = rec.reported_at if rec is not None else _grace_start(state, node)
+        at = start + window
+        if at >= now and (best is None or at < best):
+            best = at
+    return best + timedelta(microseconds=1) if best is not None else None
+
+
+def compute_status(
+    state: ValidationState, now: datetime, *, previous: NetworkValidationStatus | None
+) -> NetworkValidationStatus:
+    """The status to write. ``previous`` (the status last written) keeps lastTransitionTime
+    of conditions whose status did not change, and its conditions of other types (Gating)."""
+    _require_aware(now)
+    window = state.stale_after
+    fresh: list[tuple[str, NodeRecord]] = []
+    stale: list[tuple[str, str]] = []  # (node, why)
+    awaiting: list[str] = []
+    ever_reported = 0
+    last_report: datetime | None = None
+    for node in state.targeted:
+        rec = state.nodes.get(node)
+        if rec is not None:
+            ever_reported += 1
+            if last_report is None or rec.reported_at > last_report:
+                last_report = rec.reported_at
+            if node in state.offline:
+                stale.append((node, "offline"))
+            elif now - rec.reported_at > window:
+                stale.append((node, f"last report {_ago(now - rec.reported_at)} ago"))
+            else:
+                fresh.append((node, rec))
+        elif node in state.offline:
+            stale.append((node, "offline"))
+        elif now - _grace_start(state, node) > window:
+            stale.append((node, "never reported"))
+        else:
+            awaiting.append(node)
+
+    passing = warning = 0
+    failing: list[tuple[str, NodeRecord]] = []
+    older_generation = 0
+    totals: dict[str, list[int]] = {}
+    failure_lists: list[tuple[FailureKey, ...]] = []
+    for node, rec in fresh:
+        severity = rec.status.severity
+        if severity >= Status.FAIL.severity:
+            failing.append((node, rec))
+            if rec.failures:
+                failure_lists.append(rec.failures)
+        elif severity == Status.WARN.severity:
+            warning += 1
+        else:
+            passing += 1
+        if rec.report.generation < state.generation:
+            older_generation += 1
+        for check, bucket in rec.check_buckets:
+            counts = totals.get(check)
+            if counts is None:
+                counts = totals[check] = [0, 0, 0]
+            counts[bucket] += 1
+
+    failures = [
+        Failure(node=n, check=c, subject=s, message=m, since=t)
+        for t, n, c, s, m in itertools.islice(heapq.merge(*failure_lists), MAX_FAILURES)
+    ]
+    targeted = len(state.targeted)
+    node_counts = NodeCounts(
+        targeted=targeted,
+        reporting=len(fresh),
+        passing=passing,
+        warning=warning,
+        failing=len(failing),
+        stale=targeted - len(fresh),
+    )
+    ready = _ready(state, fresh, stale, awaiting, older_generation)
+    healthy = _healthy(state, fresh, failing, warning, len(stale) + len(awaiting), ever_reported)
+    conditions = [
+        _condition(ConditionType.READY, *ready, state=state, now=now, previous=previous),
+        _condition(ConditionType.HEALTHY, *healthy, state=state, now=now, previous=previous),
+    ]
+    if previous is not None:
+        ours = (ConditionType.READY, ConditionType.HEALTHY)
+        conditions.extend(c for c in previous.conditions if c.type not in ours)
+    return NetworkValidationStatus(
+        observed_generation=state.generation,
+        conditions=conditions,
+        nodes=node_counts,
+        checks={
+            check: CheckCounts(pass_=c[0], warn=c[1], fail=c[2])
+            for check, c in sorted(totals.items())
+        },
+        failures=failures,
+        last_report_time=last_report,
+    )
+
+
+# -- internals --------------------------------------------------------------------------
+
+
+def _digest(
+    report: Report,
+    reported_at: datetime,
+    previous: NodeRecord | None,
+    hints: dict[tuple[str, str], datetime] | None,
+) -> NodeRecord:
+    old_since = previous.failing_since if previous is not None else {}
+    buckets: dict[str, int] = {}
+    bad: dict[tuple[str, str], str] = {}
+    for r in report.results:
+        bucket = _BUCKET.get(r.status)
+        if bucket is None:  # skip
+            continue
+        check = r.check.value
+        if bucket > buckets.get(check, -1):
+            buckets[check] = bucket
+        if bucket == 2:
+            bad.setdefault((check, r.subject), r.message)
+    since: dict[tuple[str, str], datetime] = {}
+    for key in bad:
+        first = old_since.get(key)
+        if first is None and hints is not None:
+            hint = hints.get(key)
+            first = hint if hint is not None and hint <= reported_at else None
+        since[key] = first if first is not None else reported_at
+    node = report.node
+    failures = tuple(
+        sorted(
+            (since[key], node, key[0], key[1], _truncate(message)) for key, message in bad.items()
+        )
+    )
+    status = worst((report.status, worst(r.status for r in report.results)))
+    ok = not status.is_bad
+    return NodeRecord(
+        report=report,
+        reported_at=reported_at,
+        status=status,
+        check_buckets=tuple(buckets.items()),
+        failures=failures,
+        failing_checks=tuple(sorted({check for check, _ in bad})),
+        failing_since=since,
+        ok_streak=(previous.ok_streak + 1 if previous is not None else 1) if ok else 0,
+    )
+
+
+def _fresh(state: ValidationState, node: str, rec: NodeRecord, now: datetime) -> bool:
+    return node not in state.offline and now - rec.reported_at <= state.stale_after
+
+
+def _grace_start(state: ValidationState, node: str) -> datetime:
+    start = state.targeted_since.get(node)
+    ready = state.agents_ready_since
+    if start is None:
+        return ready if ready is not None else datetime.min.replace(tzinfo=UTC)
+    return max(start, ready) if ready is not None else start
+
+
+_Verdict = tuple[ConditionStatus, Reason, str]
+
+
+def _ready(
+    state: ValidationState,
+    fresh: list[tuple[str, NodeRecord]],
+    stale: list[tuple[str, str]],
+    awaiting: list[str],
+    older_generation: int,
+) -> _Verdict:
+    targeted = len(state.targeted)
+    if state.spec_error is not None:
+        return "False", Reason.INVALID_SPEC, _clip(f"invalid spec: {state.spec_error}")
+    if not state.agents_ready:
+        detail = f": {state.agents_detail}" if state.agents_detail else ""
+        return "False", Reason.AGENTS_PENDING, f"agent DaemonSet not rolled out yet{detail}"
+    if targeted == 0:
+        return (
+            "False",
+            Reason.NO_TARGETED_NODES,
+            "nodeSelector matches no node: nothing to validate",
+        )
+    reporting = f"{len(fresh)} of {targeted} targeted nodes reporting"
+    if stale:
+        stale.sort()
+        names = _names([f"{n} ({why})" for n, why in stale], len(stale))
+        msg = f"{len(stale)} of {targeted} targeted nodes stale: {names}"
+        if awaiting:
+            msg += f"; {len(awaiting)} awaiting a first report"
+        return "False", Reason.NODES_STALE, msg
+    if awaiting:
+        awaiting.sort()
+        msg = f"{reporting}; awaiting a first report from {_names(awaiting, len(awaiting))}"
+        return "False", Reason.AWAITING_REPORTS, msg
+    msg = f"all {targeted} targeted nodes reporting"
+    if older_generation:
+        msg += (
+            f"; {older_generation} still on a generation older than {state.generation}"
+            " (agents rolling out)"
+        )
+    return "True", Reason.AGENTS_REPORTING, msg
+
+
+def _healthy(
+    state: ValidationState,
+    fresh: list[tuple[str, NodeRecord]],
+    failing: list[tuple[str, NodeRecord]],
+    warning: int,
+    not_judged: int,
+    ever_reported: int,
+) -> _Verdict:
+    targeted = len(state.targeted)
+    if targeted == 0:
+        return "Unknown", Reason.NO_TARGETED_NODES, "nodeSelector matches no node"
+    if not fresh:
+        if ever_reported == 0:
+            return "Unknown", Reason.AWAITING_REPORTS, "no targeted node has reported yet"
+        return (
+            "Unknown",
+            Reason.NODES_STALE,
+            f"no fresh report from any of the {targeted} targeted nodes",
+        )
+    if failing:
+        failing.sort(key=lambda item: item[0])
+        shown = [f"{n} ({_checks(rec.failing_checks)})" for n, rec in failing]
+        names = _names(shown, len(failing))
+        msg = f"{len(failing)} of {len(fresh)} reporting nodes failing: {names}"
+        return "False", Reason.CHECKS_FAILING, msg
+    msg = f"no failing checks on {len(fresh)} reporting nodes"
+    if warning:
+        warn_nodes = sorted(n for n, rec in fresh if rec.status is Status.WARN)
+        msg += f"; {warning} warning: {_names(warn_nodes, warning)}"
+    if not_judged:
+        msg += f"; {not_judged} targeted nodes without a fresh report not judged (see Ready)"
+    return "True", Reason.ALL_CHECKS_PASSING, msg
+
+
+def _condition(
+    kind: ConditionType,
+    status: ConditionStatus,
+    reason: Reason,
+    message: str,
+    *,
+    state: ValidationState,
+    now: datetime,
+    previous: NetworkValidationStatus | None,
+) -> Condition:
+    before = previous.condition(kind) if previous is not None else None
+    since = before.last_transition_time if before is not None and before.status == status else now
+    return Condition(
+        type=kind,
+        status=status,
+        reason=reason.value,
+        message=message,
+        last_transition_time=since,
+        observed_generation=state.generation,
+    )
+
+
+def _checks(ids: tuple[str, ...]) -> str:
+    if not ids:
+        return "status fail"
+    head = ", ".join(ids[:MAX_CHECKS_PER_NODE_IN_MESSAGE])
+    more = len(ids) - MAX_CHECKS_PER_NODE_IN_MESSAGE
+    return f"{head}, +{more} more" if more > 0 else head
+
+
+def _names(items: list[str], total: int) -> str:
+    head = ", ".join(items[:MAX_NAMES_IN_MESSAGE])
+    more = total - MAX_NAMES_IN_MESSAGE
+    return f"{head} and {more} more" if more > 0 else head
+
+
+def _ago(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h"
+
+
+def _truncate(message: str) -> str:
+    if len(message) <= MAX_FAILURE_MESSAGE:
+        return message
+    return message[: MAX_FAILURE_MESSAGE - 1] + "\u2026"
+
+
+def _clip(message: str, limit: int = 1024) -> str:
+    return message if len(message) <= limit else message[: limit - 1] + "\u2026"
+
+
+def _require_aware(now: datetime) -> None:
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
