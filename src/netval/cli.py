@@ -16,10 +16,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-import yaml
-
 from netval import __version__
 from netval.model.manifest import ConfigError, ProbeConfig, probe_config_from_document
+from netval.yaml_input import InputFileError, load_yaml_document
 
 EXIT_OK: Final = 0
 EXIT_UNHEALTHY: Final = 1
@@ -97,6 +96,25 @@ def build_parser() -> argparse.ArgumentParser:
         "NETVAL_NODE_NAME, NETVAL_MQTT_URL, NETVAL_MQTT_USERNAME, NETVAL_MQTT_PASSWORD_FILE, "
         "NETVAL_MQTT_CA_FILE, NETVAL_METRICS_ADDR and the standard OTEL_* variables.",
     )
+    op = sub.add_parser(
+        "operator",
+        help="run the Kubernetes operator (Kopf): agents, MQTT ingest, status",
+        description="Run the operator (in-cluster config or KUBECONFIG). Settings come from "
+        "the environment: NETVAL_MQTT_URL, NETVAL_MQTT_USERNAME, NETVAL_MQTT_PASSWORD_FILE, "
+        "NETVAL_MQTT_CA_FILE, NETVAL_NAMESPACE, NETVAL_AGENT_IMAGE, NETVAL_AGENT_MQTT_URL, "
+        "NETVAL_AGENT_MQTT_SECRET, NETVAL_STATUS_WINDOW_SECONDS and OTEL_*.",
+    )
+    op.add_argument(
+        "--standalone",
+        action="store_true",
+        help="no peering: run as the only replica (default: peering, one active replica)",
+    )
+    op.add_argument(
+        "--liveness",
+        metavar="URL",
+        default=None,
+        help="serve Kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz",
+    )
     return parser
 
 
@@ -130,24 +148,10 @@ def load_probe_config(path: Path | None) -> ProbeConfig:
     if path is None:
         return probe_config_from_document(None)
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise BadInput(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
-    try:
-        docs = [d for d in yaml.safe_load_all(raw.decode("utf-8")) if d is not None]
-    except UnicodeDecodeError:
-        raise BadInput(f"{path}: not UTF-8 text") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise BadInput(f"{path}: invalid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-    if len(docs) > 1:
-        raise BadInput(f"{path}: holds {len(docs)} YAML documents, expected one")
-    try:
-        return probe_config_from_document(docs[0] if docs else None)
+        doc = load_yaml_document(path, max_bytes=MAX_CONFIG_BYTES)
+        return probe_config_from_document(doc)
+    except InputFileError as exc:
+        raise BadInput(str(exc)) from None
     except ConfigError as exc:
         raise BadInput(f"{path}: {exc}") from None
 
@@ -259,10 +263,34 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_operator(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from netval.operator.main import run_operator
+    from netval.operator.settings import OperatorConfigError, operator_settings_from_env
+
+    logging.basicConfig(
+        level=os.environ.get("NETVAL_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        settings = operator_settings_from_env(os.environ)
+    except OperatorConfigError as exc:
+        raise BadInput(str(exc)) from None
+    asyncio.run(run_operator(settings, standalone=args.standalone, liveness_endpoint=args.liveness))
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"probe": cmd_probe, "snapshot": cmd_snapshot, "agent": cmd_agent}
+    handlers = {
+        "probe": cmd_probe,
+        "snapshot": cmd_snapshot,
+        "agent": cmd_agent,
+        "operator": cmd_operator,
+    }
     try:
         return handlers[args.command](args)
     except BadInput as exc:

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Final
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from netval.model.manifest import describe_validation_error
 from netval.model.spec import NetworkValidationSpec
 from netval.mqtt_settings import MqttSettings, mqtt_settings_from_env
+from netval.yaml_input import InputFileError, load_yaml_document
 
 ENV_CONFIG: Final = "NETVAL_CONFIG"
 ENV_NODE: Final = "NETVAL_NODE_NAME"
@@ -43,16 +43,9 @@ class AgentConfig(BaseModel):
 
 def load_agent_config(path: Path) -> AgentConfig:
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise AgentConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise AgentConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
-    try:
-        doc = yaml.safe_load(raw.decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise AgentConfigError(f"{path}: not valid YAML/JSON: {exc}") from None
+        doc = load_yaml_document(path, max_bytes=MAX_CONFIG_BYTES)
+    except InputFileError as exc:
+        raise AgentConfigError(str(exc)) from None
     try:
         return AgentConfig.model_validate(doc)
     except ValidationError as exc:

@@ -16,7 +16,7 @@ from netval.agent.link_events import LinkWatcher
 from netval.agent.metrics_http import AgentMetrics, serve_metrics
 from netval.agent.mqtt_publisher import ReportPublisher
 from netval.agent.runner import ProbeRunner
-from netval.agent.telemetry import make_tracer_provider
+from netval.telemetry import make_tracer_provider
 
 log = logging.getLogger("netval.agent")
 

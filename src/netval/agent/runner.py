@@ -25,14 +25,15 @@ from netval.agent.checks import make_context, node_check_groups
 from netval.agent.link_events import LinkState, LinkWatcher
 from netval.agent.metrics_http import AgentMetrics
 from netval.agent.storage_probe import probe_storage, throughput_due
-from netval.agent.telemetry import traceparent_of
 from netval.model.ids import CheckGroup, CheckId
 from netval.model.results import CheckResult, Report, node_status
 from netval.model.snapshot import NodeSnapshot, Sample
+from netval.telemetry import traceparent_of
 
 log = logging.getLogger("netval.agent")
 
 EVENT_MIN_SPACING: Final = 1.0  # seconds between two event-triggered probes
+LINK_LOG_EVERY: Final = 5.0
 REASON_INTERVAL: Final = "interval"
 REASON_LINK_EVENT: Final = "link-event"
 
@@ -84,14 +85,21 @@ class ProbeRunner:
         self._storage: list[CheckResult] = []
         self._throughput: dict[str, tuple[CheckResult, int]] = {}
         self.reports = 0
+        self._last_link_log: dict[str, float] = {}
 
     def on_link_change(self, name: str, now: LinkState, before: LinkState | None) -> None:
-        log.info("link event on %s: %s -> %s", name, before, now)
+        # A flapping port changes state many times a second: log it at most every few
+        # seconds per interface (the reports carry the facts).
+        at = time.monotonic()
+        if at - self._last_link_log.get(name, float("-inf")) >= LINK_LOG_EVERY:
+            self._last_link_log[name] = at
+            log.info("link event on %s: %s -> %s", name, before, now)
         self._trigger.set()
 
     async def run(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
-        self._take_sample()  # baseline: the first cycle already has deltas
+        # Baseline: the first cycle already judges deltas since the agent started.
+        self._previous = _Previous(*self._take_sample())
         # Jitter the start so a thousand agents started together do not probe together.
         start = loop.time() + self._rng.uniform(0, self.interval)
         slot = 0

@@ -66,7 +66,8 @@ class LinkChecks(_Spec):
 
 
 class MtuChecks(_Spec):
-    interface_mtu: Annotated[int, Field(alias="interfaceMTU", ge=68, le=65535)] = 9000
+    # lo defaults to 65536 and the kernel caps no MTU below INT_MAX
+    interface_mtu: Annotated[int, Field(alias="interfaceMTU", ge=68, le=2_147_483_647)] = 9000
     roce_mtu: Annotated[RoceMTU, Field(alias="roceMTU")] = 4096
     interfaces: list[IfName] = Field(default_factory=list)
 

@@ -1,4 +1,4 @@
-"""OpenTelemetry for probe cycles: one trace per cycle, a child span per check group.
+"""OpenTelemetry set-up shared by agent and operator (agent: one trace per probe cycle).
 
 The tracer provider is built from the standard OTEL_* variables (or the spec's
 telemetry.otlpEndpoint); with no endpoint configured, spans are still made (their W3C

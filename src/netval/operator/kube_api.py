@@ -1,0 +1,88 @@
+"""The operator's writes to the Kubernetes API, through the official client.
+
+The client is synchronous; calls run in a worker thread so Kopf's event loop never blocks.
+Applies are idempotent: create, or replace what differs; a 404 on delete is success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Final, cast
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from netval.model.manifest import API_GROUP
+
+log = logging.getLogger("netval.operator.kube")
+
+VERSION: Final = "v1alpha1"
+PLURAL: Final = "networkvalidations"
+
+
+class KubeApi:
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    async def apply_configmap(self, body: dict[str, Any]) -> None:
+        await asyncio.to_thread(self._apply_configmap, body)
+
+    def _apply_configmap(self, body: dict[str, Any]) -> None:
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            current = self.core.read_namespaced_config_map(name, ns)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.core.create_namespaced_config_map(ns, body)
+            return
+        labels = current.metadata.labels if current.metadata is not None else None
+        if current.data != body.get("data") or (labels or {}) != body["metadata"].get("labels", {}):
+            self.core.patch_namespaced_config_map(
+                name,
+                ns,
+                {"metadata": {"labels": body["metadata"].get("labels", {})}, "data": body["data"]},
+            )
+
+    async def apply_daemonset(self, body: dict[str, Any]) -> None:
+        await asyncio.to_thread(self._apply_daemonset, body)
+
+    def _apply_daemonset(self, body: dict[str, Any]) -> None:
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            self.apps.read_namespaced_daemon_set(name, ns)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.apps.create_namespaced_daemon_set(ns, cast(Any, body))
+            return
+        # Replace the spec wholesale: a merge patch would keep list items (tolerations,
+        # env) that the new rendering no longer has.
+        self.apps.replace_namespaced_daemon_set(name, ns, cast(Any, body))
+
+    async def delete_agent_objects(self, namespace: str, name: str) -> None:
+        await asyncio.to_thread(self._delete_agent_objects, namespace, name)
+
+    def _delete_agent_objects(self, namespace: str, name: str) -> None:
+        for delete in (
+            self.apps.delete_namespaced_daemon_set,
+            self.core.delete_namespaced_config_map,
+        ):
+            try:
+                delete(name, namespace)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+    async def patch_status(self, name: str, status: dict[str, Any]) -> None:
+        await asyncio.to_thread(
+            self.custom.patch_cluster_custom_object_status,
+            API_GROUP,
+            VERSION,
+            PLURAL,
+            name,
+            {"status": status},
+        )

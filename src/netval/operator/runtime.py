@@ -1,0 +1,299 @@
+"""The operator's in-memory state and its background work: MQTT ingest and status writes.
+
+Kopf handlers tell the runtime what exists (validations, their specs, nodes and labels);
+MQTT tells it what agents report. Status is written by one loop, one merge patch per
+validation per window, and only after the retained reports were read back after a start, so
+a restart does not flip conditions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, cast
+
+import kopf
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Link
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from netval.model.results import Report
+from netval.model.spec import NetworkValidationSpec
+from netval.model.status import NetworkValidationStatus
+from netval.operator import aggregate
+from netval.operator.aggregate import ValidationState
+from netval.operator.ingest import ReportIngest, StateChange
+from netval.operator.kube_api import KubeApi
+from netval.operator.settings import OperatorSettings
+
+log = logging.getLogger("netval.operator")
+
+# At most this many "node started/stopped failing" Events per validation per minute; the
+# status carries the full picture, Events are for `kubectl describe` readers.
+EVENTS_PER_MINUTE: Final = 10
+_PENDING_LIMIT: Final = 100_000
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def selector_matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+@dataclass(slots=True)
+class _Pending:
+    report: Report
+    retained: bool
+
+
+class OperatorRuntime:
+    def __init__(
+        self, settings: OperatorSettings, kube: KubeApi, tracer_provider: TracerProvider
+    ) -> None:
+        self.settings = settings
+        self.kube = kube
+        self.tracer_provider = tracer_provider
+        self.tracer = tracer_provider.get_tracer("netval.operator")
+        self.states: dict[str, ValidationState] = {}
+        self.selectors: dict[str, dict[str, str]] = {}
+        self.bodies: dict[str, dict[str, Any]] = {}
+        self.previous: dict[str, NetworkValidationStatus] = {}
+        self.node_labels: dict[str, dict[str, str]] = {}
+        # Reports for validations the operator has not seen yet (retained messages can
+        # arrive before Kopf resumes the CRs after a restart).
+        self.pending: dict[tuple[str, str], _Pending] = {}
+        self.offline_pending: dict[tuple[str, str], bool] = {}
+        self.links: dict[str, list[Link]] = {}
+        self.ingest = ReportIngest(settings.mqtt, on_report=self.on_report, on_state=self.on_state)
+        self.status_writes = 0
+        self.status_write_failures = 0
+        self._event_times: dict[str, list[float]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self.ingest.run(), name="netval-ingest"),
+            asyncio.create_task(self.write_loop(), name="netval-status-writer"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.tracer_provider.shutdown()
+
+    # -- MQTT -------------------------------------------------------------------------------
+
+    def on_report(self, report: Report, retained: bool) -> None:
+        parent = None
+        if report.traceparent:
+            parent = TraceContextTextMapPropagator().extract({"traceparent": report.traceparent})
+        with self.tracer.start_as_current_span(
+            "netval.ingest",
+            context=parent,
+            attributes={
+                "netval.validation": report.validation,
+                "netval.node": report.node,
+                "netval.status": report.status.value,
+                "netval.retained": retained,
+            },
+        ) as span:
+            state = self.states.get(report.validation)
+            if state is None:
+                if len(self.pending) < _PENDING_LIMIT:
+                    self.pending[(report.validation, report.node)] = _Pending(report, retained)
+                span.set_attribute("netval.ingest_result", "pending")
+                return
+            result = aggregate.ingest_report(state, report, utcnow(), retained=retained)
+            span.set_attribute("netval.ingest_result", result.value)
+            if result is aggregate.IngestResult.ACCEPTED:
+                self.links.setdefault(report.validation, []).append(Link(span.get_span_context()))
+
+    def on_state(self, change: StateChange) -> None:
+        state = self.states.get(change.validation)
+        if state is None:
+            self.offline_pending[(change.validation, change.node)] = change.online
+            return
+        if change.online:
+            aggregate.node_online(state, change.node, utcnow())
+        else:
+            aggregate.node_offline(state, change.node, utcnow())
+
+    # -- what Kopf tells us -----------------------------------------------------------------
+
+    def upsert_validation(
+        self,
+        name: str,
+        *,
+        generation: int,
+        spec: NetworkValidationSpec,
+        body: dict[str, Any],
+        status: Mapping[str, Any] | None,
+    ) -> ValidationState:
+        now = utcnow()
+        state = self.states.get(name)
+        if state is None:
+            state = ValidationState(name=name)
+            self.states[name] = state
+            previous = _parse_status(status)
+            if previous is not None:
+                self.previous[name] = previous
+                aggregate.restore_since(state, previous)
+        aggregate.set_spec(state, generation=generation, interval_seconds=spec.interval_seconds)
+        self.selectors[name] = dict(spec.node_selector)
+        self.bodies[name] = body
+        self._retarget(name, now)
+        for key in [k for k in self.pending if k[0] == name]:
+            pending = self.pending.pop(key)
+            aggregate.ingest_report(state, pending.report, now, retained=pending.retained)
+        for key in [k for k in self.offline_pending if k[0] == name]:
+            online = self.offline_pending.pop(key)
+            (aggregate.node_online if online else aggregate.node_offline)(state, key[1], now)
+        return state
+
+    def invalid_spec(
+        self, name: str, *, generation: int, message: str, body: dict[str, Any]
+    ) -> NetworkValidationStatus:
+        state = self.states.setdefault(name, ValidationState(name=name))
+        interval = state.interval_seconds
+        aggregate.set_spec(
+            state, generation=generation, interval_seconds=interval, spec_error=message
+        )
+        self.bodies[name] = body
+        return self.compute(name, utcnow())
+
+    def agents_applied(self, name: str) -> None:
+        state = self.states.get(name)
+        if state is not None:
+            aggregate.set_agents_ready(state, True, utcnow())
+
+    def remove_validation(self, name: str) -> None:
+        for table in (self.states, self.selectors, self.bodies, self.previous, self.links):
+            table.pop(name, None)
+
+    def on_node(self, name: str, labels: Mapping[str, str] | None) -> None:
+        if labels is None:
+            self.node_labels.pop(name, None)
+            for state in self.states.values():
+                aggregate.forget_node(state, name)
+        else:
+            self.node_labels[name] = dict(labels)
+        now = utcnow()
+        for validation in self.states:
+            self._retarget(validation, now)
+
+    def _retarget(self, name: str, now: datetime) -> None:
+        selector = self.selectors.get(name)
+        if selector is None:
+            return
+        targeted = {
+            n for n, labels in self.node_labels.items() if selector_matches(selector, labels)
+        }
+        aggregate.set_targeted(self.states[name], targeted, now)
+
+    # -- status -----------------------------------------------------------------------------
+
+    def compute(self, name: str, now: datetime) -> NetworkValidationStatus:
+        return aggregate.compute_status(self.states[name], now, previous=self.previous.get(name))
+
+    async def write_loop(self) -> None:
+        # Before the retained reports are read back, status would say "no reports".
+        await self.ingest.synced.wait()
+        while True:
+            started = time.monotonic()
+            await self.write_due(utcnow())
+            await asyncio.sleep(
+                max(0.0, self.settings.status_window - (time.monotonic() - started))
+            )
+
+    async def write_due(self, now: datetime) -> None:
+        for name, state in list(self.states.items()):
+            deadline = aggregate.next_deadline(state, now)
+            if not state.dirty and (deadline is None or deadline > now):
+                continue
+            status = self.compute(name, now)
+            previous = self.previous.get(name)
+            if previous is not None and status == previous:
+                state.dirty = False
+                continue
+            await self.write_status(name, status, previous)
+
+    async def write_status(
+        self, name: str, status: NetworkValidationStatus, previous: NetworkValidationStatus | None
+    ) -> None:
+        links = self.links.pop(name, [])[:128]
+        with self.tracer.start_as_current_span(
+            "netval.status_write", links=links, attributes={"netval.validation": name}
+        ) as span:
+            try:
+                await self.kube.patch_status(name, status.to_patch())
+            except Exception as exc:
+                self.status_write_failures += 1
+                span.record_exception(exc)
+                span.set_status(trace.Status(trace.StatusCode.ERROR))
+                log.warning("status write for %s failed: %s", name, exc)
+                return
+        self.status_writes += 1
+        self.previous[name] = status
+        state = self.states.get(name)
+        if state is not None:
+            state.dirty = False
+        self._post_transition_events(name, previous, status)
+
+    def _post_transition_events(
+        self, name: str, before: NetworkValidationStatus | None, after: NetworkValidationStatus
+    ) -> None:
+        body = self.bodies.get(name)
+        if body is None:
+            return
+        old = {(f.node, f.check) for f in (before.failures if before else [])}
+        new = {(f.node, f.check): f for f in after.failures}
+        started = sorted(set(new) - old)
+        stopped = sorted(old - set(new))
+        now = time.monotonic()
+        window = [t for t in self._event_times.get(name, []) if now - t < 60]
+        for kind, keys in (("started", started), ("stopped", stopped)):
+            for node, check in keys:
+                if len(window) >= EVENTS_PER_MINUTE:
+                    break
+                window.append(now)
+                if kind == "started":
+                    msg = f"node {node} fails {check}: {new[(node, check)].message}"
+                    kopf.event(
+                        cast(kopf.Body, body),
+                        type="Warning",
+                        reason="CheckFailing",
+                        message=msg[:1024],
+                    )
+                else:
+                    kopf.event(
+                        cast(kopf.Body, body),
+                        type="Normal",
+                        reason="CheckRecovered",
+                        message=f"node {node} passes {check} again",
+                    )
+        self._event_times[name] = window
+
+
+def _parse_status(status: Mapping[str, Any] | None) -> NetworkValidationStatus | None:
+    if not status:
+        return None
+    known = {k: v for k, v in status.items() if k in _STATUS_KEYS}
+    try:
+        return NetworkValidationStatus.model_validate(known)
+    except ValueError:
+        return None
+
+
+_STATUS_KEYS: Final = frozenset(
+    {"observedGeneration", "conditions", "nodes", "checks", "failures", "lastReportTime"}
+)

@@ -1,0 +1,63 @@
+"""`netval operator` settings, built once from the environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from netval.mqtt_settings import MqttSettings, mqtt_settings_from_env
+
+ENV_NAMESPACE: Final = "NETVAL_NAMESPACE"
+ENV_AGENT_IMAGE: Final = "NETVAL_AGENT_IMAGE"
+ENV_AGENT_MQTT_URL: Final = "NETVAL_AGENT_MQTT_URL"
+ENV_AGENT_MQTT_USERNAME: Final = "NETVAL_AGENT_MQTT_USERNAME"
+ENV_AGENT_MQTT_SECRET: Final = "NETVAL_AGENT_MQTT_SECRET"
+ENV_AGENT_MQTT_CA_SECRET: Final = "NETVAL_AGENT_MQTT_CA_SECRET"
+ENV_STATUS_WINDOW: Final = "NETVAL_STATUS_WINDOW_SECONDS"
+
+DEFAULT_NAMESPACE: Final = "netval-system"
+DEFAULT_IMAGE: Final = "ghcr.io/netval/netval:0.1.0"
+DEFAULT_AGENT_SECRET: Final = "netval-mqtt-agent"
+DEFAULT_STATUS_WINDOW: Final = 2.0
+
+
+class OperatorConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorSettings:
+    namespace: str  # where agent DaemonSets and ConfigMaps live
+    agent_image: str
+    mqtt: MqttSettings  # the operator's own broker connection
+    agent_mqtt_url: str  # what agents connect to (in-cluster Service name)
+    agent_mqtt_username: str | None
+    agent_mqtt_secret: str  # Secret with key `password` for the agents
+    agent_mqtt_ca_secret: str | None  # Secret with key `ca.crt` when the broker uses TLS
+    status_window: float  # seconds: one status patch per validation per window
+
+
+def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorSettings:
+    try:
+        mqtt = mqtt_settings_from_env(env, client_id=f"netval-operator-{os.getpid()}")
+    except ValueError as exc:
+        raise OperatorConfigError(str(exc)) from None
+    window_text = env.get(ENV_STATUS_WINDOW, str(DEFAULT_STATUS_WINDOW))
+    try:
+        window = float(window_text)
+    except ValueError:
+        raise OperatorConfigError(f"{ENV_STATUS_WINDOW}: not a number: {window_text!r}") from None
+    if not 0.05 <= window <= 60:
+        raise OperatorConfigError(f"{ENV_STATUS_WINDOW}: must be between 0.05 and 60, got {window}")
+    return OperatorSettings(
+        namespace=env.get(ENV_NAMESPACE) or DEFAULT_NAMESPACE,
+        agent_image=env.get(ENV_AGENT_IMAGE) or DEFAULT_IMAGE,
+        mqtt=mqtt,
+        agent_mqtt_url=env.get(ENV_AGENT_MQTT_URL) or mqtt.url,
+        agent_mqtt_username=env.get(ENV_AGENT_MQTT_USERNAME) or mqtt.username,
+        agent_mqtt_secret=env.get(ENV_AGENT_MQTT_SECRET) or DEFAULT_AGENT_SECRET,
+        agent_mqtt_ca_secret=env.get(ENV_AGENT_MQTT_CA_SECRET) or None,
+        status_window=window,
+    )
