@@ -49,6 +49,9 @@ class LiveCollector:
         self._populated_gids: dict[tuple[str, int], list[int]] = {}
         self._samples_taken = 0
 
+    def set_interfaces(self, interfaces: Sequence[str]) -> None:
+        self.interfaces = tuple(interfaces)
+
     def close(self) -> None:
         self.ethtool.close()
         self.dcb.close()

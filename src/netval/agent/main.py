@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from netval.agent.agent_config import AgentSettings
 from netval.agent.collect_live import LiveCollector
+from netval.agent.config_watch import ConfigWatcher
 from netval.agent.link_events import LinkWatcher
 from netval.agent.metrics_http import AgentMetrics, serve_metrics
 from netval.agent.mqtt_publisher import ReportPublisher
@@ -45,7 +46,7 @@ async def run_agent(
     metrics.attach_publisher(publisher.stats)
     collector = LiveCollector(interfaces=spec.checks.named_interfaces)
     server = None
-    watch_task = None
+    tasks: list[asyncio.Task[None]] = []
     try:
         if settings.metrics_addr is not None:
             server = await serve_metrics(*settings.metrics_addr, metrics)
@@ -61,7 +62,12 @@ async def run_agent(
         )
         watcher = LinkWatcher(runner.on_link_change)
         runner.watcher = watcher
-        watch_task = asyncio.create_task(watcher.run(), name="netval-link-events")
+        config_watcher = ConfigWatcher(settings.config_path, settings.config, runner.apply_config)
+        metrics.attach_config(config_watcher)
+        tasks = [
+            asyncio.create_task(watcher.run(), name="netval-link-events"),
+            asyncio.create_task(config_watcher.run(), name="netval-config-watch"),
+        ]
         log.info(
             "agent for validation %s (generation %d) on node %s, interval %gs",
             settings.config.validation,
@@ -71,8 +77,8 @@ async def run_agent(
         )
         await runner.run(stop)
     finally:
-        if watch_task is not None:
-            watch_task.cancel()
+        for task in tasks:
+            task.cancel()
         await publisher.stop()
         if server is not None:
             server.close()

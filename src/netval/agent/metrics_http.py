@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from netval.agent.config_watch import ConfigWatcher
 from netval.agent.mqtt_publisher import PublisherStats
 from netval.model.results import Report
 
@@ -32,6 +33,32 @@ class _PublisherCollector(Collector):
             yield CounterMetricFamily(name, doc, value=value)
         yield GaugeMetricFamily(
             "netval_mqtt_connected", "1 while connected to the broker", value=int(s.connected)
+        )
+
+
+class _ConfigCollector(Collector):
+    def __init__(self, watcher: ConfigWatcher) -> None:
+        self._watcher = watcher
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        w = self._watcher
+        yield CounterMetricFamily(
+            "netval_config_reloads", "Config updates applied", value=w.reloads
+        )
+        yield CounterMetricFamily(
+            "netval_config_reload_failures",
+            "Config updates rejected (the last good config stays in force)",
+            value=w.failures,
+        )
+        yield GaugeMetricFamily(
+            "netval_config_generation",
+            "Generation of the config in force",
+            value=w.current.generation,
+        )
+        yield GaugeMetricFamily(
+            "netval_config_valid",
+            "0 while the newest config file is rejected",
+            value=int(w.last_error is None),
         )
 
 
@@ -59,6 +86,9 @@ class AgentMetrics:
 
     def attach_publisher(self, stats: Callable[[], PublisherStats]) -> None:
         self.registry.register(_PublisherCollector(stats))
+
+    def attach_config(self, watcher: ConfigWatcher) -> None:
+        self.registry.register(_ConfigCollector(watcher))
 
     def observe(self, report: Report, reason: str) -> None:
         self.last_cycle = time.monotonic()

@@ -78,6 +78,7 @@ class ProbeRunner:
         self.event_min_spacing = event_min_spacing
         self.storage_timeout = storage_timeout
         self._rng = rng or random.Random()  # noqa: S311 - start jitter, not crypto
+        self._rescheduled = False
         self._trigger = asyncio.Event()
         self._previous: _Previous | None = None
         self._cycle = 0
@@ -86,6 +87,17 @@ class ProbeRunner:
         self._throughput: dict[str, tuple[CheckResult, int]] = {}
         self.reports = 0
         self._last_link_log: dict[str, float] = {}
+
+    def apply_config(self, config: AgentConfig) -> None:
+        """Take a reloaded config: new checks at the next cycle, a new interval from now."""
+        self.config = config
+        set_interfaces = getattr(self.collector, "set_interfaces", None)
+        if set_interfaces is not None:
+            set_interfaces(config.spec.checks.named_interfaces)
+        if config.spec.interval_seconds != self.interval:
+            self.interval = config.spec.interval_seconds
+            self._rescheduled = True
+            self._trigger.set()  # wake the wait so the new schedule starts now
 
     def on_link_change(self, name: str, now: LinkState, before: LinkState | None) -> None:
         # A flapping port changes state many times a second: log it at most every few
@@ -104,8 +116,14 @@ class ProbeRunner:
         start = loop.time() + self._rng.uniform(0, self.interval)
         slot = 0
         while not stop.is_set():
+            if self._rescheduled:
+                self._rescheduled = False
+                self._trigger.clear()
+                start, slot = loop.time() + self.interval, 0
             deadline = start + slot * self.interval
             reason = await self._wait(deadline, stop)
+            if self._rescheduled:
+                continue
             if reason is None:
                 break
             if reason == REASON_INTERVAL:
@@ -125,6 +143,8 @@ class ProbeRunner:
                 return None
             if now >= deadline:
                 self._trigger.clear()  # this cycle covers pending events too
+                return REASON_INTERVAL
+            if self._rescheduled:
                 return REASON_INTERVAL
             if self._trigger.is_set():
                 earliest = self._last_event_probe + self.event_min_spacing
