@@ -94,7 +94,8 @@ async def _apply(
         mqtt=manifests.AgentMqttWiring(
             url=settings.agent_mqtt_url,
             username=settings.agent_mqtt_username,
-            password_secret=settings.agent_mqtt_secret,
+            # an anonymous broker: no password to mount
+            password_secret=settings.agent_mqtt_secret if settings.agent_mqtt_username else None,
             ca_secret=settings.agent_mqtt_ca_secret,
         ),
         config_hash=manifests.config_hash(

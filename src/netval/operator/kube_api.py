@@ -37,7 +37,7 @@ class KubeApi:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            self.core.create_namespaced_config_map(ns, body)
+            self.core.create_namespaced_config_map(ns, cast(Any, body))
             return
         labels = current.metadata.labels if current.metadata is not None else None
         if current.data != body.get("data") or (labels or {}) != body["metadata"].get("labels", {}):

@@ -1,0 +1,442 @@
+"""Render the agent objects of one NetworkValidation: its ConfigMap and its DaemonSet.
+
+Pure functions: no I/O, no clock, no environment. The handlers apply what these return.
+
+- The ConfigMap holds the agent config file (`{validation, generation, spec}`, DESIGN.md
+  "Processes and configuration") under `AGENT_CONFIG_KEY`, as YAML written by PyYAML, which
+  the agent reads back with `yaml.safe_load` exactly (JSON text read as YAML is not always:
+  `1e-05` would come back as a string).
+- The DaemonSet runs `netval agent` on every node the spec selects, on the host network, as a
+  non-root user with no capabilities and a read-only root filesystem; the agent never talks to
+  the Kubernetes API, so its ServiceAccount has no token and no bindings.
+- The pod template carries `netval.io/config-hash`, the hash of the config document, so any
+  spec change (which bumps the generation) rolls the agents; status writes and node label
+  changes never do (DESIGN.md "MQTT": the domain travels in the assignment topic).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import yaml
+
+from netval.model.spec import NetworkValidationSpec
+from netval.mqtt_settings import (
+    ENV_CA_FILE,
+    ENV_PASSWORD_FILE,
+    ENV_URL,
+    ENV_USERNAME,
+    parse_mqtt_url,
+)
+
+# --- names, labels, annotations -------------------------------------------------------------
+
+AGENT_APP_NAME: Final = "netval-agent"
+MANAGED_BY: Final = "netval-operator"
+LABEL_NAME: Final = "app.kubernetes.io/name"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+LABEL_VALIDATION: Final = "netval.io/validation"
+ANNOTATION_CONFIG_HASH: Final = "netval.io/config-hash"
+ANNOTATION_GENERATION: Final = "netval.io/generation"  # on the DaemonSet: what it deploys
+
+AGENT_OBJECT_PREFIX: Final = "netval-agent-"
+MAX_NAME_LENGTH: Final = 63  # DNS label: DaemonSet names end up in pod names and labels
+MAX_LABEL_VALUE_LENGTH: Final = 63
+_HASH_SUFFIX_LENGTH: Final = 8
+
+# netval's own taint (DESIGN.md "Node gating"). The agents must tolerate it: a tainted node
+# recovers only through its agent's passing reports, and a rolled agent pod would otherwise
+# not be scheduled back onto the very node it has to clear.
+FABRIC_TAINT_KEY: Final = "netval.io/fabric-unhealthy"
+
+# --- the agent container --------------------------------------------------------------------
+
+AGENT_CONTAINER: Final = "agent"
+AGENT_COMMAND: Final = ("netval", "agent")
+AGENT_SERVICE_ACCOUNT: Final = "netval-agent"  # exists once per namespace; no RBAC bindings
+AGENT_SERVICE_NAME: Final = "netval-agent"  # OTEL_SERVICE_NAME
+AGENT_UID: Final = 65532  # the conventional "nonroot" uid/gid of distroless-style images
+
+# The agent config file, mounted from the ConfigMap.
+AGENT_CONFIG_KEY: Final = "agent.yaml"
+AGENT_CONFIG_DIR: Final = "/etc/netval/config"
+AGENT_CONFIG_PATH: Final = f"{AGENT_CONFIG_DIR}/{AGENT_CONFIG_KEY}"
+
+# MQTT credentials, projected from Secrets into one read-only directory.
+MQTT_SECRET_DIR: Final = "/etc/netval/mqtt"
+MQTT_PASSWORD_FILE: Final = "password"
+MQTT_CA_FILE: Final = "ca.crt"
+DEFAULT_PASSWORD_KEY: Final = "password"  # keys in the Secrets, unless told otherwise
+DEFAULT_CA_KEY: Final = "ca.crt"
+
+# Environment the agent reads (netval.agent.agent_config, netval.mqtt_settings; this package
+# must not import the agent, tests check the names agree).
+ENV_CONFIG: Final = "NETVAL_CONFIG"
+ENV_NODE: Final = "NETVAL_NODE_NAME"
+ENV_METRICS_ADDR: Final = "NETVAL_METRICS_ADDR"
+
+METRICS_PORT: Final = 9477
+METRICS_PORT_NAME: Final = "metrics"
+PEER_PORT_NAME: Final = "peer"
+HEALTH_PATH: Final = "/healthz"
+
+CPU_REQUEST: Final = "20m"
+MEMORY_REQUEST: Final = "64Mi"
+MEMORY_LIMIT: Final = "256Mi"  # no CPU limit: throttling would skew latency probes
+TMP_SIZE_LIMIT: Final = "16Mi"
+MAX_UNAVAILABLE: Final = "10%"
+
+# Volume names.
+VOLUME_CONFIG: Final = "config"
+VOLUME_SYS: Final = "sys"
+VOLUME_MQTT: Final = "mqtt"
+VOLUME_TMP: Final = "tmp"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentMqttWiring:
+    """How the agents reach the broker (from the operator's settings or the chart).
+
+    The password and the CA bundle come from keys of Secrets in the agents' namespace; they
+    are mounted as files, never put in the environment. A CA needs an `mqtts://` url and a
+    password needs a username (the agent refuses to start otherwise, so this refuses first).
+    """
+
+    url: str
+    username: str | None = None
+    password_secret: str | None = None
+    password_key: str = DEFAULT_PASSWORD_KEY
+    ca_secret: str | None = None
+    ca_key: str = DEFAULT_CA_KEY
+
+    def __post_init__(self) -> None:
+        _host, _port, tls = parse_mqtt_url(self.url)
+        if self.password_secret and not self.username:
+            raise ValueError("an MQTT password secret needs a username (NETVAL_MQTT_USERNAME)")
+        if self.ca_secret and not tls:
+            raise ValueError(f"an MQTT CA secret needs an mqtts:// url, got {self.url!r}")
+
+    def secret_files(self) -> list[tuple[str, str, str]]:
+        """(secret name, key, file name under MQTT_SECRET_DIR) for each mounted secret."""
+        files = []
+        if self.password_secret:
+            files.append((self.password_secret, self.password_key, MQTT_PASSWORD_FILE))
+        if self.ca_secret:
+            files.append((self.ca_secret, self.ca_key, MQTT_CA_FILE))
+        return files
+
+
+# --- names --------------------------------------------------------------------------------
+
+
+def _shorten(text: str, limit: int) -> str:
+    """`text` if it fits, else a prefix plus a hash of the whole (stable, still unique)."""
+    if len(text) <= limit:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:_HASH_SUFFIX_LENGTH]
+    head = text[: limit - _HASH_SUFFIX_LENGTH - 1].rstrip("-.")
+    return f"{head}-{digest}"
+
+
+def agent_object_name(validation: str) -> str:
+    """Name of the ConfigMap and DaemonSet of `validation`: `netval-agent-<name>`, at most
+    63 characters (a long name keeps a prefix and gets a hash of the full name)."""
+    return _shorten(f"{AGENT_OBJECT_PREFIX}{validation}", MAX_NAME_LENGTH)
+
+
+def validation_label_value(validation: str) -> str:
+    """The `netval.io/validation` label value: the name, shortened like object names when it
+    is longer than a label value may be (cluster-scoped names may have 253 characters)."""
+    return _shorten(validation, MAX_LABEL_VALUE_LENGTH)
+
+
+def selector_labels(validation: str) -> dict[str, str]:
+    """The DaemonSet's selector (immutable once created: never add to it)."""
+    return {LABEL_NAME: AGENT_APP_NAME, LABEL_VALIDATION: validation_label_value(validation)}
+
+
+def agent_labels(validation: str) -> dict[str, str]:
+    return {**selector_labels(validation), LABEL_MANAGED_BY: MANAGED_BY}
+
+
+def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
+    """The controller reference to the NetworkValidation `owner`: its object (Kopf's body,
+    with `metadata.name/uid`) or a flat `{apiVersion, kind, name, uid}`.
+
+    Cluster-scoped owners may own namespaced objects; deleting the validation garbage-collects
+    its ConfigMap and DaemonSet. (blockOwnerDeletion needs `update` on
+    networkvalidations/finalizers in the operator's RBAC.)
+    """
+    meta = owner.get("metadata") or {}
+    ref = {
+        "apiVersion": owner.get("apiVersion"),
+        "kind": owner.get("kind"),
+        "name": owner.get("name") or meta.get("name"),
+        "uid": owner.get("uid") or meta.get("uid"),
+    }
+    missing = [k for k, v in ref.items() if not v]
+    if missing:
+        raise ValueError(f"owner lacks {', '.join(missing)} for an ownerReference")
+    return {**ref, "controller": True, "blockOwnerDeletion": True}
+
+
+# --- the config ---------------------------------------------------------------------------
+
+
+def agent_config_document(
+    name: str, generation: int, spec: NetworkValidationSpec
+) -> dict[str, Any]:
+    """The agent config file's content: `{validation, generation, spec}`."""
+    return {
+        "validation": name,
+        "generation": generation,
+        "spec": spec.model_dump(mode="json", by_alias=True),
+    }
+
+
+def config_hash(doc: Mapping[str, Any]) -> str:
+    """First 16 hex digits of the SHA-256 of the canonical JSON of `doc`."""
+    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _metadata(
+    name: str, namespace: str, validation: str, owner: Mapping[str, Any]
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": agent_labels(validation),
+        "ownerReferences": [owner_reference(owner)],
+    }
+
+
+def render_configmap(
+    name: str,
+    generation: int,
+    spec: NetworkValidationSpec,
+    *,
+    namespace: str,
+    owner: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The agent ConfigMap of validation `name` (annotated with the config hash too)."""
+    doc = agent_config_document(name, generation, spec)
+    metadata = _metadata(agent_object_name(name), namespace, name, owner)
+    metadata["annotations"] = {ANNOTATION_CONFIG_HASH: config_hash(doc)}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata,
+        "data": {
+            AGENT_CONFIG_KEY: yaml.safe_dump(
+                doc, sort_keys=True, default_flow_style=False, allow_unicode=True
+            )
+        },
+    }
+
+
+# --- the DaemonSet ------------------------------------------------------------------------
+
+
+def _env(
+    name: str, spec: NetworkValidationSpec, mqtt: AgentMqttWiring, metrics_port: int
+) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        # First: later values may refer to it as $(NETVAL_NODE_NAME).
+        {"name": ENV_NODE, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": ENV_CONFIG, "value": AGENT_CONFIG_PATH},
+        {"name": ENV_URL, "value": mqtt.url},
+    ]
+    if mqtt.username:
+        env.append({"name": ENV_USERNAME, "value": mqtt.username})
+    if mqtt.password_secret:
+        env.append({"name": ENV_PASSWORD_FILE, "value": f"{MQTT_SECRET_DIR}/{MQTT_PASSWORD_FILE}"})
+    if mqtt.ca_secret:
+        env.append({"name": ENV_CA_FILE, "value": f"{MQTT_SECRET_DIR}/{MQTT_CA_FILE}"})
+    env += [
+        {"name": ENV_METRICS_ADDR, "value": f":{metrics_port}"},
+        {"name": "OTEL_SERVICE_NAME", "value": AGENT_SERVICE_NAME},
+        {
+            "name": "OTEL_RESOURCE_ATTRIBUTES",
+            "value": f"k8s.node.name=$({ENV_NODE}),netval.validation={name}",
+        },
+    ]
+    if spec.telemetry.otlp_endpoint:
+        env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": spec.telemetry.otlp_endpoint})
+    return env
+
+
+def _volumes(validation: str, mqtt: AgentMqttWiring) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = [
+        {
+            "name": VOLUME_CONFIG,
+            "configMap": {"name": agent_object_name(validation), "defaultMode": 0o444},
+        },
+        {"name": VOLUME_SYS, "hostPath": {"path": "/sys", "type": "Directory"}},
+        {"name": VOLUME_TMP, "emptyDir": {"medium": "Memory", "sizeLimit": TMP_SIZE_LIMIT}},
+    ]
+    sources = [
+        {"secret": {"name": secret, "items": [{"key": key, "path": path}]}}
+        for secret, key, path in mqtt.secret_files()
+    ]
+    if sources:
+        # 0440 with fsGroup: readable by the agent's group only.
+        volumes.append(
+            {"name": VOLUME_MQTT, "projected": {"sources": sources, "defaultMode": 0o440}}
+        )
+    return volumes
+
+
+def _mounts(mqtt: AgentMqttWiring) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = [
+        {"name": VOLUME_CONFIG, "mountPath": AGENT_CONFIG_DIR, "readOnly": True},
+        # The host's /sys over the container's own, at the same path: the collector reads the
+        # fixed paths /sys/class/net, /sys/class/infiniband and the rdma_cm configfs under
+        # /sys/kernel/config. The container runtime's fresh sysfs mount already shows the
+        # host's netdevs (with hostNetwork the pod is in the host netns, and sysfs shows the
+        # netns of its mounter), but it has no submounts, so configfs (rdma_cm
+        # default_roce_tos) would be missing; the hostPath bind is recursive and brings it.
+        # The netns of this sysfs, of the ethtool ioctls and of DCB netlink is then one and
+        # the same host netns, so every source describes the same netdevs; without
+        # hostNetwork they would not (this mount would show the host, netlink the pod).
+        # Read-only, recursively where the runtime can (kernel >= 5.12), so that submounts
+        # such as cgroupfs and configfs are read-only too; non-root with no capabilities, the
+        # agent could not write them anyway.
+        {
+            "name": VOLUME_SYS,
+            "mountPath": "/sys",
+            "readOnly": True,
+            "recursiveReadOnly": "IfPossible",
+        },
+        {"name": VOLUME_TMP, "mountPath": "/tmp"},
+    ]
+    if mqtt.secret_files():
+        mounts.append({"name": VOLUME_MQTT, "mountPath": MQTT_SECRET_DIR, "readOnly": True})
+    return mounts
+
+
+def _ports(spec: NetworkValidationSpec, metrics_port: int) -> list[dict[str, Any]]:
+    # On the host network a container port is a host port (stated, as the API server would
+    # default it): the scheduler then refuses a second pod that needs the same port on a node
+    # instead of letting it crash on bind.
+    ports = [
+        {
+            "name": METRICS_PORT_NAME,
+            "containerPort": metrics_port,
+            "hostPort": metrics_port,
+            "protocol": "TCP",
+        }
+    ]
+    peers = spec.checks.peers
+    if peers.enabled:
+        ports.append(
+            {
+                "name": PEER_PORT_NAME,
+                "containerPort": peers.port,
+                "hostPort": peers.port,
+                "protocol": "TCP",
+            }
+        )
+    return ports
+
+
+def _tolerations(spec: NetworkValidationSpec) -> list[dict[str, Any]]:
+    # A JSON-mode copy: the rendered object shares nothing with the (frozen) spec.
+    tolerations: list[dict[str, Any]] = spec.model_dump(mode="json", include={"tolerations"})[
+        "tolerations"
+    ]
+    return [*tolerations, {"key": FABRIC_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def render_daemonset(
+    name: str,
+    generation: int,
+    spec: NetworkValidationSpec,
+    *,
+    namespace: str,
+    owner: Mapping[str, Any],
+    image: str,
+    mqtt: AgentMqttWiring,
+    config_hash: str,
+    metrics_port: int = METRICS_PORT,
+) -> dict[str, Any]:
+    """The agent DaemonSet of validation `name`.
+
+    `config_hash` is `config_hash(agent_config_document(name, generation, spec))`; it goes on
+    the pod template so that a new config rolls the agents. `metrics_port` is a host port
+    (hostNetwork): two validations whose agents share a node need different ones.
+    `generation` is annotated on the DaemonSet (not on its pods: the hash rolls them), so
+    the operator can tell which generation the agents run.
+    """
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": AGENT_SERVICE_ACCOUNT,
+        "automountServiceAccountToken": False,  # the agent never talks to the API
+        "hostNetwork": True,
+        "dnsPolicy": "ClusterFirstWithHostNet",  # still resolve the in-cluster broker
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": AGENT_UID,
+            "runAsGroup": AGENT_UID,
+            "fsGroup": AGENT_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "tolerations": _tolerations(spec),
+        "containers": [
+            {
+                "name": AGENT_CONTAINER,
+                "image": image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": list(AGENT_COMMAND),
+                "env": _env(name, spec, mqtt, metrics_port),
+                "ports": _ports(spec, metrics_port),
+                "volumeMounts": _mounts(mqtt),
+                "resources": {
+                    "requests": {"cpu": CPU_REQUEST, "memory": MEMORY_REQUEST},
+                    "limits": {"memory": MEMORY_LIMIT},
+                },
+                "livenessProbe": {
+                    "httpGet": {"path": HEALTH_PATH, "port": METRICS_PORT_NAME},
+                    "periodSeconds": 10,
+                    "timeoutSeconds": 2,
+                    "failureThreshold": 3,
+                },
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "runAsUser": AGENT_UID,
+                    "allowPrivilegeEscalation": False,
+                    "readOnlyRootFilesystem": True,
+                    "capabilities": {"drop": ["ALL"]},
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+            }
+        ],
+        "volumes": _volumes(name, mqtt),
+    }
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    metadata = _metadata(agent_object_name(name), namespace, name, owner)
+    metadata["annotations"] = {ANNOTATION_GENERATION: str(generation)}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": metadata,
+        "spec": {
+            "selector": {"matchLabels": selector_labels(name)},
+            "updateStrategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": MAX_UNAVAILABLE},
+            },
+            "template": {
+                "metadata": {
+                    "labels": agent_labels(name),
+                    "annotations": {ANNOTATION_CONFIG_HASH: config_hash},
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
