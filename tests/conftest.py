@@ -25,3 +25,25 @@ def mosquitto_broker(tmp_path: Path) -> Iterator[_mosquitto.MosquittoBroker]:
         yield broker
     finally:
         broker.close()
+
+
+# --- Kubernetes: a stateful kmock-based API over real HTTP (tests/kube.py) ------------------
+
+
+@pytest.fixture
+def kube(tmp_path: Path) -> Iterator[object]:
+    """A stateful Kubernetes API (kmock + apiserver stamping, see tests/kube.py) on a free
+    127.0.0.1 port, one per test (a ``kube.KubeCluster``): ``.url``, ``.kubeconfig_path``
+    (``KUBECONFIG`` and the official client's default config point at it during the test),
+    client helpers ``create/get/list/patch/replace/delete/watch`` over HTTP,
+    ``.stored(...)``/``.store()`` for asserts, ``.api_client()`` for the official client.
+    Run Kopf against it with ``kopf_harness.kopf_operator(kube, ...)``."""
+    pytest.importorskip("kmock", reason="kmock is not installed (pip install kmock==0.8)")
+    import kube as _kube
+
+    cluster = _kube.KubeCluster(tmp_path / "kube").start()
+    try:
+        with _kube.kubeconfig_env(cluster.kubeconfig_path):
+            yield cluster
+    finally:
+        cluster.stop()

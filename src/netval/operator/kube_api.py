@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import UTC, datetime
 from typing import Any, Final, cast
 
 from kubernetes import client
@@ -19,6 +20,8 @@ log = logging.getLogger("netval.operator.kube")
 
 VERSION: Final = "v1alpha1"
 PLURAL: Final = "networkvalidations"
+EVENT_NAMESPACE: Final = "default"
+MAX_EVENT_MESSAGE: Final = 1024
 
 
 class KubeApi:
@@ -76,6 +79,27 @@ class KubeApi:
             except ApiException as exc:
                 if exc.status != 404:
                     raise
+
+    async def post_event(
+        self, ref: dict[str, Any], *, type: str, reason: str, message: str
+    ) -> None:
+        """An Event about a cluster-scoped object; they live in `default`, as kubectl expects."""
+        now = datetime.now(UTC).isoformat()
+        body = {
+            "metadata": {"generateName": "netval-", "namespace": EVENT_NAMESPACE},
+            "involvedObject": {**ref, "namespace": ""},
+            "type": type,
+            "reason": reason,
+            "message": message[:MAX_EVENT_MESSAGE],
+            "source": {"component": "netval-operator"},
+            "reportingComponent": "netval-operator",
+            "reportingInstance": "netval-operator",
+            "action": "Validate",
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        await asyncio.to_thread(self.core.create_namespaced_event, EVENT_NAMESPACE, cast(Any, body))
 
     async def patch_status(self, name: str, status: dict[str, Any]) -> None:
         await asyncio.to_thread(

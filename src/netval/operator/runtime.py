@@ -14,9 +14,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, cast
+from typing import Any, Final
 
-import kopf
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Link
@@ -210,7 +209,11 @@ class OperatorRuntime:
         await self.ingest.synced.wait()
         while True:
             started = time.monotonic()
-            await self.write_due(utcnow())
+            try:
+                await self.write_due(utcnow())
+            except Exception:
+                # one bad validation must not stop status for the others, nor the loop
+                log.exception("status writer failed; retrying next window")
             await asyncio.sleep(
                 max(0.0, self.settings.status_window - (time.monotonic() - started))
             )
@@ -247,40 +250,42 @@ class OperatorRuntime:
         state = self.states.get(name)
         if state is not None:
             state.dirty = False
-        self._post_transition_events(name, previous, status)
+        await self._post_transition_events(name, previous, status)
 
-    def _post_transition_events(
+    async def _post_transition_events(
         self, name: str, before: NetworkValidationStatus | None, after: NetworkValidationStatus
     ) -> None:
-        body = self.bodies.get(name)
-        if body is None:
+        ref = self.bodies.get(name)
+        if ref is None:
             return
+        involved = {
+            "apiVersion": ref["apiVersion"],
+            "kind": ref["kind"],
+            "name": ref["metadata"]["name"],
+            "uid": ref["metadata"].get("uid"),
+        }
         old = {(f.node, f.check) for f in (before.failures if before else [])}
         new = {(f.node, f.check): f for f in after.failures}
-        started = sorted(set(new) - old)
-        stopped = sorted(old - set(new))
+        transitions = [(True, key) for key in sorted(set(new) - old)]
+        transitions += [(False, key) for key in sorted(old - set(new))]
         now = time.monotonic()
         window = [t for t in self._event_times.get(name, []) if now - t < 60]
-        for kind, keys in (("started", started), ("stopped", stopped)):
-            for node, check in keys:
-                if len(window) >= EVENTS_PER_MINUTE:
-                    break
-                window.append(now)
-                if kind == "started":
-                    msg = f"node {node} fails {check}: {new[(node, check)].message}"
-                    kopf.event(
-                        cast(kopf.Body, body),
-                        type="Warning",
-                        reason="CheckFailing",
-                        message=msg[:1024],
-                    )
-                else:
-                    kopf.event(
-                        cast(kopf.Body, body),
-                        type="Normal",
-                        reason="CheckRecovered",
-                        message=f"node {node} passes {check} again",
-                    )
+        for failing, (node, check) in transitions:
+            if len(window) >= EVENTS_PER_MINUTE:
+                break
+            window.append(now)
+            if failing:
+                args = (
+                    "Warning",
+                    "CheckFailing",
+                    f"node {node} fails {check}: {new[(node, check)].message}",
+                )
+            else:
+                args = ("Normal", "CheckRecovered", f"node {node} passes {check} again")
+            try:
+                await self.kube.post_event(involved, type=args[0], reason=args[1], message=args[2])
+            except Exception as exc:
+                log.warning("could not post event for %s: %s", name, exc)
         self._event_times[name] = window
 
 

@@ -1,0 +1,420 @@
+"""The operator end to end: real Kopf, a stateful Kubernetes API over HTTP, a real broker.
+
+Agent reports are published as real MQTT messages; everything the operator does is observed
+through the Kubernetes API, as `kubectl` would see it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import aiomqtt
+import kopf
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from kopf_harness import kopf_operator
+from kube import KubeCluster, wait_for
+from mosquitto import MosquittoBroker
+from netval.model import CheckId, CheckResult, Report, Status
+from netval.mqtt_settings import MqttSettings
+from netval.operator import manifests
+from netval.operator.runtime import OperatorRuntime
+from netval.operator.settings import OperatorSettings
+
+NS = "netval-system"
+NV = "netval.io/v1alpha1"
+GPU = {"nvidia.com/gpu.present": "true"}
+NODES = ["gpu-a", "gpu-b", "gpu-c", "gpu-d"]
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
+
+
+def settings_for(broker: MosquittoBroker) -> OperatorSettings:
+    mqtt = MqttSettings(
+        host=broker.host,
+        port=broker.port,
+        tls=False,
+        username=broker.username,
+        password=broker.password,
+        ca_file=None,
+        client_id="netval-operator-test",
+    )
+    return OperatorSettings(
+        namespace=NS,
+        agent_image="registry.example/netval:test",
+        mqtt=mqtt,
+        agent_mqtt_url="mqtt://netval-mqtt.netval-system.svc:1883",
+        agent_mqtt_username="netval-agent",
+        agent_mqtt_secret="netval-mqtt-agent",
+        agent_mqtt_ca_secret=None,
+        status_window=0.2,
+    )
+
+
+def validation(name: str = "pool-a", **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": NV,
+        "kind": "NetworkValidation",
+        "metadata": {"name": name},
+        "spec": {"nodeSelector": GPU, "interval": "5s", **spec},
+    }
+
+
+def report(
+    node: str,
+    status: Status = Status.PASS,
+    *,
+    generation: int = 1,
+    validation_name: str = "pool-a",
+    started: datetime | None = None,
+    traceparent: str | None = None,
+) -> Report:
+    result = CheckResult(
+        check=CheckId.MTU_INTERFACE,
+        subject="ens1np0",
+        status=status,
+        message="MTU 9000" if status is Status.PASS else "MTU 1500, expected 9000",
+        observed={"mtu": 9000 if status is Status.PASS else 1500},
+        expected={"mtu": 9000},
+    )
+    return Report(
+        validation=validation_name,
+        generation=generation,
+        node=node,
+        started_at=started or datetime.now(UTC),
+        duration_ms=2.0,
+        status=status,
+        results=[result],
+        traceparent=traceparent,
+    )
+
+
+def publish(broker: MosquittoBroker, messages: list[tuple[str, bytes]]) -> None:
+    async def main() -> None:
+        async with aiomqtt.Client(
+            broker.host, broker.port, username=broker.username, password=broker.password
+        ) as client:
+            for topic, payload in messages:
+                await client.publish(topic, payload, qos=1, retain=True)
+
+    asyncio.run(main())
+
+
+def report_msg(r: Report) -> tuple[str, bytes]:
+    return (f"netval/v1/{r.validation}/{r.node}/report", r.to_json().encode())
+
+
+def state_msg(node: str, state: bytes, name: str = "pool-a") -> tuple[str, bytes]:
+    return (f"netval/v1/{name}/{node}/state", state)
+
+
+def add_node(kube: KubeCluster, name: str, labels: dict[str, str]) -> None:
+    kube.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
+
+
+def status_of(kube: KubeCluster, name: str = "pool-a") -> dict[str, Any]:
+    obj = kube.get(NV, "networkvalidations", name)
+    return dict(obj.get("status") or {})
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions", []) if c["type"] == kind), None)
+
+
+def wait_status(kube: KubeCluster, pred: Any, what: str, timeout: float = 10.0) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        status = status_of(kube)
+        return status if status and pred(status) else None
+
+    return wait_for(check, timeout=timeout, what=what)
+
+
+@pytest.fixture
+def cluster(kube: KubeCluster) -> KubeCluster:
+    kube.ensure_namespace(NS)
+    for node in NODES:
+        add_node(kube, node, {**GPU, "topology.kubernetes.io/zone": "rack-1"})
+    add_node(kube, "cpu-1", {})
+    return kube
+
+
+@pytest.fixture
+def operator(
+    request: pytest.FixtureRequest, cluster: KubeCluster, mosquitto_broker: MosquittoBroker
+) -> Iterator[tuple[OperatorRuntime, InMemorySpanExporter]]:
+    exporter = InMemorySpanExporter()
+    memo = kopf.Memo(settings=settings_for(mosquitto_broker), span_exporter=exporter)
+    expected = request.node.get_closest_marker("handler_errors_expected") is not None
+    fail_level = logging.CRITICAL if expected else logging.ERROR
+    with kopf_operator(
+        cluster, modules=["netval.operator.handlers"], memo=memo, fail_level=fail_level
+    ):
+        runtime = wait_for(lambda: memo.get("runtime"), timeout=10, what="operator runtime")
+        assert isinstance(runtime, OperatorRuntime)
+        wait_for(lambda: runtime.ingest.synced.is_set(), timeout=10, what="MQTT ingest synced")
+        yield runtime, exporter
+
+
+def test_create_renders_agents_exactly(
+    cluster: KubeCluster, operator: tuple[OperatorRuntime, InMemorySpanExporter]
+) -> None:
+    runtime, _ = operator
+    cluster.create(validation(tolerations=[{"operator": "Exists"}]))
+    name = manifests.agent_object_name("pool-a")
+    ds = wait_for(lambda: cluster.stored("apps/v1", "daemonsets", name, NS), what="DaemonSet")
+    cm = cluster.get("v1", "configmaps", name, NS)
+    nv = cluster.get(NV, "networkvalidations", "pool-a")
+    from netval.model.spec import NetworkValidationSpec
+
+    spec = NetworkValidationSpec.model_validate(nv["spec"])
+    owner = {"apiVersion": NV, "kind": "NetworkValidation", "name": "pool-a",
+             "uid": nv["metadata"]["uid"]}  # fmt: skip
+    want_cm = manifests.render_configmap("pool-a", 1, spec, namespace=NS, owner=owner)
+    assert cm["data"] == want_cm["data"]
+    assert cm["metadata"]["ownerReferences"] == want_cm["metadata"]["ownerReferences"]
+    s = runtime.settings
+    want_ds = manifests.render_daemonset(
+        "pool-a", 1, spec, namespace=NS, owner=owner, image=s.agent_image,
+        mqtt=manifests.AgentMqttWiring(url=s.agent_mqtt_url, username=s.agent_mqtt_username,
+                                       password_secret=s.agent_mqtt_secret, ca_secret=None),
+        config_hash=manifests.config_hash(manifests.agent_config_document("pool-a", 1, spec)),
+    )  # fmt: skip
+    assert ds["spec"] == want_ds["spec"]
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == GPU
+    assert pod["hostNetwork"] is True
+    assert {"operator": "Exists"} in pod["tolerations"]
+
+
+def test_status_follows_agent_reports(
+    cluster: KubeCluster,
+    operator: tuple[OperatorRuntime, InMemorySpanExporter],
+    mosquitto_broker: MosquittoBroker,
+) -> None:
+    runtime, exporter = operator
+    cluster.create(validation())
+    wait_status(cluster, lambda s: s.get("nodes", {}).get("targeted") == 4, "4 targeted nodes")
+
+    # 3 of 4 targeted nodes report
+    publish(mosquitto_broker, [report_msg(report(n)) for n in NODES[:3]])
+    status = wait_status(cluster, lambda s: s["nodes"]["reporting"] == 3, "3 reporting")
+    assert status["nodes"] == {"targeted": 4, "reporting": 3, "passing": 3, "warning": 0,
+                               "failing": 0, "stale": 1}  # fmt: skip
+    ready = condition(status, "Ready")
+    assert ready is not None and ready["status"] == "False"
+    assert "gpu-d" in ready["message"]
+    assert ready["observedGeneration"] == 1
+    assert condition(status, "Healthy")["status"] == "True"  # type: ignore[index]
+
+    # one node starts failing; its trace is continued by the operator
+    publish(mosquitto_broker, [report_msg(report("gpu-b", Status.FAIL, traceparent=TRACEPARENT))])
+    status = wait_status(cluster, lambda s: s["nodes"]["failing"] == 1, "gpu-b failing")
+    healthy = condition(status, "Healthy")
+    assert healthy is not None
+    assert (healthy["status"], healthy["reason"]) == ("False", "ChecksFailing")
+    assert "gpu-b" in healthy["message"] and "mtu.interface" in healthy["message"]
+    (failure,) = status["failures"]
+    assert failure["node"] == "gpu-b" and failure["check"] == "mtu.interface"
+    assert failure["subject"] == "ens1np0" and "MTU 1500" in failure["message"]
+    assert status["checks"]["mtu.interface"] == {"pass": 2, "warn": 0, "fail": 1}
+    ingest = [s for s in exporter.get_finished_spans() if s.name == "netval.ingest"]
+    continued = [s for s in ingest if format(s.context.trace_id, "032x") == TRACE_ID]
+    assert continued, "the ingest span continues the agent's trace"
+    assert continued[0].parent is not None
+
+    # an Event tells `kubectl describe` readers
+    events = wait_for(
+        lambda: [e for e in cluster.list("v1", "events", "default")
+                 if e.get("reason") == "CheckFailing"],
+        what="CheckFailing event",
+    )  # fmt: skip
+    assert "gpu-b" in events[0]["message"]
+    assert events[0]["involvedObject"]["name"] == "pool-a"
+
+    # the fourth node reports and the failing one recovers: Ready and Healthy
+    publish(mosquitto_broker, [report_msg(report("gpu-d")), report_msg(report("gpu-b"))])
+    status = wait_status(
+        cluster,
+        lambda s: (
+            condition(s, "Ready")["status"] == "True"  # type: ignore[index]
+            and condition(s, "Healthy")["status"] == "True"
+        ),  # type: ignore[index]
+        "Ready and Healthy",
+    )
+    assert condition(status, "Ready")["reason"] == "AgentsReporting"  # type: ignore[index]
+    assert status["failures"] == []
+    assert status["lastReportTime"]
+
+    # offline (the last will): stale at once
+    publish(mosquitto_broker, [state_msg("gpu-c", b"offline")])
+    status = wait_status(cluster, lambda s: s["nodes"]["stale"] == 1, "gpu-c stale")
+    assert "gpu-c" in condition(status, "Ready")["message"]  # type: ignore[index]
+    del runtime
+
+
+def test_bad_payloads_are_dropped_and_counted(
+    cluster: KubeCluster,
+    operator: tuple[OperatorRuntime, InMemorySpanExporter],
+    mosquitto_broker: MosquittoBroker,
+) -> None:
+    runtime, _ = operator
+    cluster.create(validation())
+    wait_status(cluster, lambda s: s.get("nodes", {}).get("targeted") == 4, "targeted")
+    impostor = report("gpu-a", Status.FAIL)  # claims gpu-a, published on gpu-b's topic
+    publish(
+        mosquitto_broker,
+        [
+            ("netval/v1/pool-a/gpu-c/report", b"{not json"),
+            ("netval/v1/pool-a/gpu-c/report", b"\xff\xfe"),
+            (
+                "netval/v1/pool-a/gpu-c/report",
+                json.dumps({"schema": "netval.io/report/v1"}).encode(),
+            ),
+            ("netval/v1/pool-a/gpu-b/report", impostor.to_json().encode()),
+            ("netval/v1/pool-a/gpu-c/state", b"maybe"),
+            report_msg(report("gpu-a")),
+        ],
+    )
+    status = wait_status(cluster, lambda s: s["nodes"]["reporting"] == 1, "the good report")
+    assert status["nodes"]["failing"] == 0  # the impostor's failure did not land
+    dropped = {reason.value: n for reason, n in runtime.ingest.stats.dropped.items()}
+    assert dropped == {"invalid_report": 2, "not_utf8": 1, "node_mismatch": 1, "bad_state": 1}
+
+
+def test_status_writes_are_coalesced(
+    cluster: KubeCluster,
+    operator: tuple[OperatorRuntime, InMemorySpanExporter],
+    mosquitto_broker: MosquittoBroker,
+) -> None:
+    runtime, _ = operator
+    cluster.create(validation())
+    wait_status(cluster, lambda s: s.get("nodes", {}).get("targeted") == 4, "targeted")
+    writes_before = runtime.status_writes
+    base = datetime.now(UTC)
+    burst = [
+        report_msg(report(NODES[i % 4], started=base + timedelta(milliseconds=i)))
+        for i in range(40)
+    ]
+    publish(mosquitto_broker, burst)
+    wait_status(cluster, lambda s: s["nodes"]["reporting"] == 4, "all reporting")
+    status_patches = [
+        (m, p) for m, p in cluster.requests() if m == "PATCH" and p.endswith("pool-a/status")
+    ]
+    # 40 reports within a fraction of a second: a handful of windows, not 40 writes
+    assert runtime.status_writes - writes_before <= 5
+    assert len(status_patches) <= runtime.status_writes + 1
+
+
+@pytest.mark.handler_errors_expected
+def test_spec_update_rolls_agents_and_invalid_spec_is_reported(
+    cluster: KubeCluster, operator: tuple[OperatorRuntime, InMemorySpanExporter]
+) -> None:
+    cluster.create(validation())
+    name = manifests.agent_object_name("pool-a")
+    ds = wait_for(lambda: cluster.stored("apps/v1", "daemonsets", name, NS), what="DaemonSet")
+    hash1 = ds["spec"]["template"]["metadata"]["annotations"][manifests.ANNOTATION_CONFIG_HASH]
+
+    cluster.patch(NV, "networkvalidations", "pool-a", {"spec": {"interval": "10s"}})
+    ds = wait_for(
+        lambda: (
+            (d := cluster.stored("apps/v1", "daemonsets", name, NS))
+            and d["spec"]["template"]["metadata"]["annotations"][manifests.ANNOTATION_CONFIG_HASH]
+            != hash1
+            and d
+        ),
+        what="DaemonSet rolled",
+    )
+    cm = cluster.get("v1", "configmaps", name, NS)
+    assert "interval: 10s" in cm["data"][manifests.AGENT_CONFIG_KEY]
+    wait_status(cluster, lambda s: s.get("observedGeneration") == 2, "observedGeneration 2")
+
+    # kmock does not enforce the CRD schema, so the operator's own validation is what answers
+    cluster.patch(
+        NV, "networkvalidations", "pool-a", {"spec": {"checks": {"pfc": {"priorities": [9]}}}}
+    )
+    status = wait_status(
+        cluster,
+        lambda s: (c := condition(s, "Ready")) is not None and c["reason"] == "InvalidSpec",
+        "InvalidSpec",
+    )
+    ready = condition(status, "Ready")
+    assert ready is not None and "spec.checks.pfc.priorities.0" in ready["message"]
+    assert ready["observedGeneration"] == 3
+    # the agents keep the last good rendering
+    ds = cluster.get("apps/v1", "daemonsets", name, NS)
+    assert (
+        ds["spec"]["template"]["metadata"]["annotations"][manifests.ANNOTATION_CONFIG_HASH] != hash1
+    )
+
+
+def test_node_labels_change_the_targeted_set(
+    cluster: KubeCluster, operator: tuple[OperatorRuntime, InMemorySpanExporter]
+) -> None:
+    cluster.create(validation())
+    wait_status(cluster, lambda s: s.get("nodes", {}).get("targeted") == 4, "4 targeted")
+    cluster.patch(
+        "v1", "nodes", "gpu-d", {"metadata": {"labels": {"nvidia.com/gpu.present": None}}}
+    )
+    wait_status(cluster, lambda s: s["nodes"]["targeted"] == 3, "3 targeted after relabel")
+    add_node(cluster, "gpu-e", GPU)
+    wait_status(cluster, lambda s: s["nodes"]["targeted"] == 4, "new node targeted")
+    cluster.delete("v1", "nodes", "gpu-a")
+    wait_status(cluster, lambda s: s["nodes"]["targeted"] == 3, "deleted node untargeted")
+
+
+def test_delete_removes_agents(
+    cluster: KubeCluster, operator: tuple[OperatorRuntime, InMemorySpanExporter]
+) -> None:
+    runtime, _ = operator
+    cluster.create(validation())
+    name = manifests.agent_object_name("pool-a")
+    wait_for(lambda: cluster.stored("apps/v1", "daemonsets", name, NS), what="DaemonSet")
+    cluster.delete(NV, "networkvalidations", "pool-a")
+    wait_for(
+        lambda: cluster.stored(NV, "networkvalidations", "pool-a") is None,
+        what="CR gone (finalizer released)",
+    )
+    assert cluster.stored("apps/v1", "daemonsets", name, NS) is None
+    assert cluster.stored("v1", "configmaps", name, NS) is None
+    assert "pool-a" not in runtime.states
+
+
+def test_restart_rebuilds_state_before_writing(
+    cluster: KubeCluster, mosquitto_broker: MosquittoBroker
+) -> None:
+    """After a restart the retained reports are read back first: conditions do not flip."""
+    cluster.create(validation())
+    publish(mosquitto_broker, [report_msg(report(n)) for n in NODES])
+
+    def run_once() -> dict[str, Any]:
+        memo = kopf.Memo(
+            settings=settings_for(mosquitto_broker), span_exporter=InMemorySpanExporter()
+        )
+        # A second in-process Kopf run in one test retries its first requests (a closed
+        # connector of the first run); Kopf recovers, so only the outcome is judged here.
+        with kopf_operator(
+            cluster, modules=["netval.operator.handlers"], memo=memo, fail_level=None
+        ):
+            return wait_status(
+                cluster,
+                lambda s: (c := condition(s, "Ready")) is not None and c["status"] == "True",
+                "Ready",
+            )
+
+    first = run_once()
+    history_before = len(cluster.history(NV, "networkvalidations", "pool-a"))
+    second = run_once()
+    assert condition(second, "Ready") == condition(first, "Ready")
+    assert condition(second, "Healthy") == condition(first, "Healthy")
+    # no status version in between said anything but Ready=True
+    for version in cluster.history(NV, "networkvalidations", "pool-a")[history_before:]:
+        if version is None:
+            continue
+        ready = condition(version.get("status") or {}, "Ready")
+        assert ready is None or ready["status"] == "True", ready
