@@ -22,8 +22,8 @@ from opentelemetry.trace import Link
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from netval.model.results import Report
-from netval.model.spec import NetworkValidationSpec
-from netval.model.status import NetworkValidationStatus
+from netval.model.spec import AdmissionMode, NetworkValidationSpec
+from netval.model.status import ConditionType, NetworkValidationStatus
 from netval.operator import aggregate
 from netval.operator.aggregate import ValidationState
 from netval.operator.ingest import ReportIngest, StateChange
@@ -46,6 +46,20 @@ def selector_matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> 
     return all(labels.get(key) == value for key, value in selector.items())
 
 
+@dataclass(frozen=True, slots=True)
+class ValidationView:
+    name: str
+    healthy: bool  # the Healthy condition is True
+    healthy_message: str
+    admission: AdmissionMode
+    node_health: dict[str, aggregate.NodeHealth]  # targeted nodes only
+    failures: tuple[tuple[str, str], ...]  # (node, check), worst first, at most 50
+
+    @property
+    def unhealthy_nodes(self) -> list[str]:
+        return [n for n, h in self.node_health.items() if h == "unhealthy"]
+
+
 @dataclass(slots=True)
 class _Pending:
     report: Report
@@ -62,6 +76,7 @@ class OperatorRuntime:
         self.tracer = tracer_provider.get_tracer("netval.operator")
         self.states: dict[str, ValidationState] = {}
         self.selectors: dict[str, dict[str, str]] = {}
+        self.specs: dict[str, NetworkValidationSpec] = {}
         self.bodies: dict[str, dict[str, Any]] = {}
         self.previous: dict[str, NetworkValidationStatus] = {}
         self.node_labels: dict[str, dict[str, str]] = {}
@@ -149,6 +164,7 @@ class OperatorRuntime:
                 aggregate.restore_since(state, previous)
         aggregate.set_spec(state, generation=generation, interval_seconds=spec.interval_seconds)
         self.selectors[name] = dict(spec.node_selector)
+        self.specs[name] = spec
         self.bodies[name] = body
         self._retarget(name, now)
         for key in [k for k in self.pending if k[0] == name]:
@@ -176,7 +192,14 @@ class OperatorRuntime:
             aggregate.set_agents_ready(state, True, utcnow())
 
     def remove_validation(self, name: str) -> None:
-        for table in (self.states, self.selectors, self.bodies, self.previous, self.links):
+        for table in (
+            self.states,
+            self.selectors,
+            self.specs,
+            self.bodies,
+            self.previous,
+            self.links,
+        ):
             table.pop(name, None)
 
     def on_node(self, name: str, labels: Mapping[str, str] | None) -> None:
@@ -198,6 +221,28 @@ class OperatorRuntime:
             n for n, labels in self.node_labels.items() if selector_matches(selector, labels)
         }
         aggregate.set_targeted(self.states[name], targeted, now)
+
+    # -- what admission and Kueue ask --------------------------------------------------------
+
+    def validation_view(self, name: str) -> ValidationView | None:
+        """The validation as admission decisions see it, or None if the operator knows no
+        validation of that name."""
+        state = self.states.get(name)
+        spec = self.specs.get(name)
+        if state is None or spec is None:
+            return None
+        status = self.previous.get(name)
+        healthy = status.condition(ConditionType.HEALTHY) if status is not None else None
+        now = utcnow()
+        health = {node: aggregate.node_health(state, node, now) for node in sorted(state.targeted)}
+        return ValidationView(
+            name=name,
+            healthy=healthy is not None and healthy.status == "True",
+            healthy_message=healthy.message if healthy is not None else "no status yet",
+            admission=spec.gating.admission,
+            node_health=health,
+            failures=tuple((f.node, f.check) for f in (status.failures if status else [])),
+        )
 
     # -- status -----------------------------------------------------------------------------
 
