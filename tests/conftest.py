@@ -41,9 +41,13 @@ def kube(tmp_path: Path) -> Iterator[object]:
     pytest.importorskip("kmock", reason="kmock is not installed (pip install kmock==0.8)")
     import kube as _kube
 
-    cluster = _kube.KubeCluster(tmp_path / "kube").start()
+    api = _kube.KubeCluster(tmp_path / "kube").start()
     try:
-        with _kube.kubeconfig_env(cluster.kubeconfig_path):
-            yield cluster
+        with _kube.kubeconfig_env(api.kubeconfig_path):
+            yield api
     finally:
-        cluster.stop()
+        api.stop()
+
+
+# The operator tests' fixtures (`cluster`, `operator`), shared by several test files.
+from operator_env import cluster, operator  # noqa: E402, F401

@@ -159,9 +159,12 @@ async def networkvalidation_delete(name: str, memo: kopf.Memo, **_: Any) -> None
 
 @kopf.on.event("", "v1", "nodes")
 async def node_event(
-    type: str | None, name: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any
+    type: str | None, name: str, labels: kopf.Labels, spec: kopf.Spec, memo: kopf.Memo, **_: Any
 ) -> None:
     runtime = memo.get(RUNTIME_KEY)
     if not isinstance(runtime, OperatorRuntime):
         return  # the initial listing is replayed to handlers once the runtime exists
-    runtime.on_node(name, None if type == "DELETED" else dict(labels))
+    if type == "DELETED":
+        runtime.on_node(name, None)
+    else:
+        runtime.on_node(name, dict(labels), list(spec.get("taints") or []))

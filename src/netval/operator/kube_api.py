@@ -15,6 +15,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from netval.model.manifest import API_GROUP
+from netval.operator.gating import FABRIC_LABEL, with_fabric_taint
 
 log = logging.getLogger("netval.operator.kube")
 
@@ -22,6 +23,7 @@ VERSION: Final = "v1alpha1"
 PLURAL: Final = "networkvalidations"
 EVENT_NAMESPACE: Final = "default"
 MAX_EVENT_MESSAGE: Final = 1024
+NODE_WRITE_ATTEMPTS: Final = 5
 
 
 class KubeApi:
@@ -29,6 +31,7 @@ class KubeApi:
         self.core = client.CoreV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.api_client = api_client
 
     async def apply_configmap(self, body: dict[str, Any]) -> None:
         await asyncio.to_thread(self._apply_configmap, body)
@@ -100,6 +103,49 @@ class KubeApi:
             "count": 1,
         }
         await asyncio.to_thread(self.core.create_namespaced_event, EVENT_NAMESPACE, cast(Any, body))
+
+    async def set_node_gating(self, node: str, label: str | None, taint: bool) -> bool:
+        """Set our label (None removes it) and our taint on a Node; False if the Node is gone.
+
+        Read-modify-write with the resourceVersion: a JSON merge patch replaces the whole
+        taint list, so the list written must be the one read, minus or plus ours; a 409 means
+        another writer won and the round is retried on fresh data.
+        """
+        return await asyncio.to_thread(self._set_node_gating, node, label, taint)
+
+    def _set_node_gating(self, node: str, label: str | None, taint: bool) -> bool:
+        for _ in range(NODE_WRITE_ATTEMPTS):
+            try:
+                current = self.api_client.sanitize_for_serialization(self.core.read_node(node))  # type: ignore[no-untyped-call]
+            except ApiException as exc:
+                if exc.status == 404:
+                    return False
+                raise
+            metadata = current.get("metadata") or {}
+            taints = (current.get("spec") or {}).get("taints")
+            patch = {
+                "metadata": {
+                    "resourceVersion": metadata.get("resourceVersion"),
+                    "labels": {FABRIC_LABEL: label},
+                },
+                "spec": {"taints": with_fabric_taint(taints, taint)},
+            }
+            try:
+                self.core.patch_node(node, patch, _content_type="application/merge-patch+json")
+                return True
+            except ApiException as exc:
+                if exc.status == 404:
+                    return False
+                if exc.status != 409:
+                    raise
+        raise RuntimeError(f"node {node}: still conflicting after {NODE_WRITE_ATTEMPTS} attempts")
+
+    async def list_validation_names(self) -> list[str]:
+        found = await asyncio.to_thread(
+            self.custom.list_cluster_custom_object, API_GROUP, VERSION, PLURAL
+        )
+        items: list[dict[str, Any]] = cast(dict[str, Any], found).get("items", [])
+        return [item["metadata"]["name"] for item in items]
 
     async def patch_status(self, name: str, status: dict[str, Any]) -> None:
         await asyncio.to_thread(

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -23,8 +23,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from netval.model.results import Report
 from netval.model.spec import AdmissionMode, NetworkValidationSpec
-from netval.model.status import ConditionType, NetworkValidationStatus
-from netval.operator import aggregate
+from netval.model.status import Condition, ConditionType, NetworkValidationStatus, Reason
+from netval.operator import aggregate, gating
 from netval.operator.aggregate import ValidationState
 from netval.operator.ingest import ReportIngest, StateChange
 from netval.operator.kube_api import KubeApi
@@ -80,6 +80,14 @@ class OperatorRuntime:
         self.bodies: dict[str, dict[str, Any]] = {}
         self.previous: dict[str, NetworkValidationStatus] = {}
         self.node_labels: dict[str, dict[str, str]] = {}
+        # what netval has on each node: (netval.io/fabric label, our taint present)
+        self.node_fabric: dict[str, tuple[str | None, bool]] = {}
+        self.gating_conditions: dict[str, tuple[bool, str, str]] = {}
+        self.breaker_tripped: dict[str, bool] = {}
+        # Validations that existed at start: gating waits until all are loaded, so that a
+        # half-loaded operator never strips labels or taints that another validation owns.
+        self.expected_validations: set[str] | None = None
+        self.gating_writes = 0
         # Reports for validations the operator has not seen yet (retained messages can
         # arrive before Kopf resumes the CRs after a restart).
         self.pending: dict[tuple[str, str], _Pending] = {}
@@ -89,6 +97,7 @@ class OperatorRuntime:
         self.status_writes = 0
         self.status_write_failures = 0
         self._event_times: dict[str, list[float]] = {}
+        self._pending_events: list[tuple[str, str, str, str]] = []
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -192,6 +201,10 @@ class OperatorRuntime:
             aggregate.set_agents_ready(state, True, utcnow())
 
     def remove_validation(self, name: str) -> None:
+        self.gating_conditions.pop(name, None)
+        self.breaker_tripped.pop(name, None)
+        if self.expected_validations is not None:
+            self.expected_validations.discard(name)
         for table in (
             self.states,
             self.selectors,
@@ -202,13 +215,23 @@ class OperatorRuntime:
         ):
             table.pop(name, None)
 
-    def on_node(self, name: str, labels: Mapping[str, str] | None) -> None:
+    def on_node(
+        self,
+        name: str,
+        labels: Mapping[str, str] | None,
+        taints: list[dict[str, Any]] | None = None,
+    ) -> None:
         if labels is None:
             self.node_labels.pop(name, None)
+            self.node_fabric.pop(name, None)
             for state in self.states.values():
                 aggregate.forget_node(state, name)
         else:
             self.node_labels[name] = dict(labels)
+            self.node_fabric[name] = (
+                labels.get(gating.FABRIC_LABEL),
+                gating.has_fabric_taint(taints),
+            )
         now = utcnow()
         for validation in self.states:
             self._retarget(validation, now)
@@ -247,7 +270,26 @@ class OperatorRuntime:
     # -- status -----------------------------------------------------------------------------
 
     def compute(self, name: str, now: datetime) -> NetworkValidationStatus:
-        return aggregate.compute_status(self.states[name], now, previous=self.previous.get(name))
+        previous = self.previous.get(name)
+        status = aggregate.compute_status(self.states[name], now, previous=previous)
+        gate = self.gating_conditions.get(name)
+        if gate is None:
+            return status
+        ok, reason, message = gate
+        value: Literal["True", "False"] = "True" if ok else "False"
+        before = previous.condition(ConditionType.GATING) if previous is not None else None
+        condition = Condition(
+            type=ConditionType.GATING,
+            status=value,
+            reason=reason,
+            message=message,
+            last_transition_time=before.last_transition_time
+            if before is not None and before.status == value
+            else now,
+            observed_generation=self.states[name].generation,
+        )
+        others = [c for c in status.conditions if c.type != ConditionType.GATING]
+        return status.model_copy(update={"conditions": [*others, condition]})
 
     async def write_loop(self) -> None:
         # Before the retained reports are read back, status would say "no reports".
@@ -264,6 +306,13 @@ class OperatorRuntime:
             )
 
     async def write_due(self, now: datetime) -> None:
+        try:
+            await self.apply_gating(now)
+        except Exception:
+            log.exception("node gating failed; retrying next window")
+        for name, type_, reason, message in self._pending_events:
+            await self._post(name, type_, reason, message)
+        self._pending_events.clear()
         for name, state in list(self.states.items()):
             deadline = aggregate.next_deadline(state, now)
             if not state.dirty and (deadline is None or deadline > now):
@@ -274,6 +323,85 @@ class OperatorRuntime:
                 state.dirty = False
                 continue
             await self.write_status(name, status, previous)
+
+    # -- node gating --------------------------------------------------------------------------
+
+    def gating_inputs(self, now: datetime) -> list[gating.GatingInput]:
+        inputs: list[gating.GatingInput] = []
+        for name, state in self.states.items():
+            spec = self.specs.get(name)
+            if spec is None:
+                continue
+            inputs.append(
+                gating.GatingInput(
+                    name=name,
+                    targeted=frozenset(state.targeted),
+                    node_label=spec.gating.node_label,
+                    taint=spec.gating.taint,
+                    max_unhealthy_percent=spec.gating.max_unhealthy_percent,
+                    recovery_reports=spec.gating.recovery_reports,
+                    health={
+                        n: gating.FabricHealth(aggregate.node_health(state, n, now))
+                        for n in state.targeted
+                    },
+                    ok_streak={n: rec.ok_streak for n, rec in state.nodes.items()},
+                )
+            )
+        return inputs
+
+    async def apply_gating(self, now: datetime) -> None:
+        if self.expected_validations is None:
+            try:
+                self.expected_validations = set(await self.kube.list_validation_names())
+            except Exception as exc:
+                log.warning("cannot list validations yet (%s); gating waits", exc)
+                return
+        if not self.expected_validations <= set(self.states):
+            return
+        inputs = self.gating_inputs(now)
+        currently_tainted = [n for n, (_, tainted) in self.node_fabric.items() if tainted]
+        decisions = [gating.decide_taints(v, currently_tainted) for v in inputs]
+        for v, decision in zip(inputs, decisions, strict=True):
+            self._record_gating(v, decision)
+        labels = gating.desired_labels(inputs)
+        taints = set().union(*(d.tainted for d in decisions)) if decisions else set()
+        for change in gating.plan_changes(self.node_fabric, labels, taints):
+            label = change.label.value if change.label is not None else None
+            if await self.kube.set_node_gating(change.node, label, change.taint):
+                self.gating_writes += 1
+                # the watch will confirm; until then do not write the same change again
+                self.node_fabric[change.node] = (label, change.taint)
+
+    def _record_gating(self, v: gating.GatingInput, decision: gating.TaintDecision) -> None:
+        if not v.taint:
+            message = "node labels only (gating.taint is false)" if v.node_label else "off"
+            new = (True, Reason.GATING_ACTIVE.value, message)
+        elif decision.tripped:
+            new = (
+                False,
+                Reason.BREAKER_TRIPPED.value,
+                f"{decision.unhealthy} of {len(v.targeted)} targeted nodes failing, more than "
+                f"maxUnhealthyPercent {v.max_unhealthy_percent:g}% allows ({decision.cap}); "
+                f"not tainting {len(decision.withheld)} node(s) "
+                f"({', '.join(decision.withheld[:5])}{', ...' if len(decision.withheld) > 5 else ''}): "
+                "a mass failure is more likely a probe or config fault; labels still follow health",
+            )
+        else:
+            new = (
+                True,
+                Reason.GATING_ACTIVE.value,
+                f"{len(decision.tainted)} node(s) tainted of {len(v.targeted)} targeted "
+                f"(cap {decision.cap})",
+            )
+        if self.gating_conditions.get(v.name) != new:
+            self.gating_conditions[v.name] = new
+            state = self.states.get(v.name)
+            if state is not None:
+                state.dirty = True
+        was_tripped = self.breaker_tripped.get(v.name, False)
+        self.breaker_tripped[v.name] = decision.tripped
+        if decision.tripped and not was_tripped:
+            self._pending_events.append((v.name, "Warning", "BreakerTripped", new[2]))
 
     async def write_status(
         self, name: str, status: NetworkValidationStatus, previous: NetworkValidationStatus | None
@@ -300,15 +428,8 @@ class OperatorRuntime:
     async def _post_transition_events(
         self, name: str, before: NetworkValidationStatus | None, after: NetworkValidationStatus
     ) -> None:
-        ref = self.bodies.get(name)
-        if ref is None:
+        if name not in self.bodies:
             return
-        involved = {
-            "apiVersion": ref["apiVersion"],
-            "kind": ref["kind"],
-            "name": ref["metadata"]["name"],
-            "uid": ref["metadata"].get("uid"),
-        }
         old = {(f.node, f.check) for f in (before.failures if before else [])}
         new = {(f.node, f.check): f for f in after.failures}
         transitions = [(True, key) for key in sorted(set(new) - old)]
@@ -327,11 +448,23 @@ class OperatorRuntime:
                 )
             else:
                 args = ("Normal", "CheckRecovered", f"node {node} passes {check} again")
-            try:
-                await self.kube.post_event(involved, type=args[0], reason=args[1], message=args[2])
-            except Exception as exc:
-                log.warning("could not post event for %s: %s", name, exc)
+            await self._post(name, *args)
         self._event_times[name] = window
+
+    async def _post(self, name: str, type_: str, reason: str, message: str) -> None:
+        ref = self.bodies.get(name)
+        if ref is None:
+            return
+        involved = {
+            "apiVersion": ref["apiVersion"],
+            "kind": ref["kind"],
+            "name": ref["metadata"]["name"],
+            "uid": ref["metadata"].get("uid"),
+        }
+        try:
+            await self.kube.post_event(involved, type=type_, reason=reason, message=message)
+        except Exception as exc:
+            log.warning("could not post event for %s: %s", name, exc)
 
 
 def _parse_status(status: Mapping[str, Any] | None) -> NetworkValidationStatus | None:
