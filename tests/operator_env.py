@@ -145,7 +145,11 @@ def operator(
     request: pytest.FixtureRequest, cluster: KubeCluster, mosquitto_broker: MosquittoBroker
 ) -> Iterator[tuple[OperatorRuntime, InMemorySpanExporter]]:
     exporter = InMemorySpanExporter()
-    memo = kopf.Memo(settings=settings_for(mosquitto_broker), span_exporter=exporter)
+    memo = kopf.Memo(
+        settings=settings_for(mosquitto_broker),
+        span_exporter=exporter,
+        metrics_addr=("127.0.0.1", 0),
+    )
     expected = request.node.get_closest_marker("handler_errors_expected") is not None
     fail_level = logging.CRITICAL if expected else logging.ERROR
     with kopf_operator(

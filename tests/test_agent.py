@@ -42,7 +42,7 @@ import mosquitto
 from netns import namespace, netval_script
 from netval.agent.agent_config import AgentConfig
 from netval.agent.collect_live import LiveCollector
-from netval.agent.metrics_http import AgentMetrics, serve_metrics
+from netval.agent.metrics_http import AgentMetrics, serve_agent_metrics
 from netval.agent.mqtt_publisher import ReportPublisher
 from netval.agent.runner import REASON_LINK_EVENT, ProbeRunner
 from netval.model import CheckId, Report, Sample, Status
@@ -724,7 +724,7 @@ def test_metrics_and_health_endpoints() -> None:
 
     async def scenario() -> dict[str, tuple[int, str]]:
         metrics = AgentMetrics(interval_seconds=60)
-        server = await serve_metrics("127.0.0.1", 0, metrics)
+        server = await serve_agent_metrics("127.0.0.1", 0, metrics)
         port = server.sockets[0].getsockname()[1]
         try:
             with LiveCollector(interfaces=["lo"]) as collector:

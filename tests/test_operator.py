@@ -39,6 +39,37 @@ from operator_env import (
 )
 
 
+def test_create_renders_agents_exactly(
+    cluster: KubeCluster, operator: tuple[OperatorRuntime, InMemorySpanExporter]
+) -> None:
+    runtime, _ = operator
+    cluster.create(validation(tolerations=[{"operator": "Exists"}]))
+    name = manifests.agent_object_name("pool-a")
+    ds = wait_for(lambda: cluster.stored("apps/v1", "daemonsets", name, NS), what="DaemonSet")
+    cm = cluster.get("v1", "configmaps", name, NS)
+    nv = cluster.get(NV, "networkvalidations", "pool-a")
+    from netval.model.spec import NetworkValidationSpec
+
+    spec = NetworkValidationSpec.model_validate(nv["spec"])
+    owner = {"apiVersion": NV, "kind": "NetworkValidation", "name": "pool-a",
+             "uid": nv["metadata"]["uid"]}  # fmt: skip
+    want_cm = manifests.render_configmap("pool-a", 1, spec, namespace=NS, owner=owner)
+    assert cm["data"] == want_cm["data"]
+    assert cm["metadata"]["ownerReferences"] == want_cm["metadata"]["ownerReferences"]
+    s = runtime.settings
+    want_ds = manifests.render_daemonset(
+        "pool-a", 1, spec, namespace=NS, owner=owner, image=s.agent_image,
+        mqtt=manifests.AgentMqttWiring(url=s.agent_mqtt_url, username=s.agent_mqtt_username,
+                                       password_secret=s.agent_mqtt_secret, ca_secret=None),
+        config_hash=manifests.config_hash(manifests.agent_config_document("pool-a", 1, spec)),
+    )  # fmt: skip
+    assert ds["spec"] == want_ds["spec"]
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == GPU
+    assert pod["hostNetwork"] is True
+    assert {"operator": "Exists"} in pod["tolerations"]
+
+
 def test_status_follows_agent_reports(
     cluster: KubeCluster,
     operator: tuple[OperatorRuntime, InMemorySpanExporter],
@@ -125,13 +156,35 @@ def test_bad_payloads_are_dropped_and_counted(
             ),
             ("netval/v1/pool-a/gpu-b/report", impostor.to_json().encode()),
             ("netval/v1/pool-a/gpu-c/state", b"maybe"),
+            ("netval/v1/pool-a/gpu-d/report", b"{" + b" " * (1 << 20) + b"}"),
             report_msg(report("gpu-a")),
         ],
     )
     status = wait_status(cluster, lambda s: s["nodes"]["reporting"] == 1, "the good report")
     assert status["nodes"]["failing"] == 0  # the impostor's failure did not land
     dropped = {reason.value: n for reason, n in runtime.ingest.stats.dropped.items()}
-    assert dropped == {"invalid_report": 2, "not_utf8": 1, "node_mismatch": 1, "bad_state": 1}
+    assert dropped == {"invalid_report": 2, "not_utf8": 1, "node_mismatch": 1, "bad_state": 1,
+                       "too_large": 1}  # fmt: skip
+    # the counts are exported for alerting
+    metrics = scrape(runtime)
+    assert 'netval_operator_messages_dropped_total{reason="node_mismatch"} 1.0' in metrics
+    assert 'netval_operator_messages_dropped_total{reason="too_large"} 1.0' in metrics
+    assert 'netval_operator_nodes{state="reporting",validation="pool-a"} 1.0' in metrics
+
+
+def scrape(runtime: OperatorRuntime) -> str:
+    import urllib.request
+
+    server = runtime_memo_server(runtime)
+    host, port = server.sockets[0].getsockname()[:2]
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def runtime_memo_server(runtime: OperatorRuntime) -> Any:
+    server = getattr(runtime, "metrics_server", None)
+    assert server is not None, "the operator serves metrics"
+    return server
 
 
 def test_status_writes_are_coalesced(
@@ -160,7 +213,9 @@ def test_status_writes_are_coalesced(
 
 @pytest.mark.handler_errors_expected
 def test_spec_update_rolls_agents_and_invalid_spec_is_reported(
-    cluster: KubeCluster, operator: tuple[OperatorRuntime, InMemorySpanExporter]
+    cluster: KubeCluster,
+    operator: tuple[OperatorRuntime, InMemorySpanExporter],
+    mosquitto_broker: MosquittoBroker,
 ) -> None:
     cluster.create(validation())
     name = manifests.agent_object_name("pool-a")
@@ -180,6 +235,15 @@ def test_spec_update_rolls_agents_and_invalid_spec_is_reported(
     cm = cluster.get("v1", "configmaps", name, NS)
     assert "interval: 10s" in cm["data"][manifests.AGENT_CONFIG_KEY]
     wait_status(cluster, lambda s: s.get("observedGeneration") == 2, "observedGeneration 2")
+
+    # once an agent reports generation 2, reports of generation 1 are ignored
+    base = datetime.now(UTC)
+    publish(mosquitto_broker, [report_msg(report("gpu-a", generation=2, started=base))])
+    wait_status(cluster, lambda s: s["nodes"]["reporting"] == 1, "generation 2 report")
+    late = report("gpu-b", Status.FAIL, generation=1, started=base + timedelta(seconds=1))
+    publish(mosquitto_broker, [report_msg(late), report_msg(report("gpu-c", generation=2))])
+    status = wait_status(cluster, lambda s: s["nodes"]["reporting"] == 2, "gpu-c reporting")
+    assert status["nodes"]["failing"] == 0 and status["failures"] == []
 
     # kmock does not enforce the CRD schema, so the operator's own validation is what answers
     cluster.patch(

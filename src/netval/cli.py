@@ -115,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="serve Kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz",
     )
+    op.add_argument(
+        "--metrics-addr",
+        metavar="HOST:PORT",
+        default=":9478",
+        help="serve Prometheus /metrics and /healthz here ('off' to disable; default :9478)",
+    )
     return parser
 
 

@@ -15,6 +15,7 @@ from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from netval.metrics_http import parse_host_port
 from netval.model.manifest import describe_validation_error
 from netval.model.spec import NetworkValidationSpec
 from netval.mqtt_settings import MqttSettings, mqtt_settings_from_env
@@ -52,17 +53,6 @@ def load_agent_config(path: Path) -> AgentConfig:
         raise AgentConfigError(f"{path}: {describe_validation_error(exc, '')}") from None
 
 
-def parse_host_port(text: str, *, variable: str) -> tuple[str, int] | None:
-    """`HOST:PORT`, `:PORT`, or `off`."""
-    if text.strip().lower() == "off":
-        return None
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise AgentConfigError(f"{variable}: expected HOST:PORT or 'off', got {text!r}")
-    # Metrics are served on the node like any node exporter's (hostNetwork).
-    return (host.strip("[]") or "0.0.0.0", int(port))  # noqa: S104
-
-
 @dataclass(frozen=True, slots=True)
 class AgentSettings:
     """Everything `netval agent` reads from its environment, built once at start."""
@@ -86,7 +76,10 @@ def agent_settings_from_env(env: Mapping[str, str] = os.environ) -> AgentSetting
         mqtt = mqtt_settings_from_env(env, client_id=f"netval-agent-{config.validation}-{node}")
     except ValueError as exc:
         raise AgentConfigError(str(exc)) from None
-    metrics = parse_host_port(
-        env.get(ENV_METRICS_ADDR, DEFAULT_METRICS_ADDR), variable=ENV_METRICS_ADDR
-    )
+    try:
+        metrics = parse_host_port(
+            env.get(ENV_METRICS_ADDR, DEFAULT_METRICS_ADDR), variable=ENV_METRICS_ADDR
+        )
+    except ValueError as exc:
+        raise AgentConfigError(str(exc)) from None
     return AgentSettings(node, Path(config_path), config, mqtt, metrics)

@@ -14,7 +14,7 @@ from netval.agent.agent_config import AgentSettings
 from netval.agent.collect_live import LiveCollector
 from netval.agent.config_watch import ConfigWatcher
 from netval.agent.link_events import LinkWatcher
-from netval.agent.metrics_http import AgentMetrics, serve_metrics
+from netval.agent.metrics_http import AgentMetrics, serve_agent_metrics
 from netval.agent.mqtt_publisher import ReportPublisher
 from netval.agent.runner import ProbeRunner
 from netval.telemetry import make_tracer_provider
@@ -49,7 +49,7 @@ async def run_agent(
     tasks: list[asyncio.Task[None]] = []
     try:
         if settings.metrics_addr is not None:
-            server = await serve_metrics(*settings.metrics_addr, metrics)
+            server = await serve_agent_metrics(*settings.metrics_addr, metrics)
             log.info("metrics on %s", [s.getsockname() for s in server.sockets])
         await publisher.start()
         runner = ProbeRunner(

@@ -1,21 +1,19 @@
-"""`/healthz` and Prometheus `/metrics` for the agent, on a small asyncio HTTP server."""
+"""The agent's Prometheus metrics and health, served by netval.metrics_http."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable, Iterator
-from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from netval.agent.config_watch import ConfigWatcher
 from netval.agent.mqtt_publisher import PublisherStats
+from netval.metrics_http import serve_metrics
 from netval.model.results import Report
-
-_MAX_REQUEST: Final = 8192
 
 
 class _PublisherCollector(Collector):
@@ -107,40 +105,9 @@ class AgentMetrics:
         return time.monotonic() - reference < 3 * self.interval_seconds + 5
 
 
-async def serve_metrics(host: str, port: int, metrics: AgentMetrics) -> asyncio.Server:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-            method, path, *_ = head[:_MAX_REQUEST].decode("latin-1").split(" ", 2)
-            if method not in ("GET", "HEAD"):
-                status, ctype, body = "405 Method Not Allowed", "text/plain", b"GET only\n"
-            elif path == "/healthz":
-                ok = metrics.healthy()
-                status = "200 OK" if ok else "503 Service Unavailable"
-                ctype, body = (
-                    "text/plain",
-                    b"ok\n" if ok else b"no probe cycle completed recently\n",
-                )
-            elif path == "/metrics":
-                status, ctype = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
-                body = generate_latest(metrics.registry)
-            else:
-                status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
-            writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n".encode()
-                + (body if method == "GET" else b"")
-            )
-            await writer.drain()
-        except (
-            TimeoutError,
-            asyncio.IncompleteReadError,
-            asyncio.LimitOverrunError,
-            ValueError,
-            ConnectionError,
-        ):
-            pass
-        finally:
-            writer.close()
+async def serve_agent_metrics(host: str, port: int, metrics: AgentMetrics) -> asyncio.Server:
+    def healthy() -> tuple[bool, str]:
+        ok = metrics.healthy()
+        return ok, "ok" if ok else "no probe cycle completed recently"
 
-    return await asyncio.start_server(handle, host, port, limit=_MAX_REQUEST)
+    return await serve_metrics(host, port, metrics.registry, healthy)

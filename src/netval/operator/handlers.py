@@ -9,10 +9,12 @@ from typing import Any, Final
 import kopf
 from pydantic import ValidationError
 
+from netval.metrics_http import serve_metrics
 from netval.model.manifest import API_GROUP, describe_validation_error
 from netval.model.spec import NetworkValidationSpec
 from netval.operator import manifests
 from netval.operator.kube_api import PLURAL, VERSION
+from netval.operator.metrics import operator_registry
 from netval.operator.runtime import OperatorRuntime
 from netval.operator.startup import build_runtime
 
@@ -40,6 +42,16 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     runtime = build_runtime(memo)
     memo[RUNTIME_KEY] = runtime
     runtime.start()
+    addr = memo.get("metrics_addr")
+    if addr is not None:
+        host, port = addr
+        registry = operator_registry(runtime)
+
+        def healthy() -> tuple[bool, str]:
+            connected = runtime.ingest.stats.connected
+            return connected, "ok" if connected else "not connected to the MQTT broker"
+
+        runtime.metrics_server = await serve_metrics(host, port, registry, healthy)
 
 
 @kopf.on.cleanup()
@@ -47,6 +59,8 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
     runtime = memo.get(RUNTIME_KEY)
     if isinstance(runtime, OperatorRuntime):
         await runtime.stop()
+        if runtime.metrics_server is not None:
+            runtime.metrics_server.close()
 
 
 async def _apply(

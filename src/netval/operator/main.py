@@ -17,6 +17,7 @@ async def run_operator(
     *,
     standalone: bool,
     liveness_endpoint: str | None = None,
+    metrics_addr: tuple[str, int] | None = None,
     stop_flag: asyncio.Event | None = None,
 ) -> None:
     """With peering (not standalone), several replicas run and one is active at a time."""
@@ -27,6 +28,6 @@ async def run_operator(
         standalone=standalone,
         peering_name=PEERING_NAME,
         liveness_endpoint=liveness_endpoint,
-        memo=kopf.Memo(settings=settings),
+        memo=kopf.Memo(settings=settings, metrics_addr=metrics_addr),
         stop_flag=stop_flag,
     )

@@ -98,6 +98,7 @@ class OperatorRuntime:
         self.status_write_failures = 0
         self._event_times: dict[str, list[float]] = {}
         self._pending_events: list[tuple[str, str, str, str]] = []
+        self.metrics_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle --------------------------------------------------------------------------

@@ -1,0 +1,66 @@
+"""The operator's Prometheus metrics: MQTT ingest (accepted, dropped by reason), status and
+gating writes, validations and nodes by health."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from netval.operator.ingest import DropReason
+from netval.operator.runtime import OperatorRuntime
+
+
+class _RuntimeCollector(Collector):
+    def __init__(self, runtime: OperatorRuntime) -> None:
+        self._runtime = runtime
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        rt = self._runtime
+        stats = rt.ingest.stats
+        yield CounterMetricFamily(
+            "netval_operator_reports_received", "Valid reports received", value=stats.reports
+        )
+        dropped = CounterMetricFamily(
+            "netval_operator_messages_dropped",
+            "MQTT messages dropped as invalid, by reason",
+            labels=["reason"],
+        )
+        for reason in DropReason:
+            dropped.add_metric([reason.value], stats.dropped.get(reason, 0))
+        yield dropped
+        yield GaugeMetricFamily(
+            "netval_operator_mqtt_connected", "1 while subscribed", value=int(stats.connected)
+        )
+        yield CounterMetricFamily(
+            "netval_operator_mqtt_reconnects", "MQTT reconnections", value=stats.reconnects
+        )
+        yield CounterMetricFamily(
+            "netval_operator_status_writes", "Status patches written", value=rt.status_writes
+        )
+        yield CounterMetricFamily(
+            "netval_operator_status_write_failures",
+            "Status patches that failed",
+            value=rt.status_write_failures,
+        )
+        yield CounterMetricFamily(
+            "netval_operator_gating_writes", "Node label/taint writes", value=rt.gating_writes
+        )
+        nodes = GaugeMetricFamily(
+            "netval_operator_nodes",
+            "Targeted nodes per validation and state",
+            labels=["validation", "state"],
+        )
+        for name, status in rt.previous.items():
+            counts = status.nodes
+            for state in ("targeted", "reporting", "passing", "warning", "failing", "stale"):
+                nodes.add_metric([name, state], getattr(counts, state))
+        yield nodes
+
+
+def operator_registry(runtime: OperatorRuntime) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(_RuntimeCollector(runtime))
+    return registry
