@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final
+from typing import Any, Final, cast
 
 from netval import __version__
 from netval.model.manifest import ConfigError, ProbeConfig, probe_config_from_document
@@ -96,6 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
         "NETVAL_NODE_NAME, NETVAL_MQTT_URL, NETVAL_MQTT_USERNAME, NETVAL_MQTT_PASSWORD_FILE, "
         "NETVAL_MQTT_CA_FILE, NETVAL_METRICS_ADDR and the standard OTEL_* variables.",
     )
+    st = sub.add_parser(
+        "status",
+        help="show validations through the Kubernetes API (conditions, counts, failures)",
+        description="Show NetworkValidations: conditions, node counts, failing checks and nodes. "
+        "Uses in-cluster config or KUBECONFIG. Exit 0 when every shown validation is Healthy, "
+        "1 when one is not, 2 on errors.",
+    )
+    st.add_argument("name", nargs="?", help="one validation (default: all)")
+    st.add_argument("--nodes", action="store_true", help="per-node view: label, taint, failures")
+    st.add_argument("--watch", action="store_true", help="refresh every --every seconds")
+    st.add_argument("--every", type=_seconds, default=2.0, metavar="S", help="refresh period")
+
     op = sub.add_parser(
         "operator",
         help="run the Kubernetes operator (Kopf): agents, MQTT ingest, status",
@@ -269,6 +281,74 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from kubernetes import client, config
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    from netval.status_view import is_healthy, render_nodes, render_validation
+
+    try:
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
+    except (config.ConfigException, OSError) as exc:
+        raise BadInput(f"no Kubernetes configuration: {exc}") from None
+    custom = client.CustomObjectsApi()
+    core = client.CoreV1Api()
+
+    def once() -> int:
+        try:
+            objs: list[dict[str, Any]]
+            if args.name:
+                one = custom.get_cluster_custom_object(
+                    "netval.io", "v1alpha1", "networkvalidations", args.name
+                )
+                objs = [cast(dict[str, Any], one)]
+            else:
+                found = cast(
+                    dict[str, Any],
+                    custom.list_cluster_custom_object(
+                        "netval.io", "v1alpha1", "networkvalidations"
+                    ),
+                )
+                objs = sorted(found.get("items", []), key=lambda o: o["metadata"]["name"])
+            nodes = (
+                [client.ApiClient().sanitize_for_serialization(n) for n in core.list_node().items]  # type: ignore[no-untyped-call]
+                if args.nodes
+                else []
+            )
+        except ApiException as exc:
+            if exc.status == 404 and args.name:
+                raise BadInput(f"NetworkValidation {args.name!r} not found") from None
+            raise BadInput(f"Kubernetes API error: {exc.status} {exc.reason}") from None
+        except HTTPError as exc:
+            raise BadInput(f"cannot reach the Kubernetes API: {exc}") from None
+        if not objs:
+            sys.stdout.write("no NetworkValidations\n")
+            return EXIT_OK
+        out = []
+        for obj in objs:
+            out.append(render_validation(obj))
+            if args.nodes:
+                out.append(render_nodes(obj, nodes))
+        sys.stdout.write("\n".join(out))
+        sys.stdout.flush()
+        return EXIT_OK if all(is_healthy(o) for o in objs) else EXIT_UNHEALTHY
+
+    if not args.watch:
+        return once()
+    while True:
+        if sys.stdout.isatty():
+            sys.stdout.write("\x1b[2J\x1b[H")
+        code = once()
+        time.sleep(args.every)
+        if not sys.stdout.isatty():
+            sys.stdout.write("---\n")
+    return code
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     import asyncio
     import logging
@@ -296,6 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "snapshot": cmd_snapshot,
         "agent": cmd_agent,
         "operator": cmd_operator,
+        "status": cmd_status,
     }
     try:
         return handlers[args.command](args)
