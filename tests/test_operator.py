@@ -62,9 +62,15 @@ def test_create_renders_agents_exactly(
         mqtt=manifests.AgentMqttWiring(url=s.agent_mqtt_url, username=s.agent_mqtt_username,
                                        password_secret=s.agent_mqtt_secret, ca_secret=None),
         config_hash=manifests.config_hash(manifests.agent_config_document("pool-a", 1, spec)),
+        metrics_port=manifests.metrics_port_for("pool-a"),
     )  # fmt: skip
     assert ds["spec"] == want_ds["spec"]
     pod = ds["spec"]["template"]["spec"]
+    # two validations on one node must not share the agents' host port
+    port = pod["containers"][0]["ports"][0]["containerPort"]
+    assert port == manifests.metrics_port_for("pool-a") != manifests.metrics_port_for("pool-b")
+    annotations = ds["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(port)
     assert pod["nodeSelector"] == GPU
     assert pod["hostNetwork"] is True
     assert {"operator": "Exists"} in pod["tolerations"]

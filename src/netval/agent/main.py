@@ -16,6 +16,7 @@ from netval.agent.config_watch import ConfigWatcher
 from netval.agent.link_events import LinkWatcher
 from netval.agent.metrics_http import AgentMetrics, serve_agent_metrics
 from netval.agent.mqtt_publisher import ReportPublisher
+from netval.agent.peers import PeerService
 from netval.agent.runner import ProbeRunner
 from netval.telemetry import make_tracer_provider
 
@@ -42,16 +43,34 @@ async def run_agent(
         exporter=span_exporter,
     )
     metrics = AgentMetrics(interval_seconds=spec.interval_seconds)
-    publisher = ReportPublisher(settings.mqtt, settings.config.validation, settings.node)
+    peers = (
+        PeerService(validation=settings.config.validation, node=settings.node, spec=spec)
+        if spec.checks.peers.enabled
+        else None
+    )
+    publisher = ReportPublisher(
+        settings.mqtt,
+        settings.config.validation,
+        settings.node,
+        subscriptions=peers.subscriptions if peers is not None else (),
+        on_message=peers.on_message if peers is not None else None,
+    )
     metrics.attach_publisher(publisher.stats)
     collector = LiveCollector(interfaces=spec.checks.named_interfaces)
     server = None
     tasks: list[asyncio.Task[None]] = []
     try:
         if settings.metrics_addr is not None:
-            server = await serve_agent_metrics(*settings.metrics_addr, metrics)
-            log.info("metrics on %s", [s.getsockname() for s in server.sockets])
+            try:
+                server = await serve_agent_metrics(*settings.metrics_addr, metrics)
+                log.info("metrics on %s", [s.getsockname() for s in server.sockets])
+            except OSError as exc:
+                # Probing matters more than being scraped: run on without metrics.
+                log.error("cannot serve metrics on %s: %s", settings.metrics_addr, exc)
         await publisher.start()
+        if peers is not None:
+            await peers.start(publisher.publish_retained, collector)
+            tasks.append(asyncio.create_task(peers.run(stop), name="netval-peer-throughput"))
         runner = ProbeRunner(
             config=settings.config,
             node=settings.node,
@@ -59,12 +78,13 @@ async def run_agent(
             sink=publisher,
             tracer_provider=provider,
             metrics=metrics,
+            peers=peers,
         )
         watcher = LinkWatcher(runner.on_link_change)
         runner.watcher = watcher
         config_watcher = ConfigWatcher(settings.config_path, settings.config, runner.apply_config)
         metrics.attach_config(config_watcher)
-        tasks = [
+        tasks += [
             asyncio.create_task(watcher.run(), name="netval-link-events"),
             asyncio.create_task(config_watcher.run(), name="netval-config-watch"),
         ]
@@ -79,6 +99,8 @@ async def run_agent(
     finally:
         for task in tasks:
             task.cancel()
+        if peers is not None:
+            await peers.close()  # clears the retained endpoint before the publisher stops
         await publisher.stop()
         if server is not None:
             server.close()

@@ -4,6 +4,7 @@ record what happened in the runtime (which owns status)."""
 from __future__ import annotations
 
 import logging
+import random
 from typing import Any, Final
 
 import kopf
@@ -38,6 +39,9 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
         prefix=API_GROUP, key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING
+    # Replicas with equal peering priorities all pause (Kopf treats them as a conflict); a
+    # random priority per replica makes the highest one active and the others stand by.
+    settings.peering.priority = random.randint(0, 32767)  # noqa: S311 - not crypto
     settings.watching.server_timeout = memo.get("watch_timeout", settings.watching.server_timeout)
     runtime = build_runtime(memo)
     memo[RUNTIME_KEY] = runtime
@@ -115,6 +119,7 @@ async def _apply(
         config_hash=manifests.config_hash(
             manifests.agent_config_document(name, generation, parsed)
         ),
+        metrics_port=manifests.metrics_port_for(name),
     )
     await runtime.kube.apply_configmap(configmap)
     await runtime.kube.apply_daemonset(daemonset)

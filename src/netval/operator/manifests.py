@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -352,6 +353,16 @@ def _tolerations(spec: NetworkValidationSpec) -> list[dict[str, Any]]:
     return [*tolerations, {"key": FABRIC_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
 
 
+METRICS_PORT_SPAN: Final = 500
+
+
+def metrics_port_for(validation: str) -> int:
+    """The agent metrics port of a validation: on the host network, two validations that
+    select the same node need different ports. Derived from the name (stable across
+    restarts and replicas); the pod template advertises it in `prometheus.io/port`."""
+    return METRICS_PORT + zlib.crc32(validation.encode()) % METRICS_PORT_SPAN
+
+
 def render_daemonset(
     name: str,
     generation: int,
@@ -434,7 +445,12 @@ def render_daemonset(
             "template": {
                 "metadata": {
                     "labels": agent_labels(name),
-                    "annotations": {ANNOTATION_CONFIG_HASH: config_hash},
+                    "annotations": {
+                        ANNOTATION_CONFIG_HASH: config_hash,
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(metrics_port),
+                        "prometheus.io/path": "/metrics",
+                    },
                 },
                 "spec": pod_spec,
             },

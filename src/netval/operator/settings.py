@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -41,7 +42,11 @@ class OperatorSettings:
 
 def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorSettings:
     try:
-        mqtt = mqtt_settings_from_env(env, client_id=f"netval-operator-{os.getpid()}")
+        # Each replica needs its own client id (the broker disconnects a duplicate): in a pod
+        # the hostname is the pod name, unique; the pid alone is 1 in every container.
+        mqtt = mqtt_settings_from_env(
+            env, client_id=f"netval-operator-{socket.gethostname()}-{os.getpid()}"
+        )
     except ValueError as exc:
         raise OperatorConfigError(str(exc)) from None
     window_text = env.get(ENV_STATUS_WINDOW, str(DEFAULT_STATUS_WINDOW))
