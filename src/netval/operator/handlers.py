@@ -120,6 +120,8 @@ async def _apply(
             manifests.agent_config_document(name, generation, parsed)
         ),
         metrics_port=manifests.metrics_port_for(name),
+        resources=settings.agent_resources,
+        extra_tolerations=settings.agent_tolerations,
     )
     await runtime.kube.apply_configmap(configmap)
     await runtime.kube.apply_daemonset(daemonset)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -345,12 +345,23 @@ def _ports(spec: NetworkValidationSpec, metrics_port: int) -> list[dict[str, Any
     return ports
 
 
-def _tolerations(spec: NetworkValidationSpec) -> list[dict[str, Any]]:
+def _tolerations(
+    spec: NetworkValidationSpec, extra: Sequence[Mapping[str, Any]] = ()
+) -> list[dict[str, Any]]:
     # A JSON-mode copy: the rendered object shares nothing with the (frozen) spec.
     tolerations: list[dict[str, Any]] = spec.model_dump(mode="json", include={"tolerations"})[
         "tolerations"
     ]
-    return [*tolerations, {"key": FABRIC_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+    own = {"key": FABRIC_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+    merged = [*tolerations, *(dict(t) for t in extra), own]
+    return [t for i, t in enumerate(merged) if t not in merged[:i]]
+
+
+def default_agent_resources() -> dict[str, Any]:
+    return {
+        "requests": {"cpu": CPU_REQUEST, "memory": MEMORY_REQUEST},
+        "limits": {"memory": MEMORY_LIMIT},
+    }
 
 
 METRICS_PORT_SPAN: Final = 500
@@ -374,6 +385,8 @@ def render_daemonset(
     mqtt: AgentMqttWiring,
     config_hash: str,
     metrics_port: int = METRICS_PORT,
+    resources: Mapping[str, Any] | None = None,
+    extra_tolerations: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The agent DaemonSet of validation `name`.
 
@@ -396,7 +409,7 @@ def render_daemonset(
             "fsGroup": AGENT_UID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "tolerations": _tolerations(spec),
+        "tolerations": _tolerations(spec, extra_tolerations),
         "containers": [
             {
                 "name": AGENT_CONTAINER,
@@ -406,10 +419,9 @@ def render_daemonset(
                 "env": _env(name, spec, mqtt, metrics_port),
                 "ports": _ports(spec, metrics_port),
                 "volumeMounts": _mounts(mqtt),
-                "resources": {
-                    "requests": {"cpu": CPU_REQUEST, "memory": MEMORY_REQUEST},
-                    "limits": {"memory": MEMORY_LIMIT},
-                },
+                "resources": json.loads(json.dumps(resources))
+                if resources is not None
+                else default_agent_resources(),
                 "livenessProbe": {
                     "httpGet": {"path": HEALTH_PATH, "port": METRICS_PORT_NAME},
                     "periodSeconds": 10,

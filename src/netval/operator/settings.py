@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from netval.mqtt_settings import MqttSettings, mqtt_settings_from_env
 
@@ -17,6 +18,9 @@ ENV_AGENT_MQTT_USERNAME: Final = "NETVAL_AGENT_MQTT_USERNAME"
 ENV_AGENT_MQTT_SECRET: Final = "NETVAL_AGENT_MQTT_SECRET"
 ENV_AGENT_MQTT_CA_SECRET: Final = "NETVAL_AGENT_MQTT_CA_SECRET"
 ENV_STATUS_WINDOW: Final = "NETVAL_STATUS_WINDOW_SECONDS"
+ENV_AGENT_RESOURCES: Final = "NETVAL_AGENT_RESOURCES"
+ENV_AGENT_TOLERATIONS: Final = "NETVAL_AGENT_TOLERATIONS"
+ENV_KUEUE_ENABLED: Final = "NETVAL_KUEUE_ENABLED"
 
 DEFAULT_NAMESPACE: Final = "netval-system"
 DEFAULT_IMAGE: Final = "ghcr.io/netval/netval:0.1.0"
@@ -38,6 +42,9 @@ class OperatorSettings:
     agent_mqtt_secret: str  # Secret with key `password` for the agents
     agent_mqtt_ca_secret: str | None  # Secret with key `ca.crt` when the broker uses TLS
     status_window: float  # seconds: one status patch per validation per window
+    agent_resources: dict[str, Any] | None = None  # container resources (None: defaults)
+    agent_tolerations: tuple[dict[str, Any], ...] = ()  # added to every agent DaemonSet
+    kueue_enabled: bool = False  # answer Kueue AdmissionChecks (needs the Kueue RBAC)
 
 
 def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorSettings:
@@ -56,6 +63,13 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
         raise OperatorConfigError(f"{ENV_STATUS_WINDOW}: not a number: {window_text!r}") from None
     if not 0.05 <= window <= 60:
         raise OperatorConfigError(f"{ENV_STATUS_WINDOW}: must be between 0.05 and 60, got {window}")
+    resources = _json_env(env, ENV_AGENT_RESOURCES, dict)
+    tolerations = _json_env(env, ENV_AGENT_TOLERATIONS, list) or []
+    if not all(isinstance(t, dict) for t in tolerations):
+        raise OperatorConfigError(f"{ENV_AGENT_TOLERATIONS}: expected a JSON list of objects")
+    kueue = env.get(ENV_KUEUE_ENABLED, "false").strip().lower()
+    if kueue not in ("true", "false", ""):
+        raise OperatorConfigError(f"{ENV_KUEUE_ENABLED}: expected true or false, got {kueue!r}")
     return OperatorSettings(
         namespace=env.get(ENV_NAMESPACE) or DEFAULT_NAMESPACE,
         agent_image=env.get(ENV_AGENT_IMAGE) or DEFAULT_IMAGE,
@@ -65,4 +79,20 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
         agent_mqtt_secret=env.get(ENV_AGENT_MQTT_SECRET) or DEFAULT_AGENT_SECRET,
         agent_mqtt_ca_secret=env.get(ENV_AGENT_MQTT_CA_SECRET) or None,
         status_window=window,
+        agent_resources=resources or None,
+        agent_tolerations=tuple(tolerations),
+        kueue_enabled=kueue == "true",
     )
+
+
+def _json_env(env: Mapping[str, str], name: str, kind: type) -> Any:
+    text = env.get(name, "").strip()
+    if not text or text == "null":
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise OperatorConfigError(f"{name}: not valid JSON: {exc.msg}") from None
+    if not isinstance(value, kind):
+        raise OperatorConfigError(f"{name}: expected a JSON {kind.__name__}")
+    return value

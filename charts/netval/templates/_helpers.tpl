@@ -1,0 +1,218 @@
+{{/*
+Names, labels and shared values of the netval chart.
+*/}}
+
+{{/* The chart name, or nameOverride. */}}
+{{- define "netval.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The prefix of object names: fullnameOverride, else the release name, plus "-<chart name>"
+unless the release name already contains it. At most 63 characters (DNS labels).
+*/}}
+{{- define "netval.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "name-version" of the chart, for the helm.sh/chart label. */}}
+{{- define "netval.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+Fixed ServiceAccount names: the operator renders agent DaemonSets that name "netval-agent"
+(netval.operator.manifests.AGENT_SERVICE_ACCOUNT).
+*/}}
+{{- define "netval.operatorServiceAccount" -}}netval-operator{{- end -}}
+{{- define "netval.agentServiceAccount" -}}netval-agent{{- end -}}
+
+{{/* The Kopf peering name of `netval operator` (netval.operator.main.PEERING_NAME). */}}
+{{- define "netval.peeringName" -}}netval{{- end -}}
+
+{{/* Selector labels of one component: call with (dict "ctx" $ "component" "operator"). */}}
+{{- define "netval.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "netval.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* All standard labels of one component: call with (dict "ctx" $ "component" "operator"). */}}
+{{- define "netval.labels" -}}
+helm.sh/chart: {{ include "netval.chart" .ctx }}
+{{ include "netval.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: netval
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+{{- end -}}
+
+{{/* An image reference repository[:tag][@digest]: with a digest the runtime pulls by digest. */}}
+{{- define "netval.imageRef" -}}
+{{- $image := .image -}}
+{{- $tag := default .default $image.tag | toString -}}
+{{- $ref := $image.repository -}}
+{{- if $tag -}}
+{{- $ref = printf "%s:%s" $ref $tag -}}
+{{- end -}}
+{{- if $image.digest -}}
+{{- $ref = printf "%s@%s" $ref $image.digest -}}
+{{- end -}}
+{{- $ref -}}
+{{- end -}}
+
+{{/* The netval image (operator, and agents unless agent.image is set). */}}
+{{- define "netval.image" -}}
+{{- include "netval.imageRef" (dict "image" .Values.image "default" .Chart.AppVersion) -}}
+{{- end -}}
+
+{{- define "netval.agentImage" -}}
+{{- default (include "netval.image" .) .Values.agent.image -}}
+{{- end -}}
+
+{{- define "netval.brokerImage" -}}
+{{- include "netval.imageRef" (dict "image" .Values.mqtt.broker.image "default" "") -}}
+{{- end -}}
+
+{{/* Object names. */}}
+{{- define "netval.brokerName" -}}{{ include "netval.fullname" . }}-mqtt{{- end -}}
+{{- define "netval.operatorMqttSecret" -}}{{ include "netval.fullname" . }}-mqtt-operator{{- end -}}
+{{- define "netval.agentMqttSecret" -}}{{ include "netval.fullname" . }}-mqtt-agent{{- end -}}
+{{- define "netval.webhookService" -}}{{ include "netval.fullname" . }}-webhook{{- end -}}
+{{- define "netval.webhookTlsSecret" -}}{{ include "netval.fullname" . }}-webhook-tls{{- end -}}
+
+{{/* The DNS names of the webhook Service, as a list. */}}
+{{- define "netval.webhookDnsNames" -}}
+{{- $svc := include "netval.webhookService" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) | toJson -}}
+{{- end -}}
+
+{{/*
+MQTT wiring, one place for the operator Deployment: the broker URL and credentials of the
+operator and of the agents, for the bundled broker or an external one.
+*/}}
+{{- define "netval.mqttUrl" -}}
+{{- if .Values.mqtt.external.enabled -}}
+{{- required "mqtt.external.url is required when mqtt.external.enabled is true" .Values.mqtt.external.url -}}
+{{- else -}}
+{{- printf "mqtt://%s.%s.svc:%d" (include "netval.brokerName" .) .Release.Namespace (int .Values.mqtt.broker.port) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "netval.mqttUsername" -}}
+{{- if .Values.mqtt.external.enabled -}}
+{{- .Values.mqtt.external.username -}}
+{{- else -}}
+{{- .Values.mqtt.broker.operatorUsername -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "netval.mqttPasswordSecret" -}}
+{{- if .Values.mqtt.external.enabled -}}
+{{- if .Values.mqtt.external.username -}}
+{{- required "mqtt.external.existingSecret is required when mqtt.external.username is set" .Values.mqtt.external.existingSecret -}}
+{{- end -}}
+{{- else -}}
+{{- include "netval.operatorMqttSecret" . -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "netval.agentMqttUsername" -}}
+{{- if .Values.mqtt.external.enabled -}}
+{{- default .Values.mqtt.external.username .Values.mqtt.external.agentUsername -}}
+{{- else -}}
+{{- .Values.mqtt.broker.agentUsername -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "netval.agentMqttPasswordSecret" -}}
+{{- if .Values.mqtt.external.enabled -}}
+{{- default .Values.mqtt.external.existingSecret .Values.mqtt.external.agentExistingSecret -}}
+{{- else -}}
+{{- include "netval.agentMqttSecret" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A password kept across upgrades: the "password" key of Secret .name in .namespace when it
+exists (lookup; offline rendering finds nothing), else 32 new random alphanumerics.
+Call with (dict "namespace" NS "name" NAME).
+*/}}
+{{- define "netval.keptPassword" -}}
+{{- $existing := lookup "v1" "Secret" .namespace .name -}}
+{{- if and $existing $existing.data (hasKey $existing.data "password") -}}
+{{- index $existing.data "password" | b64dec -}}
+{{- else -}}
+{{- randAlphaNum 32 -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The restricted security context every netval-chart container runs with. */}}
+{{- define "netval.containerSecurityContext" -}}
+runAsNonRoot: true
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* mosquitto.conf of the bundled broker. */}}
+{{- define "netval.brokerConfig" -}}
+{{- $b := .Values.mqtt.broker -}}
+# netval's broker: agents publish reports (retained, QoS 1), the operator subscribes.
+listener {{ $b.port }}
+protocol mqtt
+allow_anonymous false
+password_file /mosquitto/auth/passwd
+{{- if $b.acl }}
+acl_file /mosquitto/config/acl
+{{- end }}
+{{- if $b.persistence }}
+persistence true
+persistence_location /mosquitto/data/
+autosave_interval 60
+{{- else }}
+persistence false
+{{- end }}
+log_dest stdout
+log_type error
+log_type warning
+log_type notice
+connection_messages true
+log_timestamp_format %Y-%m-%dT%H:%M:%S
+{{- end -}}
+
+{{/*
+The broker's ACL. Topics: netval/v1/<validation>/<node>/{report,state,endpoint,assignment}
+(DESIGN.md "MQTT"). The operator reads everything and writes assignments; the agents write
+their reports, states (the last will included) and endpoint announcements, read their peers'
+endpoints and their assignments, and may not write assignments.
+*/}}
+{{- define "netval.brokerAcl" -}}
+{{- $b := .Values.mqtt.broker -}}
+user {{ $b.operatorUsername }}
+topic readwrite netval/#
+
+user {{ $b.agentUsername }}
+topic write netval/v1/+/+/report
+topic readwrite netval/v1/+/+/state
+topic readwrite netval/v1/+/+/endpoint
+topic read netval/v1/+/+/assignment
+{{- end -}}
+
+{{/*
+Name of both webhook configurations, which the operator writes itself
+(netval.operator.admission.CONFIGURATION_NAME); the RBAC restricts the operator to it.
+*/}}
+{{- define "netval.webhookConfigurationName" -}}netval.io{{- end -}}
