@@ -24,6 +24,7 @@ from netval.agent.agent_config import AgentConfig
 from netval.agent.checks import make_context, node_check_groups
 from netval.agent.link_events import LinkState, LinkWatcher
 from netval.agent.metrics_http import AgentMetrics
+from netval.agent.peers import PeerService
 from netval.agent.storage_probe import probe_storage, throughput_due
 from netval.model.ids import CheckGroup, CheckId
 from netval.model.results import CheckResult, Report, node_status
@@ -66,6 +67,7 @@ class ProbeRunner:
         event_min_spacing: float = EVENT_MIN_SPACING,
         storage_timeout: float = 5.0,
         rng: random.Random | None = None,
+        peers: PeerService | None = None,
     ) -> None:
         self.config = config
         self.node = node
@@ -85,6 +87,8 @@ class ProbeRunner:
         self._last_event_probe = float("-inf")
         self._storage: list[CheckResult] = []
         self._throughput: dict[str, tuple[CheckResult, int]] = {}
+        self.peers = peers
+        self._peer_results: list[CheckResult] = []
         self.reports = 0
         self._last_link_log: dict[str, float] = {}
 
@@ -205,6 +209,14 @@ class ProbeRunner:
                         self._storage = await self._probe_storage()
                     _annotate(span, self._storage)
                     results.extend(self._storage)
+            if self.peers is not None and spec.checks.peers.enabled:
+                with self.tracer.start_as_current_span(
+                    "netval.checks.peer", attributes={**attrs, "netval.check_group": "peer"}
+                ) as span:
+                    if reason == REASON_INTERVAL or not self._peer_results:
+                        self._peer_results = await self.peers.probe_cycle(self._cycle, spec)
+                    _annotate(span, self._peer_results)
+                    results.extend(self._peer_results)
             status = node_status(results)
             cycle.set_attribute("netval.status", status.value)
             traceparent = traceparent_of(cycle)

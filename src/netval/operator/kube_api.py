@@ -140,6 +140,23 @@ class KubeApi:
                     raise
         raise RuntimeError(f"node {node}: still conflicting after {NODE_WRITE_ATTEMPTS} attempts")
 
+    async def set_node_label(self, node: str, label: str | None) -> bool:
+        """Only our label (None removes it): a merge patch of one key touches nothing else."""
+        return await asyncio.to_thread(self._set_node_label, node, label)
+
+    def _set_node_label(self, node: str, label: str | None) -> bool:
+        try:
+            self.core.patch_node(
+                node,
+                {"metadata": {"labels": {FABRIC_LABEL: label}}},
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
     async def list_validation_names(self) -> list[str]:
         found = await asyncio.to_thread(
             self.custom.list_cluster_custom_object, API_GROUP, VERSION, PLURAL

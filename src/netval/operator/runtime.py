@@ -35,6 +35,11 @@ log = logging.getLogger("netval.operator")
 # At most this many "node started/stopped failing" Events per validation per minute; the
 # status carries the full picture, Events are for `kubectl describe` readers.
 EVENTS_PER_MINUTE: Final = 10
+MAX_LINKS_PER_WRITE: Final = 128  # trace links from a status write to the reports in it
+# Node writes per gating round and in flight: a fresh deploy on 10,000 nodes must not hold
+# one round (and the API server) for minutes.
+MAX_GATING_WRITES_PER_ROUND: Final = 500
+GATING_CONCURRENCY: Final = 16
 _PENDING_LIMIT: Final = 100_000
 
 
@@ -107,6 +112,7 @@ class OperatorRuntime:
         self._tasks = [
             asyncio.create_task(self.ingest.run(), name="netval-ingest"),
             asyncio.create_task(self.write_loop(), name="netval-status-writer"),
+            asyncio.create_task(self.gating_loop(), name="netval-node-gating"),
         ]
 
     async def stop(self) -> None:
@@ -140,7 +146,9 @@ class OperatorRuntime:
             result = aggregate.ingest_report(state, report, utcnow(), retained=retained)
             span.set_attribute("netval.ingest_result", result.value)
             if result is aggregate.IngestResult.ACCEPTED:
-                self.links.setdefault(report.validation, []).append(Link(span.get_span_context()))
+                links = self.links.setdefault(report.validation, [])
+                if len(links) < MAX_LINKS_PER_WRITE:
+                    links.append(Link(span.get_span_context()))
 
     def on_state(self, change: StateChange) -> None:
         state = self.states.get(change.validation)
@@ -222,20 +230,25 @@ class OperatorRuntime:
         labels: Mapping[str, str] | None,
         taints: list[dict[str, Any]] | None = None,
     ) -> None:
+        now = utcnow()
         if labels is None:
             self.node_labels.pop(name, None)
             self.node_fabric.pop(name, None)
             for state in self.states.values():
                 aggregate.forget_node(state, name)
-        else:
-            self.node_labels[name] = dict(labels)
-            self.node_fabric[name] = (
-                labels.get(gating.FABRIC_LABEL),
-                gating.has_fabric_taint(taints),
+                aggregate.set_node_targeted(state, name, False, now)
+            return
+        self.node_fabric[name] = (labels.get(gating.FABRIC_LABEL), gating.has_fabric_taint(taints))
+        # Our own label writes and kubelet status updates come back as Node events: only a
+        # change of the other labels can change what a selector matches.
+        selectable = {k: v for k, v in labels.items() if k != gating.FABRIC_LABEL}
+        if self.node_labels.get(name) == selectable:
+            return
+        self.node_labels[name] = selectable
+        for validation, selector in self.selectors.items():
+            aggregate.set_node_targeted(
+                self.states[validation], name, selector_matches(selector, selectable), now
             )
-        now = utcnow()
-        for validation in self.states:
-            self._retarget(validation, now)
 
     def _retarget(self, name: str, now: datetime) -> None:
         selector = self.selectors.get(name)
@@ -306,11 +319,19 @@ class OperatorRuntime:
                 max(0.0, self.settings.status_window - (time.monotonic() - started))
             )
 
+    async def gating_loop(self) -> None:
+        await self.ingest.synced.wait()
+        while True:
+            started = time.monotonic()
+            try:
+                await self.apply_gating(utcnow())
+            except Exception:
+                log.exception("node gating failed; retrying next window")
+            await asyncio.sleep(
+                max(0.0, self.settings.status_window - (time.monotonic() - started))
+            )
+
     async def write_due(self, now: datetime) -> None:
-        try:
-            await self.apply_gating(now)
-        except Exception:
-            log.exception("node gating failed; retrying next window")
         for name, type_, reason, message in self._pending_events:
             await self._post(name, type_, reason, message)
         self._pending_events.clear()
@@ -318,12 +339,15 @@ class OperatorRuntime:
             deadline = aggregate.next_deadline(state, now)
             if not state.dirty and (deadline is None or deadline > now):
                 continue
+            # Cleared before computing: a change made while the patch is in flight (ingest,
+            # the gating task) marks it dirty again and is written next window.
+            state.dirty = False
             status = self.compute(name, now)
             previous = self.previous.get(name)
             if previous is not None and status == previous:
-                state.dirty = False
                 continue
-            await self.write_status(name, status, previous)
+            if not await self.write_status(name, status, previous):
+                state.dirty = True
 
     # -- node gating --------------------------------------------------------------------------
 
@@ -366,12 +390,28 @@ class OperatorRuntime:
             self._record_gating(v, decision)
         labels = gating.desired_labels(inputs)
         taints = set().union(*(d.tainted for d in decisions)) if decisions else set()
-        for change in gating.plan_changes(self.node_fabric, labels, taints):
+        changes = gating.plan_changes(self.node_fabric, labels, taints)
+        limit = asyncio.Semaphore(GATING_CONCURRENCY)
+
+        async def write(change: gating.NodeChange) -> None:
             label = change.label.value if change.label is not None else None
-            if await self.kube.set_node_gating(change.node, label, change.taint):
+            _, had_taint = self.node_fabric.get(change.node, (None, False))
+            async with limit:
+                try:
+                    if change.taint == had_taint:
+                        # label only: one merge patch, no read-modify-write needed
+                        done = await self.kube.set_node_label(change.node, label)
+                    else:
+                        done = await self.kube.set_node_gating(change.node, label, change.taint)
+                except Exception as exc:
+                    log.warning("gating write to node %s failed: %s", change.node, exc)
+                    return
+            if done:
                 self.gating_writes += 1
                 # the watch will confirm; until then do not write the same change again
                 self.node_fabric[change.node] = (label, change.taint)
+
+        await asyncio.gather(*(write(c) for c in changes[:MAX_GATING_WRITES_PER_ROUND]))
 
     def _record_gating(self, v: gating.GatingInput, decision: gating.TaintDecision) -> None:
         if not v.taint:
@@ -406,8 +446,8 @@ class OperatorRuntime:
 
     async def write_status(
         self, name: str, status: NetworkValidationStatus, previous: NetworkValidationStatus | None
-    ) -> None:
-        links = self.links.pop(name, [])[:128]
+    ) -> bool:
+        links = self.links.pop(name, [])
         with self.tracer.start_as_current_span(
             "netval.status_write", links=links, attributes={"netval.validation": name}
         ) as span:
@@ -418,13 +458,11 @@ class OperatorRuntime:
                 span.record_exception(exc)
                 span.set_status(trace.Status(trace.StatusCode.ERROR))
                 log.warning("status write for %s failed: %s", name, exc)
-                return
+                return False
         self.status_writes += 1
         self.previous[name] = status
-        state = self.states.get(name)
-        if state is not None:
-            state.dirty = False
         await self._post_transition_events(name, previous, status)
+        return True
 
     async def _post_transition_events(
         self, name: str, before: NetworkValidationStatus | None, after: NetworkValidationStatus

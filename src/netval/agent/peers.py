@@ -1,0 +1,460 @@
+"""East-west glue for the agent: responder, endpoint announcements, peer table, probe cycles.
+
+- `start()` finds the fabric address (the first address of `peers.interface`, by default of
+  the first RDMA netdev), starts the `PeerResponder` there on `peers.port`, and announces it
+  retained on ``netval/v1/<validation>/<node>/endpoint`` as ``{address, port, domain}``
+  through the report publisher's connection. Until an address is found, every cycle tries
+  again and reports one `skip` result with the reason.
+- The publisher's subscriptions (`subscriptions`, `on_message`) bring every node's endpoint
+  of this validation and this node's ``assignment`` (``{"domain": ...}``, published retained
+  by the operator from the node label `peers.topologyKey`). Payloads are untrusted: validated
+  with pydantic; bad ones are dropped and counted (`dropped`), never raise. A new domain is
+  re-announced at once.
+- `probe_cycle(cycle, spec)` probes the peers `peer_selection` picks for the cycle
+  (latency, loss, path MTU) and appends the recent throughput samples.
+- `run(stop)` takes the throughput samples in their wall-clock slots; a sample stays in the
+  reports (with its age) until it is older than four schedule rotations (at least 20
+  slots), or more than `throughput_keep` newer ones exist, so the operator always has
+  several per domain pair to aggregate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import ipaddress
+import json
+import logging
+import socket
+import struct
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Final, Protocol
+
+import aiomqtt
+from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, JsonValue, ValidationError
+
+from netval.agent.checks.judged import judged_subjects
+from netval.agent.peer_probe import PeerTarget, ProbeSettings, measure_throughput, probe_peer
+from netval.agent.peer_responder import PeerResponder, ResponderLimits
+from netval.agent.peer_selection import (
+    PeerPlan,
+    my_throughput_target,
+    peers_for_cycle,
+    plan_peers,
+    rotation_length,
+    slot_of,
+)
+from netval.model.ids import CheckId, Status
+from netval.model.results import CheckResult
+from netval.model.snapshot import Sample
+from netval.model.spec import Checks, NetworkValidationSpec
+from netval.model.topics import TopicKind, parse_topic, subscription, topic
+
+log = logging.getLogger("netval.agent.peers")
+
+ENDPOINT: Final = TopicKind.ENDPOINT.value
+MAX_PAYLOAD: Final = 4096
+MAX_ENDPOINTS: Final = 20_000
+MAX_CONCURRENT_PEERS: Final = 16
+THROUGHPUT_KEEP: Final = 16
+SLOT_OFFSET: Final = 0.25  # seconds after a slot boundary (absorbs clock skew between nodes)
+MIN_SLOT_SECONDS: Final = 5.0
+TTL_ROTATIONS: Final = 4
+MIN_TTL_SLOTS: Final = 20
+_DROP_LOG_EVERY: Final = 60.0
+
+_LabelValue = Annotated[str | None, Field(max_length=63)]
+
+
+class EndpointPayload(BaseModel):
+    """What an agent announces. Unknown keys are ignored so newer agents can add some."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    address: IPvAnyAddress
+    port: Annotated[int, Field(ge=1, le=65535)]
+    domain: _LabelValue = None
+
+
+class AssignmentPayload(BaseModel):
+    """What the operator tells this agent (DESIGN.md, "MQTT")."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    domain: _LabelValue = None
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    address: str
+    port: int
+    domain: str | None
+
+
+class DropReason(StrEnum):
+    BAD_TOPIC = "bad_topic"
+    TOO_LARGE = "too_large"
+    INVALID_ENDPOINT = "invalid_endpoint"
+    INVALID_ASSIGNMENT = "invalid_assignment"
+    TABLE_FULL = "table_full"
+
+
+class SampleSource(Protocol):
+    def sample(self) -> Sample: ...
+
+
+PublishRetained = Callable[[str, bytes], None]
+
+
+# -- the fabric address ---------------------------------------------------------------------
+
+_SIOCGIFADDR: Final = 0x8915
+
+
+def interface_address(ifname: str, proc_root: Path = Path("/proc")) -> str | None:
+    """The first IPv4 address of `ifname`, else its first global IPv6 address, else None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            request = struct.pack("256s", ifname.encode()[:15])
+            answer = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, request)
+            return socket.inet_ntop(socket.AF_INET, answer[20:24])
+        except OSError:
+            pass
+    try:
+        lines = (proc_root / "net" / "if_inet6").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) == 6 and fields[5] == ifname and fields[3] == "00":  # global scope
+            return str(ipaddress.IPv6Address(bytes.fromhex(fields[0])))
+    return None
+
+
+def first_rdma_netdev(sample: Sample, checks: Checks) -> str | None:
+    netdevs = judged_subjects(sample, checks).rdma_netdevs
+    return netdevs[0] if netdevs else None
+
+
+# -- the service ------------------------------------------------------------------------------
+
+
+class PeerService:
+    def __init__(
+        self,
+        *,
+        validation: str,
+        node: str,
+        spec: NetworkValidationSpec,
+        settings: ProbeSettings | None = None,
+        responder_limits: ResponderLimits | None = None,
+        resolve: Callable[[str], str | None] = interface_address,
+        clock: Callable[[], float] = time.time,
+        throughput_keep: int = THROUGHPUT_KEEP,
+    ) -> None:
+        self.validation = validation
+        self.node = node
+        self.spec = spec
+        self.settings = settings or ProbeSettings()
+        self.responder_limits = responder_limits
+        self._resolve = resolve
+        self._clock = clock
+        self._throughput_keep = throughput_keep
+        self.subscriptions: tuple[str, ...] = (
+            subscription(TopicKind.ENDPOINT, validation),
+            topic(validation, node, TopicKind.ASSIGNMENT),
+        )
+        self.domain: str | None = None
+        self.interface: str | None = None
+        self.address: str | None = None
+        self.responder: PeerResponder | None = None
+        self.not_ready: tuple[Status, str] = (Status.SKIP, "not started")
+        self.dropped: Counter[DropReason] = Counter()
+        self._endpoints: dict[str, Endpoint] = {}
+        self._plan: PeerPlan | None = None
+        self._publish: PublishRetained | None = None
+        self._collector: SampleSource | None = None
+        self._announced: bytes | None = None
+        self._throughput: OrderedDict[str, tuple[CheckResult, float]] = OrderedDict()
+        self._last_drop_log: dict[DropReason, float] = {}
+        self.throughput_samples = 0
+
+    # -- MQTT in ----------------------------------------------------------------------------
+
+    def on_message(self, message: aiomqtt.Message) -> None:
+        payload = message.payload
+        data = payload if isinstance(payload, bytes) else str(payload or "").encode()
+        self.handle(message.topic.value, data)
+
+    def handle(self, topic_name: str, payload: bytes) -> None:
+        """One message of our subscriptions; never raises for bad input."""
+        parsed = parse_topic(topic_name)
+        if parsed is None or parsed.validation != self.validation:
+            self._drop(DropReason.BAD_TOPIC, topic_name[:200])
+            return
+        if len(payload) > MAX_PAYLOAD:
+            self._drop(DropReason.TOO_LARGE, f"{len(payload)} bytes on {topic_name[:200]}")
+            return
+        if parsed.kind is TopicKind.ENDPOINT:
+            self._on_endpoint(parsed.node, payload)
+        elif parsed.kind is TopicKind.ASSIGNMENT and parsed.node == self.node:
+            self._on_assignment(payload)
+        else:
+            self._drop(DropReason.BAD_TOPIC, topic_name[:200])
+
+    def _on_endpoint(self, node: str, payload: bytes) -> None:
+        if node == self.node:
+            return  # our own announcement
+        if not payload:  # a cleared retained endpoint: the agent left
+            if self._endpoints.pop(node, None) is not None:
+                self._plan = None
+            return
+        try:
+            parsed = EndpointPayload.model_validate_json(payload)
+        except ValidationError as exc:
+            if self._endpoints.pop(node, None) is not None:
+                self._plan = None
+            self._drop(DropReason.INVALID_ENDPOINT, f"from {node}: {_first_error(exc)}")
+            return
+        if node not in self._endpoints and len(self._endpoints) >= MAX_ENDPOINTS:
+            self._drop(DropReason.TABLE_FULL, f"{node} (limit {MAX_ENDPOINTS})")
+            return
+        endpoint = Endpoint(str(parsed.address), parsed.port, parsed.domain)
+        before = self._endpoints.get(node)
+        self._endpoints[node] = endpoint
+        if before is None or before.domain != endpoint.domain:
+            self._plan = None
+
+    def _on_assignment(self, payload: bytes) -> None:
+        if payload:
+            try:
+                domain = AssignmentPayload.model_validate_json(payload).domain
+            except ValidationError as exc:
+                self._drop(DropReason.INVALID_ASSIGNMENT, _first_error(exc))
+                return
+        else:
+            domain = None
+        if domain != self.domain:
+            log.info("peer domain of %s: %r -> %r", self.node, self.domain, domain)
+            self.domain = domain
+            self._plan = None
+            self._announce()
+
+    def _drop(self, reason: DropReason, detail: str) -> None:
+        self.dropped[reason] += 1
+        now = time.monotonic()
+        if now - self._last_drop_log.get(reason, float("-inf")) >= _DROP_LOG_EVERY:
+            self._last_drop_log[reason] = now
+            log.warning(
+                "dropped east-west message (%s, %d so far): %s",
+                reason.value,
+                self.dropped[reason],
+                detail,
+            )
+
+    @property
+    def endpoints(self) -> dict[str, Endpoint]:
+        return dict(self._endpoints)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(
+        self, publish_retained: PublishRetained, collector: SampleSource | None = None
+    ) -> None:
+        """Find the fabric address, start the responder, announce (retried every cycle)."""
+        self._publish = publish_retained
+        self._collector = collector
+        await self._ensure_ready()
+
+    async def close(self) -> None:
+        """Stop the responder and clear our retained endpoint (peers stop probing us)."""
+        if self._publish is not None and self._announced is not None:
+            self._publish(ENDPOINT, b"")
+            self._announced = None
+        responder, self.responder = self.responder, None
+        if responder is not None:
+            await responder.close()
+
+    async def _ensure_ready(self) -> bool:
+        if self.responder is not None:
+            return True
+        peers = self.spec.checks.peers
+        ifname = peers.interface
+        if ifname is None and self._collector is not None:
+            try:
+                ifname = first_rdma_netdev(self._collector.sample(), self.spec.checks)
+            except Exception as exc:  # a sysfs surprise must not kill the cycle
+                log.warning("cannot list RDMA netdevs: %s", exc)
+        if ifname is None:
+            self.not_ready = (
+                Status.SKIP,
+                "not probed: no peers.interface set and no RDMA netdev found on this node",
+            )
+            return False
+        address = self._resolve(ifname)
+        if address is None:
+            self.not_ready = (
+                Status.SKIP,
+                f"not probed: interface {ifname} has no IP address (peers.interface)",
+            )
+            return False
+        responder = PeerResponder(address, peers.port, limits=self.responder_limits)
+        try:
+            await responder.start()
+        except OSError as exc:
+            await responder.close()
+            self.not_ready = (
+                Status.ERROR,
+                f"the peer responder cannot listen on {address}:{peers.port} ({ifname}): "
+                f"{exc.strerror or exc}",
+            )
+            return False
+        self.interface, self.address, self.responder = ifname, address, responder
+        self._announce()
+        return True
+
+    def _announce(self) -> None:
+        if self._publish is None or self.address is None or self.responder is None:
+            return
+        payload = json.dumps(
+            {"address": self.address, "port": self.responder.udp_port, "domain": self.domain},
+            separators=(",", ":"),
+        ).encode()
+        if payload != self._announced:
+            self._publish(ENDPOINT, payload)
+            self._announced = payload
+
+    # -- probing ---------------------------------------------------------------------------
+
+    def _own(self, status: Status, message: str) -> list[CheckResult]:
+        result = CheckResult(
+            check=CheckId.PEER_LATENCY, subject=self.node, status=status, message=message
+        )
+        return [result]
+
+    def _target(self, node: str) -> PeerTarget | None:
+        endpoint = self._endpoints.get(node)
+        if endpoint is None:
+            return None
+        return PeerTarget(node, endpoint.address, endpoint.port, endpoint.domain)
+
+    def peers_for_cycle(self, cycle: int) -> list[str]:
+        if self._plan is None:
+            table = {n: e.domain for n, e in self._endpoints.items()}
+            self._plan = plan_peers(self.node, self.domain, table)
+        return peers_for_cycle(self._plan, self.spec.checks.peers.samples_per_domain, cycle)
+
+    async def probe_cycle(
+        self, cycle: int, spec: NetworkValidationSpec | None = None
+    ) -> list[CheckResult]:
+        """The cycle's peer.* results (see the module docstring)."""
+        if spec is not None:
+            if spec.checks.peers.port != self.spec.checks.peers.port or (
+                spec.checks.peers.interface != self.spec.checks.peers.interface
+            ):
+                log.warning("peers.port/peers.interface changes take effect on agent restart")
+            self.spec = spec
+        if not await self._ensure_ready():
+            return self._own(*self.not_ready)
+        targets = [t for n in self.peers_for_cycle(cycle) if (t := self._target(n)) is not None]
+        if not targets:
+            waiting = self._own(Status.SKIP, "not probed: no peer has announced itself yet")
+            return waiting + self._throughput_results()
+        checks = self.spec.checks
+        limit = asyncio.Semaphore(MAX_CONCURRENT_PEERS)
+
+        async def one(target: PeerTarget) -> list[CheckResult]:
+            async with limit:
+                return await probe_peer(
+                    target,
+                    checks=checks.peers,
+                    mtu=checks.mtu.interface_mtu,
+                    source=self.address,
+                    settings=self.settings,
+                )
+
+        per_peer = await asyncio.gather(*(one(t) for t in targets))
+        return [r for results in per_peer for r in results] + self._throughput_results()
+
+    # -- throughput ------------------------------------------------------------------------
+
+    @property
+    def slot_seconds(self) -> float:
+        return max(self.spec.interval_seconds, MIN_SLOT_SECONDS)
+
+    def _ttl(self) -> float:
+        domains = {e.domain for e in self._endpoints.values()} | {self.domain}
+        slots = max(TTL_ROTATIONS * rotation_length(len(domains)), MIN_TTL_SLOTS)
+        return slots * self.slot_seconds
+
+    def _throughput_results(self) -> list[CheckResult]:
+        now = self._clock()
+        ttl = self._ttl()
+        for target in [t for t, (_, at) in self._throughput.items() if now - at > ttl]:
+            del self._throughput[target]
+        out: list[CheckResult] = []
+        for result, at in reversed(self._throughput.values()):
+            age = max(0.0, now - at)
+            if age < self.slot_seconds:
+                out.append(result)
+                continue
+            observed: dict[str, JsonValue] = {**result.observed, "ageSeconds": round(age, 1)}
+            out.append(
+                result.model_copy(
+                    update={
+                        "message": f"{result.message} (measured {age:.0f} s ago)"[:1024],
+                        "observed": observed,
+                    }
+                )
+            )
+        return out
+
+    async def sample_throughput(self, slot: int) -> CheckResult | None:
+        """This node's sample of `slot`, if the schedule gives it one."""
+        if not self.spec.checks.peers.enabled or not await self._ensure_ready():
+            return None
+        table = {n: e.domain for n, e in self._endpoints.items()}
+        pair = my_throughput_target(self.node, self.domain, table, slot)
+        target = self._target(pair.target) if pair is not None else None
+        if target is None:
+            return None
+        settings = replace(
+            self.settings,
+            throughput_seconds=min(self.settings.throughput_seconds, self.slot_seconds / 4),
+        )
+        result = await measure_throughput(
+            target, checks=self.spec.checks.peers, source=self.address, settings=settings
+        )
+        self._throughput[target.node] = (result, self._clock())
+        self._throughput.move_to_end(target.node)
+        while len(self._throughput) > self._throughput_keep:
+            self._throughput.popitem(last=False)
+        self.throughput_samples += 1
+        return result
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Take this node's throughput samples in their slots until `stop`."""
+        while not stop.is_set():
+            slot_seconds = self.slot_seconds
+            slot = slot_of(self._clock(), slot_seconds) + 1
+            delay = slot * slot_seconds + SLOT_OFFSET - self._clock()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(delay, 0.0))
+            if stop.is_set():
+                return
+            try:
+                await self.sample_throughput(slot)
+            except Exception:
+                log.exception("throughput sample failed")
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(payload)"
+    return f"{where}: {err['msg']}"

@@ -1,0 +1,87 @@
+"""The east-west summary in the NetworkValidation status (`status.eastWest`).
+
+Computed by the operator (`netval.operator.east_west`) from the agents' ``peer.*`` results;
+read by `netval status`. Bounded: at most `MAX_CELLS` domain-pair cells (flagged and failing
+cells kept first), `MAX_FLAGGED` flagged pairs and `MAX_SUSPECTS` suspects.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic.alias_generators import to_camel
+
+UNASSIGNED: Final = "(unassigned)"  # the domain of nodes without the topology label
+MAX_CELLS: Final = 64
+MAX_FLAGGED: Final = 32
+MAX_SUSPECTS: Final = 10
+MAX_SUSPECT_CHECKS: Final = 4
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class Cell(_Out):
+    """One unordered domain pair (a <= b; a == b: inside one domain): medians of its pairs."""
+
+    a: str
+    b: str
+    pairs: Annotated[int, Field(ge=0)]  # node pairs with a measurement in this cell
+    latency_p50_ms: float | None = None
+    latency_p99_ms: float | None = None
+    loss_percent: float | None = None
+    path_mtu: Annotated[int | None, Field(alias="pathMTU")] = None
+    throughput_mbps: float | None = None
+    throughput_samples: int = 0
+    throughput_ratio: float | None = None  # cross cells only
+    oversubscription: float | None = None  # 1 / throughput_ratio
+    failing: int = 0  # failing latency/loss/path-MTU results
+    flagged: bool = False
+
+    @property
+    def intra(self) -> bool:
+        return self.a == self.b
+
+
+class FlaggedPair(_Out):
+    """A cross-domain cell whose throughput ratio is below minThroughputRatio."""
+
+    a: str
+    b: str
+    throughput_ratio: float
+    oversubscription: float
+
+
+class Suspect(_Out):
+    """A node whose probes fail to many peers while those peers pass with others."""
+
+    node: str
+    domain: str
+    failing_peers: int
+    peers: int
+    checks: Annotated[list[str], Field(max_length=MAX_SUSPECT_CHECKS)]
+
+
+class EastWest(_Out):
+    domains: int
+    nodes: int
+    min_throughput_ratio: float
+    cells: Annotated[list[Cell], Field(max_length=MAX_CELLS)]
+    omitted_cells: int = 0  # cells left out to respect MAX_CELLS
+    flagged: Annotated[list[FlaggedPair], Field(max_length=MAX_FLAGGED)] = Field(
+        default_factory=list
+    )
+    suspects: Annotated[list[Suspect], Field(max_length=MAX_SUSPECTS)] = Field(default_factory=list)
+    failing_pairs: int = 0  # node pairs with a failing latency/loss/path-MTU result
+    unexplained_failing_pairs: int = 0  # of those, not explained by a suspect
+
+    def cell(self, a: str, b: str) -> Cell | None:
+        lo, hi = sorted((a, b))
+        return next((c for c in self.cells if (c.a, c.b) == (lo, hi)), None)
+
+    def to_status(self) -> dict[str, JsonValue]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -1,0 +1,264 @@
+"""East-west aggregation (pure): matrix, oversubscription, flagged pairs, suspect isolation."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable
+
+from netval.model.ids import CheckId, Status
+from netval.model.results import CheckResult
+from netval.operator.east_west import MAX_CELLS, UNASSIGNED, east_west
+
+RACK_A = ["a1", "a2", "a3"]
+RACK_B = ["b1", "b2", "b3"]
+DOMAINS: dict[str, str | None] = {
+    **dict.fromkeys(RACK_A, "rack-a"),
+    **dict.fromkeys(RACK_B, "rack-b"),
+}
+
+
+def latency(
+    peer: str, p50: float = 0.05, *, status: Status = Status.PASS, domain: str | None = None
+) -> CheckResult:
+    return CheckResult(
+        check=CheckId.PEER_LATENCY,
+        subject=peer,
+        status=status,
+        message="",
+        observed={"p50Ms": p50, "p99Ms": p50 * 2, "jitterMs": 0.01, "domain": domain},
+    )
+
+
+def loss(peer: str, percent: float = 0.0, *, limit: float = 0.1) -> CheckResult:
+    return CheckResult(
+        check=CheckId.PEER_LOSS,
+        subject=peer,
+        status=Status.FAIL if percent > limit else Status.PASS,
+        message="",
+        observed={"lossPercent": percent},
+    )
+
+
+def path_mtu(peer: str, mtu: int = 9000, *, expected: int = 9000) -> CheckResult:
+    return CheckResult(
+        check=CheckId.PEER_PATH_MTU,
+        subject=peer,
+        status=Status.PASS if mtu >= expected else Status.FAIL,
+        message="",
+        observed={"pathMTU": mtu},
+    )
+
+
+def throughput(peer: str, mbps: float) -> CheckResult:
+    return CheckResult(
+        check=CheckId.PEER_THROUGHPUT,
+        subject=peer,
+        status=Status.PASS,
+        message="",
+        observed={"mbps": mbps},
+    )
+
+
+Probe = Callable[[str, str], list[CheckResult]]
+
+
+def mesh(nodes: list[str], probe: Probe) -> dict[str, list[CheckResult]]:
+    return {n: [r for p in nodes if p != n for r in probe(n, p)] for n in nodes}
+
+
+def healthy(n: str, p: str) -> list[CheckResult]:
+    return [latency(p), loss(p), path_mtu(p)]
+
+
+def same_rack(a: str, b: str) -> bool:
+    return a[0] == b[0]
+
+
+def test_oversubscribed_inter_rack_link_is_flagged_at_4_to_1() -> None:
+    def probe(n: str, p: str) -> list[CheckResult]:
+        return [*healthy(n, p), throughput(p, 400.0 if same_rack(n, p) else 100.0)]
+
+    ew = east_west(mesh(RACK_A + RACK_B, probe), DOMAINS, min_throughput_ratio=0.5)
+    assert (ew.domains, ew.nodes) == (2, 6)
+    cross = ew.cell("rack-b", "rack-a")
+    assert cross is not None and not cross.intra
+    assert cross.throughput_mbps == 100.0
+    assert cross.throughput_ratio == 0.25
+    assert cross.oversubscription == 4.0
+    assert cross.flagged
+    assert cross.pairs == 9
+    for rack in ("rack-a", "rack-b"):
+        intra = ew.cell(rack, rack)
+        assert intra is not None and intra.intra
+        assert intra.throughput_mbps == 400.0
+        assert intra.throughput_ratio is None and not intra.flagged
+        assert intra.pairs == 3
+    assert [(f.a, f.b, f.oversubscription) for f in ew.flagged] == [("rack-a", "rack-b", 4.0)]
+    assert ew.suspects == [] and ew.failing_pairs == 0
+    # a 0.2 threshold accepts 4:1
+    assert not east_west(mesh(RACK_A + RACK_B, probe), DOMAINS, min_throughput_ratio=0.2).flagged
+
+
+def test_medians_resist_one_outlier_and_a_rack_without_intra_samples_gives_no_ratio() -> None:
+    results = {
+        "a1": [throughput("a2", 400.0), throughput("b1", 100.0), latency("b1", 0.2)],
+        "a2": [throughput("a3", 420.0), throughput("b2", 5.0), latency("b2", 0.3)],
+        "a3": [throughput("a1", 380.0), throughput("b3", 110.0), latency("b3", 9.0)],
+    }
+    ew = east_west(results, DOMAINS, min_throughput_ratio=0.5)
+    cross = ew.cell("rack-a", "rack-b")
+    assert cross is not None
+    assert cross.throughput_mbps == 100.0  # median of 100, 5, 110
+    assert cross.latency_p50_ms == 0.3
+    assert cross.throughput_ratio == 0.25  # 100 / median(400, 420, 380)
+    # rack-b alone has no intra samples; only rack-a's are pooled, and without any intra
+    # sample there is no ratio at all
+    only_cross = {"a1": [throughput("b1", 100.0)]}
+    cell = east_west(only_cross, DOMAINS, min_throughput_ratio=0.5).cell("rack-a", "rack-b")
+    assert cell is not None and cell.throughput_ratio is None and not cell.flagged
+
+
+def test_an_mtu_hop_between_racks_fails_cross_pairs_and_names_no_suspect() -> None:
+    def probe(n: str, p: str) -> list[CheckResult]:
+        return [latency(p), loss(p), path_mtu(p, 9000 if same_rack(n, p) else 1500)]
+
+    ew = east_west(mesh(RACK_A + RACK_B, probe), DOMAINS, min_throughput_ratio=0.5)
+    cross = ew.cell("rack-a", "rack-b")
+    assert cross is not None and cross.path_mtu == 1500
+    assert cross.failing == 18  # 9 pairs, both directions
+    assert ew.cell("rack-a", "rack-a").path_mtu == 9000  # type: ignore[union-attr]
+    assert ew.cell("rack-a", "rack-a").failing == 0  # type: ignore[union-attr]
+    # every node fails to 3 of its 5 peers, but those peers fail with others just as much:
+    # a fabric fault between the racks, not a bad node
+    assert ew.suspects == []
+    assert ew.failing_pairs == ew.unexplained_failing_pairs == 9
+
+
+def test_a_lossy_node_is_the_suspect_not_every_pair() -> None:
+    lossy = "b2"
+
+    def probe(n: str, p: str) -> list[CheckResult]:
+        bad = lossy in (n, p)
+        return [latency(p), loss(p, 19.0 if bad else 0.0), path_mtu(p)]
+
+    ew = east_west(mesh(RACK_A + RACK_B, probe), DOMAINS, min_throughput_ratio=0.5)
+    assert [(s.node, s.domain, s.failing_peers, s.peers, s.checks) for s in ew.suspects] == [
+        (lossy, "rack-b", 5, 5, ["peer.loss"])
+    ]
+    assert ew.failing_pairs == 5
+    assert ew.unexplained_failing_pairs == 0
+    assert ew.cell("rack-a", "rack-b").loss_percent == 0.0  # type: ignore[union-attr]
+
+
+def test_an_unreachable_node_without_reports_is_named_from_its_peers_results() -> None:
+    down = "a3"
+
+    def probe(n: str, p: str) -> list[CheckResult]:
+        if p == down:
+            return [latency(p, status=Status.FAIL), loss(p, 100.0)]
+        return healthy(n, p)
+
+    everyone = RACK_A + RACK_B
+    # the down node publishes no report; the others still probe it
+    results = {n: rs for n, rs in mesh(everyone, probe).items() if n != down}
+    ew = east_west(results, DOMAINS, min_throughput_ratio=0.5)
+    assert [s.node for s in ew.suspects] == [down]
+    assert ew.suspects[0].checks == ["peer.latency", "peer.loss"]
+    assert ew.nodes == 6
+
+
+def test_two_bad_nodes_in_a_sampled_fabric_are_both_found() -> None:
+    rng = random.Random(7)
+    nodes = [f"r{r}-{i}" for r in range(4) for i in range(8)]
+    domains: dict[str, str | None] = {n: n.split("-")[0] for n in nodes}
+    bad = {"r1-3", "r2-5"}
+    results: dict[str, list[CheckResult]] = {}
+    for n in nodes:
+        peers = rng.sample([p for p in nodes if p != n], 8)  # a sampled cycle, not a mesh
+        results[n] = [
+            r for p in peers for r in [latency(p), loss(p, 12.0 if {n, p} & bad else 0.0)]
+        ]
+    ew = east_west(results, domains, min_throughput_ratio=0.5)
+    assert {s.node for s in ew.suspects} == bad
+    assert ew.unexplained_failing_pairs == 0
+
+
+def test_one_bad_pair_blames_nobody() -> None:
+    def probe(n: str, p: str) -> list[CheckResult]:
+        return [latency(p), loss(p, 50.0 if {n, p} == {"a1", "b1"} else 0.0)]
+
+    ew = east_west(mesh(RACK_A + RACK_B, probe), DOMAINS, min_throughput_ratio=0.5)
+    assert ew.suspects == []
+    assert ew.unexplained_failing_pairs == 1
+
+
+def test_domains_fall_back_to_the_announced_one_then_unassigned() -> None:
+    results = {
+        "x": [latency("y", domain="rack-y"), latency("z")],
+        "y": [latency("x")],
+    }
+    ew = east_west(results, {"x": "rack-x", "z": None}, min_throughput_ratio=0.5)
+    pairs = {(c.a, c.b) for c in ew.cells}
+    assert pairs == {("rack-x", "rack-y"), (UNASSIGNED, "rack-x")}
+
+
+def test_bad_observed_values_self_results_and_skips_are_ignored() -> None:
+    results = {
+        "a1": [
+            CheckResult(
+                check=CheckId.PEER_LATENCY,
+                subject="a2",
+                status=Status.PASS,
+                message="",
+                observed={"p50Ms": "fast", "p99Ms": True},
+            ),
+            CheckResult(
+                check=CheckId.PEER_THROUGHPUT,
+                subject="a2",
+                status=Status.FAIL,
+                message="could not measure",
+                observed={"mbps": 5.0},
+            ),
+            CheckResult(check=CheckId.PEER_LATENCY, subject="a1", status=Status.FAIL, message=""),
+            CheckResult(check=CheckId.PEER_PATH_MTU, subject="a3", status=Status.SKIP, message=""),
+            CheckResult(
+                check=CheckId.LINK_CARRIER, subject="ens1np0", status=Status.FAIL, message=""
+            ),
+        ]
+    }
+    ew = east_west(results, DOMAINS, min_throughput_ratio=0.5)
+    (cell,) = ew.cells
+    assert (cell.a, cell.b, cell.pairs) == ("rack-a", "rack-a", 1)
+    assert cell.latency_p50_ms is None and cell.latency_p99_ms is None
+    assert cell.throughput_mbps is None and cell.throughput_samples == 0  # failed samples
+    assert cell.failing == 0
+
+
+def test_the_status_is_bounded_and_keeps_what_matters() -> None:
+    racks = [f"rack-{i:02d}" for i in range(20)]  # 210 domain pairs
+    nodes = {f"{r}-n{i}": r for r in racks for i in range(2)}
+    results: dict[str, list[CheckResult]] = {}
+    for n, p in itertools.permutations(nodes, 2):
+        same = nodes[n] == nodes[p]
+        slow = {nodes[n], nodes[p]} == {"rack-03", "rack-17"}
+        results.setdefault(n, []).extend(
+            [latency(p), throughput(p, 400.0 if same else 40.0 if slow else 300.0)]
+        )
+    ew = east_west(results, dict(nodes), min_throughput_ratio=0.5)
+    assert len(ew.cells) == MAX_CELLS
+    assert ew.omitted_cells == 210 - MAX_CELLS
+    assert [(f.a, f.b) for f in ew.flagged] == [("rack-03", "rack-17")]
+    assert ew.cell("rack-03", "rack-17") is not None  # flagged cells are kept
+    status = ew.to_status()
+    assert set(status) >= {"cells", "flagged", "suspects", "omittedCells", "minThroughputRatio"}
+    cell = ew.cell("rack-03", "rack-17")
+    assert cell is not None
+    dumped = cell.model_dump(mode="json", by_alias=True, exclude_none=True)
+    assert {"latencyP50Ms", "throughputMbps", "throughputRatio", "oversubscription"} <= set(dumped)
+    assert dumped["oversubscription"] == 10.0
+
+
+def test_empty_input() -> None:
+    ew = east_west({}, {}, min_throughput_ratio=0.5)
+    assert (ew.cells, ew.suspects, ew.flagged, ew.domains) == ([], [], [], 0)
