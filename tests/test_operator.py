@@ -6,10 +6,12 @@ through the Kubernetes API, as `kubectl` would see it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import aiomqtt
 import kopf
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -37,6 +39,7 @@ from operator_env import (
     validation,
     wait_status,
 )
+from test_east_west import latency, loss, path_mtu, throughput
 
 
 def test_create_renders_agents_exactly(
@@ -335,3 +338,61 @@ def test_restart_rebuilds_state_before_writing(
             continue
         ready = condition(version.get("status") or {}, "Ready")
         assert ready is None or ready["status"] == "True", ready
+
+
+def test_east_west_assignments_and_matrix(
+    cluster: KubeCluster,
+    operator: tuple[OperatorRuntime, InMemorySpanExporter],
+    mosquitto_broker: MosquittoBroker,
+) -> None:
+    """The operator tells each agent its topology domain and folds peer results into
+    status.eastWest."""
+    cluster.patch(
+        "v1", "nodes", "gpu-c", {"metadata": {"labels": {"topology.kubernetes.io/zone": "rack-2"}}}
+    )
+    cluster.patch(
+        "v1", "nodes", "gpu-d", {"metadata": {"labels": {"topology.kubernetes.io/zone": "rack-2"}}}
+    )
+    cluster.create(validation(checks={"peers": {"enabled": True, "minThroughputRatio": 0.5}}))
+
+    async def assignments() -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        async with aiomqtt.Client(
+            mosquitto_broker.host, mosquitto_broker.port,
+            username=mosquitto_broker.username, password=mosquitto_broker.password,
+        ) as client:  # fmt: skip
+            await client.subscribe("netval/v1/pool-a/+/assignment")
+            async with asyncio.timeout(5):
+                async for msg in client.messages:
+                    node = msg.topic.value.split("/")[3]
+                    found[node] = json.loads(bytes(msg.payload))  # type: ignore[arg-type]
+                    if len(found) == 4:
+                        return found
+        return found
+
+    got = wait_for(
+        lambda: (a := asyncio.run(assignments())) and len(a) == 4 and a, what="assignments"
+    )
+    assert got == {"gpu-a": {"domain": "rack-1"}, "gpu-b": {"domain": "rack-1"},
+                   "gpu-c": {"domain": "rack-2"}, "gpu-d": {"domain": "rack-2"}}  # fmt: skip
+
+    # peer results: intra-rack at 400 Mbit/s, cross-rack at 100: 4:1 oversubscribed
+    def peer_report(node: str, peers: dict[str, float]) -> Any:
+        r = report(node)
+        extra = []
+        for peer, mbps in peers.items():
+            extra += [latency(peer), loss(peer), path_mtu(peer), throughput(peer, mbps)]
+        return r.model_copy(update={"results": [*r.results, *extra]})
+
+    publish(mosquitto_broker, [
+        report_msg(peer_report("gpu-a", {"gpu-b": 400, "gpu-c": 100})),
+        report_msg(peer_report("gpu-b", {"gpu-a": 400, "gpu-d": 100})),
+        report_msg(peer_report("gpu-c", {"gpu-d": 400, "gpu-a": 100})),
+        report_msg(peer_report("gpu-d", {"gpu-c": 400, "gpu-b": 100})),
+    ])  # fmt: skip
+    status = wait_status(cluster, lambda s: bool(s.get("eastWest", {}).get("flagged")), "eastWest")
+    ew = status["eastWest"]
+    assert ew["domains"] == 2 and ew["nodes"] == 4
+    (pair,) = ew["flagged"]
+    assert {pair["a"], pair["b"]} == {"rack-1", "rack-2"}
+    assert pair["oversubscription"] == pytest.approx(4.0, rel=0.01)

@@ -13,6 +13,8 @@ from typing import Annotated, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from netval.model.east_west import EastWest
+
 MAX_FAILURES: Final = 50
 
 
@@ -82,6 +84,7 @@ class NetworkValidationStatus(_Status):
     checks: dict[str, CheckCounts] = Field(default_factory=dict)
     failures: Annotated[list[Failure], Field(max_length=MAX_FAILURES)] = Field(default_factory=list)
     last_report_time: datetime | None = None
+    east_west: EastWest | None = None  # peers.enabled: domain matrix, oversubscription, suspects
 
     def condition(self, kind: ConditionType) -> Condition | None:
         return next((c for c in self.conditions if c.type == kind), None)

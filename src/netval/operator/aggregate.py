@@ -61,8 +61,8 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Final, Literal
 
-from netval.model.ids import Status, worst
-from netval.model.results import Report
+from netval.model.ids import CheckGroup, Status, worst
+from netval.model.results import CheckResult, Report
 from netval.model.status import (
     MAX_FAILURES,
     CheckCounts,
@@ -122,7 +122,10 @@ class NodeRecord:
     # GC-tracked objects per node (600 MiB and long collector pauses at 10,000 nodes).
     generation: int
     started_at: datetime
-    reported_at: datetime  # receive time (retained: the report's end time, capped at now)
+    reported_at: datetime
+    peer_results: tuple[
+        CheckResult, ...
+    ]  # peer.* only, for the east-west matrix  # receive time (retained: the report's end time, capped at now)
     status: Status  # effective node status
     check_buckets: tuple[tuple[str, int], ...]  # (check id, 0 pass | 1 warn | 2 fail)
     failures: tuple[FailureKey, ...]  # sorted
@@ -453,6 +456,7 @@ def _digest(
     return NodeRecord(
         generation=report.generation,
         started_at=_aware(report.started_at),
+        peer_results=tuple(r for r in report.results if r.check.group is CheckGroup.PEER),
         reported_at=reported_at,
         status=status,
         check_buckets=tuple(buckets.items()),

@@ -12,7 +12,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
@@ -147,9 +147,33 @@ class ReportIngest:
         self.on_state = on_state
         self.stats = IngestStats()
         self.synced = asyncio.Event()
+        # retained messages the operator owns (agent assignments): topic -> payload
+        self._desired: dict[str, bytes] = {}
+        self._published: dict[str, bytes] = {}
+        self._retained_changed = asyncio.Event()
         self._backoff_base = backoff_base
         self._backoff_cap = backoff_cap
         self._rng = random.Random()  # noqa: S311 - jitter
+
+    def set_retained(self, desired: Mapping[str, bytes]) -> None:
+        """The retained messages the operator wants on the broker; the rest it published
+        before are cleared. Sent by the connection task, again after every reconnect (a
+        broker without persistence forgets them)."""
+        self._desired = dict(desired)
+        self._retained_changed.set()
+
+    async def _sync_retained(self, client: aiomqtt.Client) -> None:
+        while True:
+            self._retained_changed.clear()
+            desired = dict(self._desired)
+            for name, payload in desired.items():
+                if self._published.get(name) != payload:
+                    await client.publish(name, payload, qos=1, retain=True)
+                    self._published[name] = payload
+            for name in [n for n in self._published if n not in desired]:
+                await client.publish(name, b"", qos=1, retain=True)  # clears the retained one
+                del self._published[name]
+            await self._retained_changed.wait()
 
     def handle(self, topic_name: str, payload: bytes, *, retained: bool = False) -> None:
         """`retained`: replayed by the broker on subscribe, not sent just now."""
@@ -199,6 +223,8 @@ class ReportIngest:
                 [(subscription(TopicKind.REPORT), 1), (subscription(TopicKind.STATE), 1)]
             )
             sync = asyncio.create_task(self._mark_synced())
+            self._published = {}  # a new session: publish everything again
+            retained_task = asyncio.create_task(self._sync_retained(client))
             try:
                 async for message in client.messages:
                     payload = message.payload
@@ -208,6 +234,7 @@ class ReportIngest:
                     self.handle(message.topic.value, data, retained=bool(message.retain))
             finally:
                 sync.cancel()
+                retained_task.cancel()
 
     _last_retained: float = 0.0
 

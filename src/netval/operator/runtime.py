@@ -9,6 +9,7 @@ a restart does not flip conditions.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -24,7 +25,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from netval.model.results import Report
 from netval.model.spec import AdmissionMode, NetworkValidationSpec
 from netval.model.status import Condition, ConditionType, NetworkValidationStatus, Reason
-from netval.operator import aggregate, gating
+from netval.model.topics import TopicKind, topic
+from netval.operator import aggregate, east_west, gating
 from netval.operator.aggregate import ValidationState
 from netval.operator.ingest import ReportIngest, StateChange
 from netval.operator.kube_api import KubeApi
@@ -191,6 +193,7 @@ class OperatorRuntime:
         for key in [k for k in self.offline_pending if k[0] == name]:
             online = self.offline_pending.pop(key)
             (aggregate.node_online if online else aggregate.node_offline)(state, key[1], now)
+        self._publish_assignments()
         return state
 
     def invalid_spec(
@@ -223,6 +226,7 @@ class OperatorRuntime:
             self.links,
         ):
             table.pop(name, None)
+        self._publish_assignments()
 
     def on_node(
         self,
@@ -249,6 +253,26 @@ class OperatorRuntime:
             aggregate.set_node_targeted(
                 self.states[validation], name, selector_matches(selector, selectable), now
             )
+        self._publish_assignments()
+
+    def assignments(self) -> dict[str, bytes]:
+        """The retained `assignment` of every targeted node of a peers-enabled validation:
+        its topology domain, which agents cannot read from the API themselves."""
+        out: dict[str, bytes] = {}
+        for name, spec in self.specs.items():
+            state = self.states.get(name)
+            if state is None or not spec.checks.peers.enabled:
+                continue
+            key = spec.checks.peers.topology_key
+            for node in state.targeted:
+                domain = self.node_labels.get(node, {}).get(key)
+                out[topic(name, node, TopicKind.ASSIGNMENT)] = json.dumps(
+                    {"domain": domain}
+                ).encode()
+        return out
+
+    def _publish_assignments(self) -> None:
+        self.ingest.set_retained(self.assignments())
 
     def _retarget(self, name: str, now: datetime) -> None:
         selector = self.selectors.get(name)
@@ -285,7 +309,22 @@ class OperatorRuntime:
 
     def compute(self, name: str, now: datetime) -> NetworkValidationStatus:
         previous = self.previous.get(name)
-        status = aggregate.compute_status(self.states[name], now, previous=previous)
+        state = self.states[name]
+        status = aggregate.compute_status(state, now, previous=previous)
+        spec = self.specs.get(name)
+        if spec is not None and spec.checks.peers.enabled:
+            key = spec.checks.peers.topology_key
+            fresh = {
+                n: rec.peer_results
+                for n, rec in state.nodes.items()
+                if n in state.targeted and aggregate.is_fresh(state, n, now)
+            }
+            # every targeted node's domain, so a silent node still counts in its domain
+            domains = {n: self.node_labels.get(n, {}).get(key) for n in state.targeted}
+            summary = east_west.east_west(
+                fresh, domains, min_throughput_ratio=spec.checks.peers.min_throughput_ratio
+            )
+            status = status.model_copy(update={"east_west": summary})
         gate = self.gating_conditions.get(name)
         if gate is None:
             return status
@@ -517,5 +556,13 @@ def _parse_status(status: Mapping[str, Any] | None) -> NetworkValidationStatus |
 
 
 _STATUS_KEYS: Final = frozenset(
-    {"observedGeneration", "conditions", "nodes", "checks", "failures", "lastReportTime"}
+    {
+        "observedGeneration",
+        "conditions",
+        "nodes",
+        "checks",
+        "failures",
+        "lastReportTime",
+        "eastWest",
+    }
 )
