@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from netval.model.ids import CheckId, Status
+from netval.model.ids import CheckGroup, CheckId, Status
 from netval.model.results import CheckResult, Report
 from netval.model.status import (
     MAX_FAILURES,
@@ -368,18 +368,19 @@ def test_failures_capped_at_50_and_ordered_deterministically() -> None:
     # reverse arrival order, three failing subjects per node, different since per batch
     for i, node in enumerate(reversed(nodes)):
         results: list[Res] = [
-            (CheckId.PEER_LOSS, f"peer-{j}", Status.FAIL, "loss 2%") for j in (2, 0, 1)
+            (CheckId.PFC_DISCARDS, f"ens{j}np0", Status.FAIL, "rx_prio3_discards +12")
+            for j in (2, 0, 1)
         ]
         ingest_report(s, report(node, results=results), at(1 if i % 2 else 2))
     st = compute_status(s, at(3), previous=None)
     assert len(st.failures) == MAX_FAILURES
     keys = [(f.since, f.node, f.check, f.subject) for f in st.failures]
     assert keys == sorted(keys)
-    assert keys[0] == (at(1), "gpu-00", "peer.loss", "peer-0")
+    assert keys[0] == (at(1), "gpu-00", "pfc.discards", "ens0np0")
     odd = [n for i, n in enumerate(reversed(nodes)) if i % 2]
     assert {f.node for f in st.failures if f.since == at(1)} == set(odd)
     assert st.nodes.failing == 30
-    assert st.checks["peer.loss"].fail == 30
+    assert st.checks["pfc.discards"].fail == 30
     healthy = cond(st, ConditionType.HEALTHY)
     assert healthy.message.endswith("and 25 more")
     assert compute_status(s, at(3), previous=None) == st
@@ -511,7 +512,7 @@ def test_status_at_1000_nodes_stays_bounded() -> None:
     """Scale is measured in bench/aggregate_cost.py; here: counts right, failures capped."""
     nodes = [f"gpu-{i:04d}" for i in range(1000)]
     s = state(nodes)
-    checks = list(CheckId)
+    checks = [c for c in CheckId if c.group is not CheckGroup.PEER]
     for n, node in enumerate(nodes):
         results: list[Res] = [
             (checks[i % len(checks)], f"s{i}", Status.FAIL if (n + i) % 97 == 0 else Status.PASS)
@@ -524,3 +525,19 @@ def test_status_at_1000_nodes_stays_bounded() -> None:
     assert status.nodes.failing == failing
     assert status.nodes.passing == 1000 - failing
     assert len(status.failures) == 50
+
+
+def test_failing_paths_degrade_the_prober_but_never_fail_it() -> None:
+    """One lossy node makes every node that probes it fail peer.loss: the probers are
+    victims, so path results make them degraded (no taint); eastWest names the suspect."""
+    s = state(["gpu-a"])
+    ingest_report(
+        s,
+        report("gpu-a", results=[(CheckId.PEER_LOSS, "gpu-z", Status.FAIL, "loss 12%"),
+                                 (CheckId.MTU_INTERFACE, "ens1np0", Status.PASS, "MTU 9000")]),
+        at(1),
+    )  # fmt: skip
+    st = compute_status(s, at(2), previous=None)
+    assert (st.nodes.failing, st.nodes.warning) == (0, 1)
+    assert st.checks["peer.loss"].fail == 1
+    assert node_health(s, "gpu-a", at(2)) == "degraded"

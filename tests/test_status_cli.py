@@ -20,6 +20,8 @@ def cond(kind: str, status: str, reason: str, message: str) -> dict[str, Any]:
 
 
 def make(kube: KubeCluster, name: str, status: dict[str, Any]) -> None:
+    # "last report N ago" is relative to now: stamp it when the object is made
+    status = {**status, "lastReportTime": (datetime.now(UTC) - timedelta(seconds=12)).isoformat()}
     kube.create({"apiVersion": NV, "kind": "NetworkValidation", "metadata": {"name": name},
                  "spec": {"nodeSelector": {"pool": name}}})  # fmt: skip
     kube.patch(NV, "networkvalidations", name, {"status": status}, subresource="status")
@@ -37,7 +39,7 @@ def api(kube: KubeCluster) -> KubeCluster:
         "conditions": [cond("Ready", "True", "AgentsReporting", "all 2 nodes reporting"),
                        cond("Healthy", "True", "AllChecksPassing", "2 nodes passing")],
         "nodes": nodes(2, 2, 0, 0), "checks": {"mtu.interface": {"pass": 2, "warn": 0, "fail": 0}},
-        "failures": [], "lastReportTime": (NOW - timedelta(seconds=12)).isoformat(),
+        "failures": [],
     })  # fmt: skip
     make(kube, "failing-pool", {
         "observedGeneration": 1,

@@ -1,18 +1,21 @@
 """`netval status`: validations as people want to read them (conditions, counts, failures).
 
 Pure rendering from NetworkValidation objects (as the API returns them) and Nodes; the
-command fetches them with the official client.
+command fetches them with the official client. `render_matrix` is the east-west view
+(`netval status NAME --matrix`): the domain x domain matrix of `status.eastWest`, its
+flagged (oversubscribed) pairs and its suspect nodes.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from pydantic import ValidationError
 
+from netval.model.east_west import Cell, EastWest
 from netval.model.status import Condition, ConditionType, NetworkValidationStatus
 
 FABRIC_LABEL: Final = "netval.io/fabric"
@@ -120,3 +123,201 @@ def is_healthy(obj: Mapping[str, Any]) -> bool:
     status = parse_status(obj)
     healthy = status.condition(ConditionType.HEALTHY) if status else None
     return healthy is not None and healthy.status == "True"
+
+
+# -- east-west: `netval status NAME --matrix` ---------------------------------------------------
+
+NOT_ENABLED: Final = "east-west probing is not enabled (spec.checks.peers.enabled)"
+NO_SUMMARY_YET: Final = (
+    "east-west probing is enabled but there is no summary yet\n"
+    "  (the operator writes status.eastWest once agents report; is the operator running?)"
+)
+NO_MEASUREMENTS: Final = (
+    "no peer measurements yet (agents probe their peers every interval once peers have "
+    "announced themselves)"
+)
+MATRIX_COLUMNS: Final = 8  # domains per table; more wrap into further tables
+_CELL_WIDTH: Final = 10
+_SEP: Final = "  "
+_METRIC_WIDTH: Final = 9
+_DOMAIN_WIDTH: Final = 60  # a row's domain heading (label values are at most 63 characters)
+_FLAG: Final = "FLAG"
+
+
+def printable(text: str, limit: int | None = None) -> str:
+    """`text` without control characters (status strings are not trusted to be terminal-safe),
+    cut in the middle to `limit` characters (prefix and suffix are where names differ)."""
+    clean = "".join(ch if ch.isprintable() else "?" for ch in text)
+    if limit is None or len(clean) <= limit:
+        return clean
+    if limit < 4:
+        return clean[:limit]
+    head = limit // 2
+    tail = limit - 1 - head
+    return f"{clean[:head]}~{clean[len(clean) - tail :]}"
+
+
+def peers_enabled(obj: Mapping[str, Any]) -> bool:
+    spec = obj.get("spec")
+    checks = spec.get("checks") if isinstance(spec, Mapping) else None
+    peers = checks.get("peers") if isinstance(checks, Mapping) else None
+    return isinstance(peers, Mapping) and peers.get("enabled") is True
+
+
+def parse_east_west(obj: Mapping[str, Any]) -> tuple[EastWest | None, str | None]:
+    """`status.eastWest` as the model, or None and why not (None, None: there is none)."""
+    status = obj.get("status")
+    raw = status.get("eastWest") if isinstance(status, Mapping) else None
+    if not raw:
+        return None, None
+    try:
+        return EastWest.model_validate(raw), None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(value)"
+        return (
+            None,
+            f"status.eastWest is not readable by this netval version ({where}: {err['msg']})",
+        )
+
+
+def east_west_domains(ew: EastWest) -> list[str]:
+    """The domains that have at least one cell, sorted."""
+    return sorted({c.a for c in ew.cells} | {c.b for c in ew.cells})
+
+
+def fmt_ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if value < 1 else f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
+def fmt_percent(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
+def fmt_mbps(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def fmt_ratio(oversubscription: float | None) -> str:
+    """An oversubscription as people say it: 4.0 -> "4.0:1"."""
+    if oversubscription is None:
+        return "-"
+    if oversubscription >= 1000:
+        return ">999:1"
+    return f"{oversubscription:.0f}:1" if oversubscription >= 10 else f"{oversubscription:.1f}:1"
+
+
+def _oversub_text(cell: Cell) -> str:
+    if cell.intra:
+        return "intra"
+    text = fmt_ratio(cell.oversubscription)
+    return f"{text} {_FLAG}" if cell.flagged else text
+
+
+_METRICS: Final[tuple[tuple[str, Callable[[Cell], str]], ...]] = (
+    ("p50 ms", lambda c: fmt_ms(c.latency_p50_ms)),
+    ("loss %", lambda c: fmt_percent(c.loss_percent)),
+    ("Mbit/s", lambda c: fmt_mbps(c.throughput_mbps)),
+    ("oversub", _oversub_text),
+    ("failing", lambda c: str(c.failing)),
+)
+
+
+def _matrix_table(ew: EastWest, domains: list[str], columns: list[str]) -> list[str]:
+    short = [printable(d, _CELL_WIDTH) for d in columns]
+    lines = [f"  {'':{_METRIC_WIDTH}}" + "".join(f"{_SEP}{s:>{_CELL_WIDTH}}" for s in short)]
+    for row in domains:
+        cells = [ew.cell(row, col) for col in columns]
+        if all(c is None for c in cells):
+            continue  # nothing measured between this domain and these columns
+        lines.append(f"  {printable(row, _DOMAIN_WIDTH)}")
+        for metric, text in _METRICS:
+            values = [text(c) if c is not None else "." for c in cells]
+            lines.append(
+                f"    {metric:{_METRIC_WIDTH - 2}}"
+                + "".join(f"{_SEP}{v:>{_CELL_WIDTH}}" for v in values)
+            )
+    return lines
+
+
+def render_matrix(obj: Mapping[str, Any]) -> str:
+    """The east-west view of one validation: the domain x domain matrix of `status.eastWest`
+    (each cell: median p50 latency, loss and throughput of the node pairs between the two
+    domains, the oversubscription of cross-domain cells, FLAG when below minThroughputRatio,
+    failing latency/loss/path-MTU results), then the flagged pairs and the suspects.
+    Tables are at most `MATRIX_COLUMNS` domains wide (at most 107 characters); more domains
+    wrap into further tables."""
+    ew, problem = parse_east_west(obj)
+    if ew is None:
+        if problem is not None:
+            return f"  {problem}\n"
+        return f"  {NO_SUMMARY_YET if peers_enabled(obj) else NOT_ENABLED}\n"
+    lines = [
+        f"  east-west: {ew.domains} domain(s), {ew.nodes} node(s), "
+        f"minThroughputRatio {ew.min_throughput_ratio:g}"
+    ]
+    if not peers_enabled(obj):
+        lines.append(
+            "  (spec.checks.peers.enabled is not true: this summary may be left from before)"
+        )
+    domains = east_west_domains(ew)
+    if not domains:
+        lines.append(f"  {NO_MEASUREMENTS}")
+        return "\n".join(lines) + "\n"
+    lines += [
+        "  each cell: medians over the node pairs between the two domains",
+        "    p50 ms   round trip (50th percentile)   loss %  echoes lost   Mbit/s  TCP throughput",
+        "    oversub  median intra-domain / median cross-domain throughput "
+        f"({_FLAG}: ratio below {ew.min_throughput_ratio:g})",
+        "    failing  failing peer.latency, peer.loss and peer.path_mtu results",
+        "    .        not measured (or left out of the status)",
+    ]
+    if any(printable(d, _CELL_WIDTH) != d for d in domains):
+        lines.append("  (long domain names are cut in the middle with ~ in the column headings)")
+    chunks = [domains[i : i + MATRIX_COLUMNS] for i in range(0, len(domains), MATRIX_COLUMNS)]
+    for i, columns in enumerate(chunks):
+        lines.append("")
+        if len(chunks) > 1:
+            first = i * MATRIX_COLUMNS + 1
+            lines.append(
+                f"  domains {first}-{first + len(columns) - 1} of {len(domains)} as columns"
+            )
+        lines.extend(_matrix_table(ew, domains, columns))
+    lines.append("")
+    if ew.omitted_cells:
+        lines.append(
+            f"  {ew.omitted_cells} more domain pair(s) not in the status (it keeps "
+            f"{len(ew.cells)}: flagged and failing pairs first)"
+        )
+    if ew.flagged:
+        lines.append(
+            f"  flagged pairs (cross/intra throughput ratio below {ew.min_throughput_ratio:g}):"
+        )
+        for f in ew.flagged:
+            lines.append(
+                f"    {printable(f.a)} <-> {printable(f.b)}: ratio {f.throughput_ratio:g}, "
+                f"oversubscribed {fmt_ratio(f.oversubscription)}"
+            )
+    else:
+        lines.append("  flagged pairs: none")
+    if ew.suspects:
+        lines.append("  suspects (failing with many peers that pass with others):")
+        for s in ew.suspects:
+            lines.append(
+                f"    {printable(s.node)} ({printable(s.domain)}): failing with {s.failing_peers} "
+                f"of {s.peers} peer(s): {', '.join(printable(c) for c in s.checks) or '-'}"
+            )
+    else:
+        lines.append("  suspects: none")
+    if ew.failing_pairs:
+        lines.append(
+            f"  failing node pairs: {ew.failing_pairs}, {ew.unexplained_failing_pairs} not "
+            "explained by a suspect"
+        )
+    return "\n".join(lines) + "\n"

@@ -90,4 +90,11 @@ class NetworkValidationStatus(_Status):
         return next((c for c in self.conditions if c.type == kind), None)
 
     def to_patch(self) -> dict[str, object]:
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        """A JSON merge patch body: an absent optional field is written as null, which
+        deletes what an earlier status had (e.g. eastWest after peers were disabled)."""
+        patch = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        for name, field in type(self).model_fields.items():
+            alias = field.alias or name
+            if getattr(self, name) is None:
+                patch[alias] = None
+        return patch

@@ -451,7 +451,12 @@ def _digest(
             (since[key], node, key[0], key[1], _truncate(message)) for key, message in bad.items()
         )
     )
-    status = worst((report.status, worst(r.status for r in report.results)))
+    # A failing peer.* result is about a path, and the prober is rarely the culprit: one lossy
+    # node makes every node that probes it fail peer.loss. Path results can make a node
+    # degraded, never unhealthy (no taint on a victim); status.eastWest names the suspect.
+    local = worst(r.status for r in report.results if r.check.group is not CheckGroup.PEER)
+    paths = worst(r.status for r in report.results if r.check.group is CheckGroup.PEER)
+    status = worst((local, Status.WARN if paths.is_bad else paths))
     ok = not status.is_bad
     return NodeRecord(
         generation=report.generation,
