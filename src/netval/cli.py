@@ -107,6 +107,22 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--nodes", action="store_true", help="per-node view: label, taint, failures")
     st.add_argument("--watch", action="store_true", help="refresh every --every seconds")
     st.add_argument("--every", type=_seconds, default=2.0, metavar="S", help="refresh period")
+    st.add_argument(
+        "--matrix",
+        action="store_true",
+        help="east-west view: domain x domain matrix, oversubscribed pairs, suspect nodes",
+    )
+
+    rep = sub.add_parser(
+        "report",
+        help="write one validation as a self-contained HTML page (heatmaps, failures)",
+        description="Write a NetworkValidation as one HTML file: conditions, counts, latency "
+        "and throughput heatmaps per domain pair, oversubscribed pairs, suspects, failures. "
+        "Uses in-cluster config or KUBECONFIG. Exit 0 when it is Healthy, 1 when not (the "
+        "file is written either way), 2 on errors.",
+    )
+    rep.add_argument("name", help="the NetworkValidation")
+    rep.add_argument("--html", type=Path, required=True, metavar="FILE", help="file to write")
 
     op = sub.add_parser(
         "operator",
@@ -132,6 +148,39 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         default=":9478",
         help="serve Prometheus /metrics and /healthz here ('off' to disable; default :9478)",
+    )
+    hook = op.add_argument_group(
+        "admission webhook", "gate or refuse Pods and Jobs annotated netval.io/require-healthy"
+    )
+    hook.add_argument(
+        "--webhook-addr",
+        metavar="HOST:PORT",
+        help="serve the admission webhooks (HTTPS) here, e.g. 0.0.0.0:9443 (default: none)",
+    )
+    hook.add_argument("--webhook-cert", type=Path, metavar="FILE", help="server certificate "
+                      "(PEM; default: a self-signed CA and certificate are made)")  # fmt: skip
+    hook.add_argument("--webhook-key", type=Path, metavar="FILE", help="its private key (PEM)")
+    hook.add_argument("--webhook-ca", type=Path, metavar="FILE",
+                      help="CA bundle put into the webhook configurations (default: the cert)")  # fmt: skip
+    hook.add_argument(
+        "--webhook-service",
+        metavar="NAMESPACE/NAME[:PORT]",
+        help="in cluster: the configurations call this Service (port default 443) instead "
+        "of https://HOST:PORT",
+    )
+    hook.add_argument(
+        "--webhook-failure-policy",
+        choices=("Fail", "Ignore"),
+        default="Fail",
+        help="when the webhook cannot answer: Fail refuses annotated objects (fail-closed, "
+        "default), Ignore admits them ungated (fail-open)",
+    )
+    hook.add_argument(
+        "--webhook-timeout",
+        type=int,
+        default=10,
+        metavar="SECONDS",
+        help="how long the API server waits for the webhook, 1..30 (default 10)",
     )
     return parser
 
@@ -282,19 +331,13 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from kubernetes import client, config
+    from kubernetes import client
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
-    from netval.status_view import is_healthy, render_nodes, render_validation
+    from netval.status_view import is_healthy, render_matrix, render_nodes, render_validation
 
-    try:
-        try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
-    except (config.ConfigException, OSError) as exc:
-        raise BadInput(f"no Kubernetes configuration: {exc}") from None
+    _load_kube_config()
     custom = client.CustomObjectsApi()
     core = client.CoreV1Api()
 
@@ -333,6 +376,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             out.append(render_validation(obj))
             if args.nodes:
                 out.append(render_nodes(obj, nodes))
+            if args.matrix:
+                out.append(render_matrix(obj))
         sys.stdout.write("\n".join(out))
         sys.stdout.flush()
         return EXIT_OK if all(is_healthy(o) for o in objs) else EXIT_UNHEALTHY
@@ -349,10 +394,54 @@ def cmd_status(args: argparse.Namespace) -> int:
     return code
 
 
+def _load_kube_config() -> None:
+    from kubernetes import config
+
+    try:
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
+    except (config.ConfigException, OSError) as exc:
+        raise BadInput(f"no Kubernetes configuration: {exc}") from None
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    from netval.report_html import render_html
+    from netval.status_view import is_healthy
+
+    _load_kube_config()
+    try:
+        obj = cast(
+            dict[str, Any],
+            client.CustomObjectsApi().get_cluster_custom_object(
+                "netval.io", "v1alpha1", "networkvalidations", args.name
+            ),
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            raise BadInput(f"NetworkValidation {args.name!r} not found") from None
+        raise BadInput(f"Kubernetes API error: {exc.status} {exc.reason}") from None
+    except HTTPError as exc:
+        raise BadInput(f"cannot reach the Kubernetes API: {exc}") from None
+    try:
+        args.html.write_text(render_html(obj), encoding="utf-8")
+    except OSError as exc:
+        raise BadInput(f"cannot write {args.html}: {exc.strerror or exc}") from None
+    sys.stderr.write(f"wrote {args.html}\n")
+    return EXIT_OK if is_healthy(obj) else EXIT_UNHEALTHY
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
+    from netval.metrics_http import parse_host_port
+    from netval.operator.admission import webhook_options
     from netval.operator.main import run_operator
     from netval.operator.settings import OperatorConfigError, operator_settings_from_env
 
@@ -364,7 +453,31 @@ def cmd_operator(args: argparse.Namespace) -> int:
         settings = operator_settings_from_env(os.environ)
     except OperatorConfigError as exc:
         raise BadInput(str(exc)) from None
-    asyncio.run(run_operator(settings, standalone=args.standalone, liveness_endpoint=args.liveness))
+    try:
+        metrics_addr = parse_host_port(args.metrics_addr, variable="--metrics-addr")
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    try:
+        webhook = webhook_options(
+            args.webhook_addr,
+            cert=args.webhook_cert,
+            key=args.webhook_key,
+            ca=args.webhook_ca,
+            service=args.webhook_service,
+            failure_policy=args.webhook_failure_policy,
+            timeout_seconds=args.webhook_timeout,
+        )
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    asyncio.run(
+        run_operator(
+            settings,
+            standalone=args.standalone,
+            liveness_endpoint=args.liveness,
+            metrics_addr=metrics_addr,
+            webhook=webhook,
+        )
+    )
     return EXIT_OK
 
 
@@ -377,6 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "agent": cmd_agent,
         "operator": cmd_operator,
         "status": cmd_status,
+        "report": cmd_report,
     }
     try:
         return handlers[args.command](args)

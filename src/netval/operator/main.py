@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import kopf
 
 from netval.operator.settings import OperatorSettings
+
+if TYPE_CHECKING:
+    from netval.operator.admission import WebhookOptions
 
 PEERING_NAME: Final = "netval"
 
@@ -19,15 +22,21 @@ async def run_operator(
     liveness_endpoint: str | None = None,
     metrics_addr: tuple[str, int] | None = None,
     stop_flag: asyncio.Event | None = None,
+    webhook: WebhookOptions | None = None,
 ) -> None:
-    """With peering (not standalone), several replicas run and one is active at a time."""
+    """With peering (not standalone), several replicas run and one is active at a time.
+    Without `webhook` no admission webhook is served."""
     import netval.operator.handlers  # noqa: F401  (registers the handlers with Kopf)
+    from netval.operator import admission  # noqa: F401  (admission webhooks, gate release)
+
+    if settings.kueue_enabled:  # Kopf watches Kueue objects only then (it needs their RBAC)
+        from netval.operator import kueue  # noqa: F401  (Kueue AdmissionCheck controller)
 
     await kopf.operator(
         clusterwide=True,
         standalone=standalone,
         peering_name=PEERING_NAME,
         liveness_endpoint=liveness_endpoint,
-        memo=kopf.Memo(settings=settings, metrics_addr=metrics_addr),
+        memo=kopf.Memo(settings=settings, metrics_addr=metrics_addr, webhook=webhook),
         stop_flag=stop_flag,
     )

@@ -1,0 +1,605 @@
+"""The admission webhooks end to end: the operator serves them over HTTPS in-process (Kopf's
+server, a self-signed certificate made with `cryptography`), and each test POSTs
+admission.k8s.io/v1 AdmissionReviews to the URL the operator wrote into its webhook
+configurations, verifying TLS with the caBundle it wrote there -- as the API server would.
+Health comes from real MQTT reports; gated Pods are stored in the Kubernetes API and the
+operator removes the gate through it."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import copy
+import json
+import socket
+import ssl
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import kopf
+import pytest
+from cryptography import x509
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from kopf_harness import kopf_operator
+from kube import KubeCluster, wait_for
+from mosquitto import MosquittoBroker
+from netval.model import Status
+from netval.operator import admission
+from netval.operator.admission import (
+    GATE_NAME,
+    GATED_BY_LABEL,
+    MUTATE_JOBS,
+    MUTATE_PODS,
+    REQUIRE_ANNOTATION,
+    VALIDATE_JOBS,
+    VALIDATE_PODS,
+    ServiceRef,
+    WebhookOptions,
+)
+from netval.operator.runtime import OperatorRuntime
+from operator_env import NODES, NS, NV, publish, report, report_msg, settings_for, validation
+
+ADMISSIONREG = "admissionregistration.k8s.io/v1"
+MODULES = ["netval.operator.handlers", "netval.operator.admission", "netval.operator.kueue"]
+FABRIC = {"key": "netval.io/fabric", "operator": "NotIn", "values": ["unhealthy"]}
+
+
+@dataclass
+class Webhook:
+    kube: KubeCluster
+    runtime: OperatorRuntime
+    mutating: dict[str, Any]
+    validating: dict[str, Any]
+    ca_file: Path
+
+    def hook(self, handler_id: str) -> dict[str, Any]:
+        for config in (self.mutating, self.validating):
+            for hook in config["webhooks"]:
+                url = hook["clientConfig"].get("url", "")
+                path = hook["clientConfig"].get("service", {}).get("path", "")
+                if url.endswith(f"/{handler_id}") or path == f"/{handler_id}":
+                    return dict(hook)
+        raise LookupError(handler_id)
+
+    def review(self, handler_id: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """POST an AdmissionReview for creating `obj` to the URL of the webhook, trusting only
+        the caBundle of its configuration; the AdmissionReview response."""
+        hook = self.hook(handler_id)
+        ctx = ssl.create_default_context(
+            cadata=base64.b64decode(hook["clientConfig"]["caBundle"]).decode()
+        )
+        request = urllib.request.Request(
+            hook["clientConfig"]["url"],
+            data=json.dumps(admission_review(obj)).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx)
+        )
+        with opener.open(request, timeout=hook["timeoutSeconds"]) as response:
+            body: dict[str, Any] = json.loads(response.read())
+        return body
+
+    def wait_known(self, name: str = "pool-a") -> None:
+        wait_for(lambda: self.runtime.validation_view(name), timeout=10, what=f"{name} loaded")
+
+
+def admission_review(obj: dict[str, Any]) -> dict[str, Any]:
+    """A CREATE request as kube-apiserver sends it (admission.k8s.io/v1)."""
+    group, _, version = obj["apiVersion"].rpartition("/")
+    plural = {"Pod": "pods", "Job": "jobs"}[obj["kind"]]
+    gvk = {"group": group, "version": version, "kind": obj["kind"]}
+    gvr = {"group": group, "version": version, "resource": plural}
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": gvk,
+            "resource": gvr,
+            "requestKind": gvk,
+            "requestResource": gvr,
+            "name": obj["metadata"].get("name", ""),
+            "namespace": obj["metadata"].get("namespace", "default"),
+            "operation": "CREATE",
+            "userInfo": {
+                "username": "system:serviceaccount:kube-system:job-controller",
+                "uid": str(uuid.uuid4()),
+                "groups": ["system:serviceaccounts", "system:authenticated"],
+            },
+            "object": obj,
+            "oldObject": None,
+            "dryRun": False,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        },
+    }
+
+
+def pod(name: str, validation_name: str | None = "pool-a", **spec: Any) -> dict[str, Any]:
+    annotations = {REQUIRE_ANNOTATION: validation_name} if validation_name else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "annotations": annotations},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}], **spec},
+    }
+
+
+def job(name: str, validation_name: str = "pool-a") -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "annotations": {REQUIRE_ANNOTATION: validation_name},
+        },
+        "spec": {
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "main", "image": "busybox"}],
+                },
+            }
+        },
+    }
+
+
+def patched(obj: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    """The object as the API server stores it after applying the response's JSONPatch."""
+    payload = response["response"]
+    if "patch" not in payload:
+        return copy.deepcopy(obj)
+    assert payload["patchType"] == "JSONPatch"
+    ops = json.loads(base64.b64decode(payload["patch"]))
+    result: dict[str, Any] = jsonpatch.apply_patch(obj, ops)
+    return result
+
+
+def required_terms(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
+    affinity = pod_spec["affinity"]["nodeAffinity"]
+    terms: list[dict[str, Any]] = affinity["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    return terms
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def serving(
+    cluster: KubeCluster, broker: MosquittoBroker, options: WebhookOptions
+) -> Iterator[Webhook]:
+    memo = kopf.Memo(
+        settings=settings_for(broker), span_exporter=InMemorySpanExporter(), webhook=options
+    )
+    with kopf_operator(cluster, modules=MODULES, memo=memo):
+        runtime = wait_for(lambda: memo.get("runtime"), timeout=10, what="operator runtime")
+        assert isinstance(runtime, OperatorRuntime)
+        wait_for(lambda: runtime.ingest.synced.is_set(), timeout=10, what="MQTT ingest synced")
+        mutating = wait_for(
+            lambda: cluster.stored(ADMISSIONREG, "mutatingwebhookconfigurations", "netval.io"),
+            timeout=10,
+            what="the mutating webhook configuration",
+        )
+        validating = wait_for(
+            lambda: cluster.stored(ADMISSIONREG, "validatingwebhookconfigurations", "netval.io"),
+            timeout=10,
+            what="the validating webhook configuration",
+        )
+        assert options.cert_dir is not None
+        yield Webhook(cluster, runtime, mutating, validating, options.cert_dir / "ca.crt")
+
+
+@pytest.fixture
+def webhook(
+    cluster: KubeCluster, mosquitto_broker: MosquittoBroker, tmp_path: Path
+) -> Iterator[Webhook]:
+    options = WebhookOptions(host="127.0.0.1", port=0, cert_dir=tmp_path / "certs")
+    with serving(cluster, mosquitto_broker, options) as served:
+        yield served
+
+
+def healthy_reports(broker: MosquittoBroker, name: str = "pool-a") -> None:
+    publish(broker, [report_msg(report(n, validation_name=name)) for n in NODES])
+
+
+def wait_healthy(webhook: Webhook, healthy: bool, name: str = "pool-a") -> None:
+    wait_for(
+        lambda: (v := webhook.runtime.validation_view(name)) is not None and v.healthy == healthy,
+        timeout=10,
+        what=f"{name} Healthy={healthy}",
+    )
+
+
+# -- the configurations --------------------------------------------------------------------------
+
+
+def test_configurations_point_at_the_server_and_carry_its_ca(webhook: Webhook) -> None:
+    ca = webhook.ca_file.read_bytes()
+    port = None
+    for config, ids in (
+        (webhook.mutating, [MUTATE_PODS, MUTATE_JOBS]),
+        (webhook.validating, [VALIDATE_PODS, VALIDATE_JOBS]),
+    ):
+        assert config["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "netval-operator"
+        assert len(config["webhooks"]) == 2
+        for handler_id in ids:
+            hook = webhook.hook(handler_id)
+            url = hook["clientConfig"]["url"]
+            assert url.startswith("https://127.0.0.1:") and url.endswith(f"/{handler_id}")
+            port = port or url.split(":")[2].split("/")[0]
+            assert f":{port}/" in url  # one server for all four
+            assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca
+            assert hook["failurePolicy"] == "Fail" and hook["timeoutSeconds"] == 10
+            assert hook["sideEffects"] == "None" and hook["admissionReviewVersions"] == ["v1"]
+            (rule,) = hook["rules"]
+            assert rule["operations"] == ["CREATE"]
+            assert rule["resources"] == (["pods"] if "pods" in handler_id else ["jobs"])
+            assert rule["apiGroups"] == ([""] if "pods" in handler_id else ["batch"])
+            (cond,) = hook["matchConditions"]
+            assert REQUIRE_ANNOTATION in cond["expression"]
+            (expr,) = hook["namespaceSelector"]["matchExpressions"]
+            assert expr["operator"] == "NotIn" and set(expr["values"]) == {"kube-system", NS}
+            assert ("reinvocationPolicy" in hook) == (config is webhook.mutating)
+    # the server presents a certificate for 127.0.0.1 signed by that CA (TLS verified here)
+    response = webhook.review(MUTATE_PODS, pod("plain", None))
+    assert response["response"]["allowed"] is True
+    # what is not an AdmissionReview for one of the four webhooks is an HTTP error
+    hook = webhook.hook(MUTATE_PODS)
+    ctx = ssl.create_default_context(cafile=str(webhook.ca_file))
+    for url, body, code in (
+        (hook["clientConfig"]["url"].replace(MUTATE_PODS, "nope"), admission_review(pod("p")), 404),
+        (hook["clientConfig"]["url"], {"kind": "AdmissionReview"}, 400),
+    ):
+        request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.build_opener(
+                urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx)
+            ).open(request, timeout=5)
+        assert info.value.code == code
+
+
+def test_service_mode_policy_and_timeout(
+    cluster: KubeCluster, mosquitto_broker: MosquittoBroker, tmp_path: Path
+) -> None:
+    port = free_port()
+    options = WebhookOptions(
+        host="127.0.0.1",
+        port=port,
+        cert_dir=tmp_path / "certs",
+        service=ServiceRef("netval-system", "netval-webhook"),
+        failure_policy="Ignore",
+        timeout_seconds=5,
+    )
+    with serving(cluster, mosquitto_broker, options) as served:
+        ca = served.ca_file.read_bytes()
+        for handler_id in (MUTATE_PODS, MUTATE_JOBS, VALIDATE_PODS, VALIDATE_JOBS):
+            hook = served.hook(handler_id)
+            assert "url" not in hook["clientConfig"]
+            assert hook["clientConfig"]["service"] == {
+                "namespace": "netval-system",
+                "name": "netval-webhook",
+                "port": 443,
+                "path": f"/{handler_id}",
+            }
+            assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca
+            assert (hook["failurePolicy"], hook["timeoutSeconds"]) == ("Ignore", 5)
+        # the certificate is valid for the Service's names: connect as the API server would
+        ctx = ssl.create_default_context(cadata=ca.decode())
+        for name in ("netval-webhook.netval-system.svc",
+                     "netval-webhook.netval-system.svc.cluster.local"):  # fmt: skip
+            with (
+                socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+                ctx.wrap_socket(raw, server_hostname=name) as tls,
+            ):
+                assert tls.version() is not None
+        cert = x509.load_pem_x509_certificate((tmp_path / "certs" / "tls.crt").read_bytes())
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert "netval-webhook.netval-system.svc" in sans.get_values_for_type(x509.DNSName)
+        assert (tmp_path / "certs" / "tls.key").stat().st_mode & 0o077 == 0
+
+
+# -- gate mode ------------------------------------------------------------------------------------
+
+
+def test_gated_while_unhealthy_and_released_when_healthy(
+    webhook: Webhook, mosquitto_broker: MosquittoBroker
+) -> None:
+    kube = webhook.kube
+    kube.create(validation())
+    webhook.wait_known()  # no report yet: Healthy is Unknown, so not Healthy
+
+    existing = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]},
+                    {"matchFields": [{"key": "metadata.name", "operator": "In",
+                                      "values": ["gpu-a"]}]},
+                ]
+            }
+        }
+    }  # fmt: skip
+    original = pod(
+        "trainer-0",
+        affinity=existing,
+        schedulingGates=[{"name": "example.com/other"}],
+    )
+    response = webhook.review(MUTATE_PODS, original)
+    assert response["response"]["allowed"] is True
+    assert any("held by scheduling gate" in w for w in response["response"]["warnings"])
+    admitted = patched(original, response)
+    assert admitted["spec"]["schedulingGates"] == [
+        {"name": "example.com/other"},
+        {"name": GATE_NAME},
+    ]
+    assert admitted["metadata"]["labels"][GATED_BY_LABEL] == "pool-a"
+    first, second = required_terms(admitted["spec"])
+    assert first["matchExpressions"] == [{"key": "pool", "operator": "In", "values": ["a"]},
+                                         FABRIC]  # fmt: skip
+    assert second["matchFields"] == existing["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][1]["matchFields"]  # fmt: skip
+    assert second["matchExpressions"] == [FABRIC]
+    # the validating webhook admits in gate mode
+    assert webhook.review(VALIDATE_PODS, admitted)["response"]["allowed"] is True
+
+    # the API server stores the mutated pod; a second gated pod without other gates
+    kube.create(admitted)
+    other = patched(pod("trainer-1"), webhook.review(MUTATE_PODS, pod("trainer-1")))
+    kube.create(other)
+    bystander = pod("bystander", None, schedulingGates=[{"name": GATE_NAME}])
+    kube.create(bystander)  # not labelled by netval: never touched
+
+    healthy_reports(mosquitto_broker)
+
+    def released() -> dict[str, Any] | None:
+        stored = kube.get("v1", "pods", "trainer-0", "default")
+        return stored if GATED_BY_LABEL not in stored["metadata"].get("labels", {}) else None
+
+    stored = wait_for(released, timeout=15, what="trainer-0 released")
+    assert stored["spec"]["schedulingGates"] == [{"name": "example.com/other"}]
+    assert required_terms(stored["spec"])[0]["matchExpressions"][-1] == FABRIC
+    stored = wait_for(
+        lambda: (
+            (p := kube.get("v1", "pods", "trainer-1", "default"))
+            and GATED_BY_LABEL not in (p["metadata"].get("labels") or {})
+            and p
+        ),
+        what="trainer-1 released",
+    )
+    assert not stored["spec"].get("schedulingGates")
+    assert kube.get("v1", "pods", "bystander", "default")["spec"]["schedulingGates"] == [
+        {"name": GATE_NAME}
+    ]
+
+    # Healthy now: a new pod gets the affinity only -- and loses a gate from its template
+    inherited = pod("trainer-2", schedulingGates=[{"name": GATE_NAME}])
+    inherited["metadata"]["labels"] = {GATED_BY_LABEL: "pool-a", "app": "t"}
+    response = webhook.review(MUTATE_PODS, inherited)
+    assert response["response"]["allowed"] is True and not response["response"].get("warnings")
+    admitted = patched(inherited, response)
+    assert "schedulingGates" not in admitted["spec"]
+    assert admitted["metadata"]["labels"] == {"app": "t"}
+    assert required_terms(admitted["spec"]) == [{"matchExpressions": [FABRIC]}]
+
+
+def test_job_template_is_gated_and_annotated(webhook: Webhook) -> None:
+    webhook.kube.create(validation())
+    webhook.wait_known()
+    original = job("allreduce")
+    response = webhook.review(MUTATE_JOBS, original)
+    assert response["response"]["allowed"] is True
+    template = patched(original, response)["spec"]["template"]
+    assert template["metadata"]["annotations"] == {REQUIRE_ANNOTATION: "pool-a"}
+    assert template["metadata"]["labels"] == {"app": "allreduce", GATED_BY_LABEL: "pool-a"}
+    assert template["spec"]["schedulingGates"] == [{"name": GATE_NAME}]
+    assert required_terms(template["spec"]) == [{"matchExpressions": [FABRIC]}]
+    assert webhook.review(VALIDATE_JOBS, original)["response"]["allowed"] is True
+
+
+# -- deny mode ------------------------------------------------------------------------------------
+
+
+def test_deny_mode_refuses_with_failing_nodes_and_checks(
+    webhook: Webhook, mosquitto_broker: MosquittoBroker
+) -> None:
+    webhook.kube.create(validation(gating={"admission": "deny"}))
+    webhook.wait_known()
+    publish(
+        mosquitto_broker,
+        [report_msg(report(n, Status.FAIL if n == "gpu-b" else Status.PASS)) for n in NODES],
+    )
+    wait_for(
+        lambda: (v := webhook.runtime.validation_view("pool-a")) is not None and v.failures,
+        timeout=10,
+        what="pool-a failing on gpu-b",
+    )
+    for handler_id, obj in ((VALIDATE_PODS, pod("p")), (VALIDATE_JOBS, job("j"))):
+        response = webhook.review(handler_id, obj)["response"]
+        assert response["allowed"] is False
+        assert response["status"]["code"] == 403
+        message = response["status"]["message"]
+        assert "'pool-a' is not Healthy" in message
+        assert "gpu-b (mtu.interface)" in message and "gpu-a" not in message
+        assert "retry" in message
+    # the mutating webhook in deny mode: the affinity, never a gate
+    admitted = patched(pod("p"), webhook.review(MUTATE_PODS, pod("p")))
+    assert "schedulingGates" not in admitted["spec"]
+    assert GATED_BY_LABEL not in (admitted["metadata"].get("labels") or {})
+    assert required_terms(admitted["spec"]) == [{"matchExpressions": [FABRIC]}]
+
+    healthy_reports(mosquitto_broker)
+    wait_healthy(webhook, True)
+    wait_for(
+        lambda: webhook.review(VALIDATE_PODS, pod("p"))["response"]["allowed"],
+        what="admitted once Healthy",
+    )
+
+
+# -- what is not judged ---------------------------------------------------------------------------
+
+
+def test_unknown_validation_is_refused(webhook: Webhook) -> None:
+    for handler_id, obj in (
+        (MUTATE_PODS, pod("p", "nope")),
+        (VALIDATE_PODS, pod("p", "nope")),
+        (MUTATE_JOBS, job("j", "nope")),
+    ):
+        response = webhook.review(handler_id, obj)["response"]
+        assert response["allowed"] is False
+        assert response["status"]["code"] == 400
+        assert "no NetworkValidation named 'nope'" in response["status"]["message"]
+        assert "patch" not in response
+
+
+def test_unannotated_pod_is_allowed_untouched(webhook: Webhook) -> None:
+    for handler_id in (MUTATE_PODS, VALIDATE_PODS):
+        response = webhook.review(handler_id, pod("plain", None))["response"]
+        assert response["allowed"] is True
+        assert "patch" not in response and not response.get("warnings")
+
+
+# -- a validation the runtime has not loaded (standby replica, restart) --------------------------
+
+
+def test_validation_not_loaded_is_judged_by_its_object(kube: KubeCluster) -> None:
+    """Without the runtime (a standby replica behind the Service, or a restart before Kopf
+    resumed the validations) the reviewer judges by the validation's object in the API."""
+    kube.create(validation("pool-b", gating={"admission": "deny"}))
+    kube.patch(NV, "networkvalidations", "pool-b", {"status": {"conditions": [
+        {"type": "Healthy", "status": "False", "reason": "ChecksFailing",
+         "message": "1 of 4 reporting nodes failing: gpu-c (rdma.port_state)",
+         "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1}],
+        "failures": [{"node": "gpu-c", "check": "rdma.port_state", "subject": "mlx5_0/1",
+                      "message": "port DOWN", "since": "2026-01-01T00:00:00Z"}]}},
+        subresource="status")  # fmt: skip
+    reviewer = admission.Reviewer({})
+
+    async def reviews() -> list[dict[str, Any]]:
+        out = []
+        for handler_id, obj in (
+            (VALIDATE_PODS, pod("p", "pool-b")),
+            (VALIDATE_PODS, pod("q", "pool-b")),
+            (MUTATE_PODS, pod("p", "pool-b")),
+            (VALIDATE_PODS, pod("p", "nope")),
+        ):
+            out.append((await reviewer(admission_review(obj), webhook=handler_id))["response"])
+        return out
+
+    before = len(kube.requests())
+    denied, again, mutated, unknown = asyncio.run(reviews())
+    assert denied["allowed"] is False and denied["status"]["code"] == 403
+    assert "gpu-c (rdma.port_state)" in denied["status"]["message"]
+    assert again == {**denied, "uid": again["uid"]}
+    assert mutated["allowed"] is True and "patch" in mutated  # affinity; deny mode: no gate
+    assert unknown["status"]["code"] == 400
+    reads = [p for m, p in kube.requests()[before:] if m == "GET"]
+    assert len(reads) == 2, reads  # pool-b once (cached), nope once
+
+
+# -- pure parts ----------------------------------------------------------------------------------
+
+
+def test_json_patch_adds_missing_parents_and_replaces_subtrees() -> None:
+    original = job("j")
+    del original["spec"]["template"]["metadata"]
+    original["spec"]["template"]["spec"]["affinity"] = None
+    paths = admission._JOB_PATHS
+    new = admission._detached(original, paths)
+    admission.mutate_job(new, gate=True, validation="pool-a")
+    assert "metadata" not in original["spec"]["template"]  # the original is left alone
+    ops = admission.json_patch(original, new, paths)
+    assert [(op["op"], op["path"]) for op in ops] == [
+        ("add", "/spec/template/metadata"),
+        ("replace", "/spec/template/spec/affinity"),
+        ("add", "/spec/template/spec/schedulingGates"),
+    ]
+    assert jsonpatch.apply_patch(original, ops) == new
+
+    nulls = pod("p")
+    nulls["metadata"]["labels"] = None
+    nulls["spec"]["affinity"] = {"nodeAffinity": None}
+    new = admission._detached(nulls, admission._POD_PATHS)
+    admission.mutate_pod(new, gate=True, validation="pool-a")
+    ops = admission.json_patch(nulls, new, admission._POD_PATHS)
+    assert [op["op"] for op in ops] == ["replace", "replace", "add"]
+    patched_pod = jsonpatch.apply_patch(nulls, ops)
+    assert patched_pod == new and required_terms(patched_pod["spec"]) == [
+        {"matchExpressions": [FABRIC]}
+    ]
+    job_with_null_meta = job("j")
+    job_with_null_meta["spec"]["template"]["metadata"] = None
+    new = admission._detached(job_with_null_meta, admission._JOB_PATHS)
+    admission.mutate_job(new, gate=False, validation="pool-a")
+    ops = admission.json_patch(job_with_null_meta, new, admission._JOB_PATHS)
+    assert ops[0]["op"] == "replace" and ops[0]["path"] == "/spec/template/metadata"
+    assert jsonpatch.apply_patch(job_with_null_meta, ops) == new
+
+
+def test_options_from_flags() -> None:
+    assert admission.webhook_options(None) is None
+    with pytest.raises(ValueError, match="--webhook-cert needs --webhook-addr"):
+        admission.webhook_options(None, cert=Path("c"))
+    with pytest.raises(ValueError, match="go together"):
+        admission.webhook_options("0.0.0.0:9443", cert=Path("/etc/hostname"))
+    with pytest.raises(ValueError, match=r"1\.\.30"):
+        admission.webhook_options("0.0.0.0:9443", timeout_seconds=31)
+    options = admission.webhook_options(
+        "[::]:9443", service="netval-system/netval-webhook:8443", failure_policy="Ignore"
+    )
+    assert options == replace(
+        WebhookOptions(host="::", port=9443),
+        service=ServiceRef("netval-system", "netval-webhook", 8443),
+        failure_policy="Ignore",
+    )
+    with pytest.raises(ValueError, match="NAMESPACE/NAME"):
+        admission.parse_service("just-a-name")
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        admission.parse_addr("9443")
+    assert admission.parse_addr(":9443") == ("0.0.0.0", 9443)
+
+
+def test_affinity_merge_is_idempotent_and_label_values_fit() -> None:
+    spec: dict[str, Any] = {"affinity": None}
+    admission.add_fabric_affinity(spec)
+    admission.add_fabric_affinity(spec)
+    assert required_terms(spec) == [{"matchExpressions": [FABRIC]}]
+    long_name = "a" * 70 + ".example"
+    value = admission.validation_label(long_name)
+    assert len(value) <= 63 and value[0].isalnum() and value[-1].isalnum()
+    assert admission.validation_label("pool-a") == "pool-a"
+
+
+def test_cli_refuses_inconsistent_webhook_flags(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from netval.cli import main
+
+    monkeypatch.setenv("NETVAL_MQTT_URL", "mqtt://127.0.0.1:1")
+    cert = tmp_path / "tls.crt"
+    cert.write_text("x")
+    for argv, message in (
+        (["--webhook-cert", str(cert)], "--webhook-cert needs --webhook-addr"),
+        (["--webhook-addr", "0.0.0.0:9443", "--webhook-cert", str(cert)], "go together"),
+        (["--webhook-addr", "0.0.0.0:9443", "--webhook-timeout", "45"], "1..30 seconds"),
+        (["--webhook-addr", "nowhere"], "expected HOST:PORT"),
+        (["--webhook-addr", ":9443", "--webhook-service", "web"], "NAMESPACE/NAME"),
+    ):
+        assert main(["operator", "--standalone", *argv]) == 2
+        assert message in capsys.readouterr().err
