@@ -34,6 +34,7 @@ def nodes(targeted: int, reporting: int, failing: int, stale: int) -> dict[str, 
 
 @pytest.fixture
 def api(kube: KubeCluster) -> KubeCluster:
+    now = datetime.now(UTC)  # the rendering is relative to now: stamp times when made
     make(kube, "healthy-pool", {
         "observedGeneration": 1,
         "conditions": [cond("Ready", "True", "AgentsReporting", "all 2 nodes reporting"),
@@ -49,8 +50,7 @@ def api(kube: KubeCluster) -> KubeCluster:
         "checks": {"pfc.priorities": {"pass": 1, "warn": 0, "fail": 1}},
         "failures": [{"node": "gpu-b", "check": "pfc.priorities", "subject": "ens1np0",
                       "message": "PFC enabled on no priority, expected exactly [3]",
-                      "since": (NOW - timedelta(minutes=7)).isoformat()}],
-        "lastReportTime": NOW.isoformat(),
+                      "since": (now - timedelta(minutes=7)).isoformat()}],
     })  # fmt: skip
     for name, label, tainted in (("gpu-a", "healthy", False), ("gpu-b", "unhealthy", True),
                                  ("gpu-c", "unknown", False)):  # fmt: skip
