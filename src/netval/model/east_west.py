@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from pydantic.alias_generators import to_camel
 
 UNASSIGNED: Final = "(unassigned)"  # the domain of nodes without the topology label
-MAX_CELLS: Final = 64
+MAX_CELLS: Final = 136  # every pair of 16 domains (16 x 17 / 2); ~34 KiB at most
 MAX_FLAGGED: Final = 32
 MAX_SUSPECTS: Final = 10
 MAX_SUSPECT_CHECKS: Final = 4

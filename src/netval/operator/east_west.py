@@ -114,7 +114,10 @@ def east_west(
             if r.status is Status.SKIP:
                 continue
             da, db = sorted((domain_of[prober], domain_of[r.subject]))
-            acc = cells.setdefault((da, db), _Acc())
+            key = (da, db)
+            acc = cells.get(key)
+            if acc is None:  # not setdefault: that builds an accumulator per result
+                acc = cells[key] = _Acc()
             pair = (min(prober, r.subject), max(prober, r.subject))
             acc.pairs.add(pair)
             _collect(acc, r)
