@@ -36,10 +36,11 @@ from dataclasses import dataclass
 from typing import Final
 
 import aiomqtt
-from aiomqtt import MqttError, ProtocolVersion, Will
+from aiomqtt import MqttError, Will
 
 from netval.model.results import Report
 from netval.model.topics import OFFLINE, ONLINE, TOPIC_ROOT, TopicKind, check_topic_level
+from netval.mqtt_client import backoff_delay, make_client
 from netval.mqtt_settings import MqttSettings
 
 log = logging.getLogger(__name__)
@@ -239,24 +240,18 @@ class ReportPublisher:
 
     # ---- the connection task --------------------------------------------------------
     def _client(self) -> aiomqtt.Client:
-        s = self.settings
-        return aiomqtt.Client(
-            s.host,
-            s.port,
-            username=s.username,
-            password=s.password,
-            identifier=s.client_id,
-            protocol=ProtocolVersion.V5,
-            will=Will(self.state_topic, OFFLINE, qos=1, retain=True),
+        return make_client(
+            self.settings,
             keepalive=self._keepalive,
             timeout=self._timeout,
+            will=Will(self.state_topic, OFFLINE, qos=1, retain=True),
             tls_context=self._tls_context,
         )
 
     def _backoff(self, failures: int) -> float:
-        """Full jitter: uniform in [0, min(cap, base * 2**(failures-1))]."""
-        ceiling = min(self._backoff_cap, self._backoff_base * 2 ** min(failures - 1, 30))
-        return self._rng.uniform(0, ceiling)
+        return backoff_delay(
+            failures, base=self._backoff_base, cap=self._backoff_cap, rng=self._rng
+        )
 
     async def _run(self) -> None:
         failures = 0  # consecutive failed attempts/connections, for the backoff

@@ -18,11 +18,12 @@ from enum import StrEnum
 from typing import Final
 
 import aiomqtt
-from aiomqtt import MqttError, ProtocolVersion
+from aiomqtt import MqttError
 from pydantic import ValidationError
 
 from netval.model.results import Report
 from netval.model.topics import OFFLINE, ONLINE, ParsedTopic, TopicKind, parse_topic, subscription
+from netval.mqtt_client import backoff_delay, make_client
 from netval.mqtt_settings import MqttSettings
 
 log = logging.getLogger("netval.operator.ingest")
@@ -202,21 +203,15 @@ class ReportIngest:
                     log.warning("MQTT ingest %s: %s", self.settings.url, exc)
             failures += 1
             self.stats.reconnects += 1
-            ceiling = min(self._backoff_cap, self._backoff_base * 2 ** min(failures - 1, 30))
-            await asyncio.sleep(self._rng.uniform(0, ceiling))
+            await asyncio.sleep(
+                backoff_delay(
+                    failures, base=self._backoff_base, cap=self._backoff_cap, rng=self._rng
+                )
+            )
 
     async def _session(self) -> None:
         s = self.settings
-        async with aiomqtt.Client(
-            s.host,
-            s.port,
-            username=s.username,
-            password=s.password,
-            identifier=s.client_id,
-            protocol=ProtocolVersion.V5,
-            tls_context=s.ssl_context(),
-            keepalive=30,
-        ) as client:
+        async with make_client(s, keepalive=30, tls_context=s.ssl_context()) as client:
             self.stats.connected = True
             log.info("MQTT ingest connected to %s", s.url)
             await client.subscribe(
