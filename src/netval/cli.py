@@ -266,7 +266,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from netval.agent.collect_live import DEFAULT_RDMA_CM_ROOT, DEFAULT_SYS_ROOT, LiveCollector
+    from netval.agent.collect_live import (
+        DEFAULT_RDMA_CM_ROOT,
+        DEFAULT_SYS_ROOT,
+        LiveCollector,
+        collect,
+    )
     from netval.agent.snapshot_dir import (
         MIN_SAMPLES,
         SnapshotError,
@@ -275,6 +280,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         record_sample,
         write_meta,
     )
+    from netval.model.snapshot import Sample
 
     if args.samples < MIN_SAMPLES:
         raise BadInput(f"--samples: a snapshot needs at least {MIN_SAMPLES} samples")
@@ -284,44 +290,51 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     except SnapshotError as exc:
         raise BadInput(str(exc)) from None
     interfaces = [*config.checks.named_interfaces, *hardware_netdevs(DEFAULT_SYS_ROOT)]
-    captured_at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-    starts: list[float] = []
+
+    def record(i: int, sample: Sample) -> None:
+        record_sample(
+            args.out / "samples" / str(i),
+            sample,
+            sys_root=DEFAULT_SYS_ROOT,
+            rdma_cm_root=DEFAULT_RDMA_CM_ROOT,
+        )
+
     with LiveCollector(interfaces=list(dict.fromkeys(interfaces))) as collector:
-        start = time.monotonic()
-        for i in range(args.samples):
-            delay = start + i * args.interval - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            starts.append(time.monotonic())
-            sample = collector.sample()
-            record_sample(
-                args.out / "samples" / str(i),
-                sample,
-                sys_root=DEFAULT_SYS_ROOT,
-                rdma_cm_root=DEFAULT_RDMA_CM_ROOT,
-            )
+        snapshot = collect(
+            collector,
+            node=_node_name(args.node),
+            samples=args.samples,
+            interval=args.interval,
+            on_sample=record,
+        )
     write_meta(
         args.out,
-        node=_node_name(args.node),
-        captured_at=captured_at,
+        node=snapshot.node,
+        captured_at=snapshot.captured_at,
         # a window too short to measure still has a length: the format needs > 0
-        interval_seconds=max(round((starts[-1] - starts[0]) / (len(starts) - 1), 3), 0.001),
+        interval_seconds=max(snapshot.interval_seconds, 0.001),
     )
     sys.stderr.write(f"recorded {args.samples} samples in {args.out}\n")
     return EXIT_OK
 
 
-def cmd_agent(args: argparse.Namespace) -> int:
-    import asyncio
+def _setup_logging() -> None:
+    """Long-running processes (agent, operator) log to stderr; NETVAL_LOG_LEVEL sets the level."""
     import logging
-
-    from netval.agent.agent_config import AgentConfigError, agent_settings_from_env
-    from netval.agent.main import run_agent
 
     logging.basicConfig(
         level=os.environ.get("NETVAL_LOG_LEVEL", "INFO").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from netval.agent.agent_config import AgentConfigError, agent_settings_from_env
+    from netval.agent.main import run_agent
+
+    _setup_logging()
     try:
         settings = agent_settings_from_env(os.environ)
     except AgentConfigError as exc:
@@ -438,17 +451,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_operator(args: argparse.Namespace) -> int:
     import asyncio
-    import logging
 
     from netval.metrics_http import parse_host_port
     from netval.operator.admission import webhook_options
     from netval.operator.main import run_operator
     from netval.operator.settings import OperatorConfigError, operator_settings_from_env
 
-    logging.basicConfig(
-        level=os.environ.get("NETVAL_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    _setup_logging()
     try:
         settings = operator_settings_from_env(os.environ)
     except OperatorConfigError as exc:

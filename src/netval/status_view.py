@@ -20,21 +20,11 @@ from netval.model.status import Condition, ConditionType, NetworkValidationStatu
 
 FABRIC_LABEL: Final = "netval.io/fabric"
 _MAX_FAILURES_SHOWN: Final = 20
-_STATUS_KEYS: Final = frozenset(
-    {"observedGeneration", "conditions", "nodes", "checks", "failures", "lastReportTime"}
-)
 
 
 def parse_status(obj: Mapping[str, Any]) -> NetworkValidationStatus | None:
-    raw = obj.get("status") or {}
-    if not raw:
-        return None
-    try:
-        return NetworkValidationStatus.model_validate(
-            {k: v for k, v in raw.items() if k in _STATUS_KEYS}
-        )
-    except ValidationError:
-        return None
+    # eastWest is read on its own (render_matrix), so a bad summary hides nothing else
+    return NetworkValidationStatus.from_api(obj.get("status"), exclude=frozenset({"eastWest"}))
 
 
 def _age(when: datetime | None, now: datetime) -> str:

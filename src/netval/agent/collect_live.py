@@ -9,7 +9,7 @@ dump in ~120 ms), no forks.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
@@ -100,8 +100,16 @@ class LiveCollector:
         return Sample(netdevs=netdevs, rdma=rdma)
 
 
-def collect(collector: LiveCollector, *, node: str, samples: int, interval: float) -> NodeSnapshot:
-    """`samples` samples `interval` seconds apart on a drift-free schedule."""
+def collect(
+    collector: LiveCollector,
+    *,
+    node: str,
+    samples: int,
+    interval: float,
+    on_sample: Callable[[int, Sample], None] | None = None,
+) -> NodeSnapshot:
+    """`samples` samples `interval` seconds apart on a drift-free schedule; `on_sample(i,
+    sample)` sees each as it is taken (recording copies sysfs at that moment)."""
     if samples < 1:
         raise ValueError("samples must be at least 1")
     captured_at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
@@ -113,7 +121,10 @@ def collect(collector: LiveCollector, *, node: str, samples: int, interval: floa
         if delay > 0:
             time.sleep(delay)
         started.append(time.monotonic())
-        taken.append(collector.sample())
+        sample = collector.sample()
+        if on_sample is not None:
+            on_sample(i, sample)
+        taken.append(sample)
     # Counter rates use the measured spacing, not the requested one.
     measured = (started[-1] - started[0]) / (samples - 1) if samples > 1 else interval
     return NodeSnapshot(

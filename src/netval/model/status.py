@@ -6,11 +6,12 @@ observedGeneration. Reasons are CamelCase constants, part of the contract.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from netval.model.east_west import EastWest
@@ -85,6 +86,23 @@ class NetworkValidationStatus(_Status):
     failures: Annotated[list[Failure], Field(max_length=MAX_FAILURES)] = Field(default_factory=list)
     last_report_time: datetime | None = None
     east_west: EastWest | None = None  # peers.enabled: domain matrix, oversubscription, suspects
+
+    @classmethod
+    def from_api(
+        cls, raw: Mapping[str, Any] | None, *, exclude: frozenset[str] = frozenset()
+    ) -> NetworkValidationStatus | None:
+        """The status of an object as the API returns it, or None if absent or unreadable.
+
+        Only our fields are read (Kopf or an older operator may have written others), and
+        `exclude` names fields a caller reads separately.
+        """
+        if not raw:
+            return None
+        ours = {(f.alias or n) for n, f in cls.model_fields.items()} - exclude
+        try:
+            return cls.model_validate({k: v for k, v in raw.items() if k in ours})
+        except ValidationError:
+            return None
 
     def condition(self, kind: ConditionType) -> Condition | None:
         return next((c for c in self.conditions if c.type == kind), None)

@@ -50,6 +50,7 @@ import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from netval.metrics_http import parse_host_port
 from netval.model.manifest import API_GROUP
 from netval.model.spec import AdmissionMode
 from netval.operator import webhook_certs
@@ -121,20 +122,10 @@ class WebhookOptions:
 
 def parse_addr(text: str) -> tuple[str, int]:
     """`HOST:PORT` (`[::1]:9443` for IPv6, `:9443` for every IPv4 interface) -> (host, port)."""
-    host, sep, port_text = text.strip().rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif sep and not host:
-        host = "0.0.0.0"  # noqa: S104  (listening everywhere is what ":PORT" asks for)
-    if not sep or not host:
+    addr = parse_host_port(text, variable="--webhook-addr")
+    if addr is None:
         raise ValueError(f"--webhook-addr: expected HOST:PORT, e.g. 0.0.0.0:9443, got {text!r}")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"--webhook-addr: not a port number: {port_text!r}") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"--webhook-addr: port must be 0..65535, got {port}")
-    return host, port
+    return addr
 
 
 def parse_service(text: str) -> ServiceRef:

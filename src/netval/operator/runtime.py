@@ -178,7 +178,7 @@ class OperatorRuntime:
         if state is None:
             state = ValidationState(name=name)
             self.states[name] = state
-            previous = _parse_status(status)
+            previous = NetworkValidationStatus.from_api(status)
             if previous is not None:
                 self.previous[name] = previous
                 aggregate.restore_since(state, previous)
@@ -543,26 +543,3 @@ class OperatorRuntime:
             await self.kube.post_event(involved, type=type_, reason=reason, message=message)
         except Exception as exc:
             log.warning("could not post event for %s: %s", name, exc)
-
-
-def _parse_status(status: Mapping[str, Any] | None) -> NetworkValidationStatus | None:
-    if not status:
-        return None
-    known = {k: v for k, v in status.items() if k in _STATUS_KEYS}
-    try:
-        return NetworkValidationStatus.model_validate(known)
-    except ValueError:
-        return None
-
-
-_STATUS_KEYS: Final = frozenset(
-    {
-        "observedGeneration",
-        "conditions",
-        "nodes",
-        "checks",
-        "failures",
-        "lastReportTime",
-        "eastWest",
-    }
-)

@@ -9,9 +9,10 @@ from typing import cast
 from pydantic import JsonValue
 
 from netval.agent.checks.judged import Judged
+from netval.agent.drivers import DriverCounters, counters_for_rdma_device
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
-from netval.model.snapshot import Netdev, NodeSnapshot
+from netval.model.snapshot import Netdev, NodeSnapshot, RdmaPort
 from netval.model.spec import Checks
 
 
@@ -57,3 +58,20 @@ def skipped(check: CheckId, subject: str, reason: str) -> CheckResult:
 
 
 NO_DELTAS = "needs two samples to judge counter deltas"
+
+
+def port_counter_inputs(
+    ctx: CheckContext, check: CheckId, port: RdmaPort, unknown_driver: str
+) -> tuple[DriverCounters, dict[str, int] | None] | CheckResult:
+    """For a counter check on an RDMA port: its driver's counter names and the port's
+    hw_counters in the first sample, or the skip that says why the port is not judged."""
+    if not ctx.snapshot.has_deltas:
+        return skipped(check, port.subject, NO_DELTAS)
+    netdev_name = ctx.judged.port_netdev.get(port.subject)
+    netdev = ctx.snapshot.last.netdevs.get(netdev_name) if netdev_name else None
+    driver = counters_for_rdma_device(port.device, netdev.driver if netdev else None)
+    if driver is None:
+        return skipped(check, port.subject, unknown_driver)
+    first_device = ctx.snapshot.first.rdma.get(port.device)
+    first_port = first_device.ports.get(port.port) if first_device else None
+    return driver, first_port.hw_counters if first_port else None

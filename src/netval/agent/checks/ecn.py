@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from netval.agent.checks.context import NO_DELTAS, CheckContext, result, skipped
+from netval.agent.checks.context import (
+    CheckContext,
+    port_counter_inputs,
+    result,
+    skipped,
+)
 from netval.agent.checks.counters import deltas
-from netval.agent.drivers import counters_for_rdma_device
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 
@@ -82,26 +86,20 @@ def check_cnp_flow(ctx: CheckContext) -> list[CheckResult]:
     out: list[CheckResult] = []
     for port in ports:
         subject = port.subject
-        if not ctx.snapshot.has_deltas:
-            out.append(skipped(CheckId.ECN_CNP_FLOW, subject, NO_DELTAS))
+        inputs = port_counter_inputs(
+            ctx, CheckId.ECN_CNP_FLOW, port, f"unknown RDMA driver for {port.device}"
+        )
+        if isinstance(inputs, CheckResult):
+            out.append(inputs)
             continue
-        netdev_name = ctx.judged.port_netdev.get(subject)
-        netdev = ctx.snapshot.last.netdevs.get(netdev_name) if netdev_name else None
-        driver = counters_for_rdma_device(port.device, netdev.driver if netdev else None)
-        if driver is None:
-            out.append(
-                skipped(CheckId.ECN_CNP_FLOW, subject, f"unknown RDMA driver for {port.device}")
-            )
-            continue
-        first_device = ctx.snapshot.first.rdma.get(port.device)
-        first_port = first_device.ports.get(port.port) if first_device else None
+        driver, first_hw = inputs
         names = (
             driver.np_ecn_marked,
             driver.np_cnp_sent,
             driver.rp_cnp_handled,
             driver.rp_cnp_ignored,
         )
-        got = deltas(first_port.hw_counters if first_port else None, port.hw_counters, names)
+        got = deltas(first_hw, port.hw_counters, names)
         if len(got) < len(names):
             missing = [n for n in names if n not in got]
             out.append(

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from netval.agent.checks.context import NO_DELTAS, CheckContext, result, skipped
+from netval.agent.checks.context import (
+    CheckContext,
+    port_counter_inputs,
+    result,
+    skipped,
+)
 from netval.agent.checks.counters import deltas
-from netval.agent.drivers import counters_for_rdma_device
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.model.snapshot import RdmaPort
@@ -250,25 +254,18 @@ def check_errors(ctx: CheckContext) -> list[CheckResult]:
     out: list[CheckResult] = []
     for port in ctx.judged.ports:
         subject = port.subject
-        if not ctx.snapshot.has_deltas:
-            out.append(skipped(CheckId.RDMA_ERRORS, subject, NO_DELTAS))
+        inputs = port_counter_inputs(
+            ctx,
+            CheckId.RDMA_ERRORS,
+            port,
+            f"unknown RDMA driver for {port.device}: its error counter names are not mapped",
+        )
+        if isinstance(inputs, CheckResult):
+            out.append(inputs)
             continue
-        netdev_name = ctx.judged.port_netdev.get(subject)
-        netdev = ctx.snapshot.last.netdevs.get(netdev_name) if netdev_name else None
-        driver = counters_for_rdma_device(port.device, netdev.driver if netdev else None)
-        if driver is None:
-            out.append(
-                skipped(
-                    CheckId.RDMA_ERRORS,
-                    subject,
-                    f"unknown RDMA driver for {port.device}: its error counter names are not mapped",
-                )
-            )
-            continue
-        first_device = ctx.snapshot.first.rdma.get(port.device)
-        first_port = first_device.ports.get(port.port) if first_device else None
+        driver, first_hw = inputs
         grown = deltas(
-            first_port.hw_counters if first_port else None,
+            first_hw,
             port.hw_counters,
             driver.rdma_errors,
             width=32,  # mlx5 Q counters
