@@ -42,6 +42,7 @@ from netval.model.results import Report
 from netval.model.topics import OFFLINE, ONLINE, TOPIC_ROOT, TopicKind, check_topic_level
 from netval.mqtt_client import backoff_delay, make_client
 from netval.mqtt_settings import MqttSettings
+from netval.task_stop import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -225,9 +226,7 @@ class ReportPublisher:
             await asyncio.wait_for(asyncio.shield(task), self._stop_timeout)
         except TimeoutError:
             log.warning("MQTT publisher %s: clean stop timed out; cancelling", self.prefix)
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait([task])
         finally:
             self._connected = False
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import copy
 import functools
 import hashlib
@@ -58,6 +57,7 @@ from netval.operator.gating import FABRIC_LABEL
 from netval.operator.kube_api import PLURAL, VERSION
 from netval.operator.runtime import OperatorRuntime, ValidationView
 from netval.operator.startup import load_kube_client
+from netval.task_stop import cancel_and_wait
 
 log = logging.getLogger("netval.operator.admission")
 
@@ -697,9 +697,7 @@ class ConfigurationWriter:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
 
     async def _apply(self, config: dict[str, Any]) -> None:
         delay = 0.5
@@ -803,9 +801,7 @@ class WebhookService:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
         await self.writer.stop()
 
     async def run(self) -> None:
@@ -881,9 +877,7 @@ class GateReleaser:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
 
     async def run(self) -> None:
         while True:

@@ -45,6 +45,7 @@ from kubernetes.client.exceptions import ApiException
 from netval.model.manifest import API_GROUP, KIND
 from netval.operator.kube_api import PLURAL, VERSION
 from netval.operator.runtime import OperatorRuntime, ValidationView
+from netval.task_stop import cancel_and_wait
 
 log = logging.getLogger("netval.operator.kueue")
 
@@ -348,9 +349,7 @@ class KueueController:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
 
     async def run(self) -> None:
         while True:

@@ -31,6 +31,7 @@ from netval.operator.aggregate import ValidationState
 from netval.operator.ingest import ReportIngest, StateChange
 from netval.operator.kube_api import KubeApi
 from netval.operator.settings import OperatorSettings
+from netval.task_stop import cancel_and_wait
 
 log = logging.getLogger("netval.operator")
 
@@ -118,9 +119,7 @@ class OperatorRuntime:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         self.tracer_provider.shutdown()
 
     # -- MQTT -------------------------------------------------------------------------------
