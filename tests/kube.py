@@ -1023,10 +1023,12 @@ class KubeResponse(NamedTuple):
 
 
 def wait_for(
-    predicate: Callable[[], T], timeout: float = 5.0, interval: float = 0.05, what: str = ""
+    predicate: Callable[[], T], timeout: float = 20.0, interval: float = 0.05, what: str = ""
 ) -> T:
     """Poll ``predicate`` until it returns something truthy (returned) or fail after ``timeout``.
-    Exceptions inside the predicate count as "not yet" (the last one is chained)."""
+    Exceptions inside the predicate count as "not yet" (the last one is chained). The timeout
+    is generous because it costs nothing when the condition comes true: a loaded CI machine
+    is slow, not wrong."""
     deadline = time.monotonic() + timeout
     last_exc: BaseException | None = None
     while True:

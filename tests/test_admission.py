@@ -34,13 +34,16 @@ from mosquitto import MosquittoBroker
 from netval.model import Status
 from netval.operator import admission
 from netval.operator.admission import (
+    GATE_MESSAGE_ANNOTATION,
     GATE_NAME,
     GATED_BY_LABEL,
     MUTATE_JOBS,
     MUTATE_PODS,
+    RELEASER_MEMO_KEY,
     REQUIRE_ANNOTATION,
     VALIDATE_JOBS,
     VALIDATE_PODS,
+    GateReleaser,
     ServiceRef,
     WebhookOptions,
 )
@@ -59,6 +62,7 @@ class Webhook:
     mutating: dict[str, Any]
     validating: dict[str, Any]
     ca_file: Path
+    releaser: GateReleaser
 
     def hook(self, handler_id: str) -> dict[str, Any]:
         for config in (self.mutating, self.validating):
@@ -90,7 +94,7 @@ class Webhook:
         return body
 
     def wait_known(self, name: str = "pool-a") -> None:
-        wait_for(lambda: self.runtime.validation_view(name), timeout=10, what=f"{name} loaded")
+        wait_for(lambda: self.runtime.validation_view(name), timeout=30, what=f"{name} loaded")
 
 
 def admission_review(obj: dict[str, Any]) -> dict[str, Any]:
@@ -189,21 +193,23 @@ def serving(
         settings=settings_for(broker), span_exporter=InMemorySpanExporter(), webhook=options
     )
     with kopf_operator(cluster, modules=MODULES, memo=memo):
-        runtime = wait_for(lambda: memo.get("runtime"), timeout=10, what="operator runtime")
+        runtime = wait_for(lambda: memo.get("runtime"), timeout=30, what="operator runtime")
         assert isinstance(runtime, OperatorRuntime)
-        wait_for(lambda: runtime.ingest.synced.is_set(), timeout=10, what="MQTT ingest synced")
+        wait_for(lambda: runtime.ingest.synced.is_set(), timeout=30, what="MQTT ingest synced")
         mutating = wait_for(
             lambda: cluster.stored(ADMISSIONREG, "mutatingwebhookconfigurations", "netval.io"),
-            timeout=10,
+            timeout=30,
             what="the mutating webhook configuration",
         )
         validating = wait_for(
             lambda: cluster.stored(ADMISSIONREG, "validatingwebhookconfigurations", "netval.io"),
-            timeout=10,
+            timeout=30,
             what="the validating webhook configuration",
         )
         assert options.cert_dir is not None
-        yield Webhook(cluster, runtime, mutating, validating, options.cert_dir / "ca.crt")
+        releaser = memo.get(RELEASER_MEMO_KEY)
+        assert isinstance(releaser, GateReleaser)
+        yield Webhook(cluster, runtime, mutating, validating, options.cert_dir / "ca.crt", releaser)
 
 
 @pytest.fixture
@@ -222,7 +228,7 @@ def healthy_reports(broker: MosquittoBroker, name: str = "pool-a") -> None:
 def wait_healthy(webhook: Webhook, healthy: bool, name: str = "pool-a") -> None:
     wait_for(
         lambda: (v := webhook.runtime.validation_view(name)) is not None and v.healthy == healthy,
-        timeout=10,
+        timeout=30,
         what=f"{name} Healthy={healthy}",
     )
 
@@ -372,7 +378,7 @@ def test_gated_while_unhealthy_and_released_when_healthy(
         stored = kube.get("v1", "pods", "trainer-0", "default")
         return stored if GATED_BY_LABEL not in stored["metadata"].get("labels", {}) else None
 
-    stored = wait_for(released, timeout=15, what="trainer-0 released")
+    stored = wait_for(released, timeout=30, what="trainer-0 released")
     assert stored["spec"]["schedulingGates"] == [{"name": "example.com/other"}]
     assert required_terms(stored["spec"])[0]["matchExpressions"][-1] == FABRIC
     stored = wait_for(
@@ -397,6 +403,52 @@ def test_gated_while_unhealthy_and_released_when_healthy(
     assert "schedulingGates" not in admitted["spec"]
     assert admitted["metadata"]["labels"] == {"app": "t"}
     assert required_terms(admitted["spec"]) == [{"matchExpressions": [FABRIC]}]
+
+
+def test_pod_gated_for_a_deleted_validation_says_so_and_stays_gated(
+    webhook: Webhook, mosquitto_broker: MosquittoBroker
+) -> None:
+    kube = webhook.kube
+    webhook.releaser.resync = 0.3  # how often gated pods are re-listed (default 15 s)
+    kube.create(validation())
+    webhook.wait_known()
+    gated = patched(pod("trainer-0"), webhook.review(MUTATE_PODS, pod("trainer-0")))
+    assert gated["spec"]["schedulingGates"] == [{"name": GATE_NAME}]
+    kube.create(gated)
+
+    def annotations() -> dict[str, str]:
+        meta = kube.get("v1", "pods", "trainer-0", "default")["metadata"]
+        return dict(meta.get("annotations") or {})
+
+    # pool-a exists (not Healthy yet): the pod waits, unannotated
+    checks = webhook.releaser.orphan_checks
+    wait_for(lambda: webhook.releaser.orphan_checks >= checks + 2, what="two orphan checks")
+    assert GATE_MESSAGE_ANNOTATION not in annotations()
+    assert webhook.releaser.orphans_marked == 0
+
+    kube.delete(NV, "networkvalidations", "pool-a")
+    message = wait_for(lambda: annotations().get(GATE_MESSAGE_ANNOTATION), what="the gate message")
+    assert "NetworkValidation 'pool-a' does not exist" in message
+    assert "'netval.io/fabric' scheduling gate" in message
+    stored = kube.get("v1", "pods", "trainer-0", "default")
+    assert stored["spec"]["schedulingGates"] == [{"name": GATE_NAME}]  # still gated
+    assert webhook.releaser.orphans_marked == 1
+
+    # recreated and Healthy: released, and the message goes with the gate
+    kube.create(validation())
+    webhook.wait_known()
+    healthy_reports(mosquitto_broker)
+    stored = wait_for(
+        lambda: (
+            (p := kube.get("v1", "pods", "trainer-0", "default"))
+            and not p["spec"].get("schedulingGates")
+            and p
+        ),
+        what="trainer-0 released",
+    )
+    assert GATE_MESSAGE_ANNOTATION not in (stored["metadata"].get("annotations") or {})
+    assert GATED_BY_LABEL not in (stored["metadata"].get("labels") or {})
+    assert webhook.releaser.orphans_marked == 1
 
 
 def test_job_template_is_gated_and_annotated(webhook: Webhook) -> None:
@@ -427,7 +479,7 @@ def test_deny_mode_refuses_with_failing_nodes_and_checks(
     )
     wait_for(
         lambda: (v := webhook.runtime.validation_view("pool-a")) is not None and v.failures,
-        timeout=10,
+        timeout=30,
         what="pool-a failing on gpu-b",
     )
     for handler_id, obj in ((VALIDATE_PODS, pod("p")), (VALIDATE_JOBS, job("j"))):

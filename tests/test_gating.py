@@ -113,7 +113,7 @@ def wait_node(kube: KubeCluster, name: str, label: str | None, tainted: bool,
             and ("example.com/maintenance" in taints if foreign else True)
         )
 
-    wait_for(ok, timeout=10, what=f"{name}: label {label}, tainted {tainted}")
+    wait_for(ok, timeout=30, what=f"{name}: label {label}, tainted {tainted}")
 
 
 def test_labels_and_taints_follow_health(
@@ -146,7 +146,7 @@ def test_labels_and_taints_follow_health(
     wait_node(cluster, "gpu-b", "unhealthy", False)
     gate = wait_for(
         lambda: (c := condition(status_of(cluster), "Gating")) and c["reason"] == "BreakerTripped" and c,
-        timeout=10, what="Gating=False BreakerTripped",
+        timeout=30, what="Gating=False BreakerTripped",
     )  # fmt: skip
     assert gate["status"] == "False" and "gpu-b" in gate["message"]
     assert TAINT_KEY in node_state(cluster, "gpu-a")[1]  # existing taint kept
@@ -164,7 +164,7 @@ def test_labels_and_taints_follow_health(
     wait_node(cluster, "gpu-a", "healthy", False, foreign=True)
     wait_for(
         lambda: (c := condition(status_of(cluster), "Gating")) and c["status"] == "True",
-        timeout=10, what="Gating=True again",
+        timeout=30, what="Gating=True again",
     )  # fmt: skip
 
 

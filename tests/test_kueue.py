@@ -148,9 +148,9 @@ def operator_for(
 
 
 def started(memo: kopf.Memo) -> tuple[OperatorRuntime, KueueController]:
-    runtime = wait_for(lambda: memo.get("runtime"), timeout=10, what="operator runtime")
-    wait_for(lambda: runtime.ingest.synced.is_set(), timeout=10, what="MQTT ingest synced")
-    controller = wait_for(lambda: memo.get("kueue"), timeout=10, what="Kueue controller")
+    runtime = wait_for(lambda: memo.get("runtime"), timeout=30, what="operator runtime")
+    wait_for(lambda: runtime.ingest.synced.is_set(), timeout=30, what="MQTT ingest synced")
+    controller = wait_for(lambda: memo.get("kueue"), timeout=30, what="Kueue controller")
     assert isinstance(runtime, OperatorRuntime) and isinstance(controller, KueueController)
     return runtime, controller
 
@@ -166,7 +166,7 @@ def failing(broker: MosquittoBroker, node: str = "gpu-b") -> None:
 def wait_view(runtime: OperatorRuntime, pred: Any, what: str) -> ValidationView:
     return wait_for(
         lambda: (v := runtime.validation_view("pool-a")) is not None and pred(v) and v,
-        timeout=10,
+        timeout=30,
         what=what,
     )
 
@@ -196,13 +196,13 @@ def test_active_condition_and_check_states(
     with operator:
         runtime, controller = started(memo)
 
-        active = wait_for(lambda: k.active("fabric"), timeout=10, what="fabric Active")
+        active = wait_for(lambda: k.active("fabric"), timeout=30, what="fabric Active")
         assert (active["status"], active["reason"]) == ("True", "Active")
         assert active["observedGeneration"] == k.ac("fabric")["metadata"]["generation"]
-        bad = wait_for(lambda: k.active("bad"), timeout=10, what="bad Active")
+        bad = wait_for(lambda: k.active("bad"), timeout=30, what="bad Active")
         assert (bad["status"], bad["reason"]) == ("False", "BadParameters")
         assert "NetworkValidation" in bad["message"]
-        ghost = wait_for(lambda: k.active("ghost"), timeout=10, what="ghost Active")
+        ghost = wait_for(lambda: k.active("ghost"), timeout=30, what="ghost Active")
         assert (ghost["status"], ghost["reason"]) == ("False", "ValidationNotFound")
         assert "'nope'" in ghost["message"]
         assert not (k.ac("prov").get("status") or {}).get("conditions")  # not ours
@@ -217,7 +217,7 @@ def test_active_condition_and_check_states(
         k.reserve("wl-1")
         fabric = wait_for(
             lambda: "waiting for" in (c := k.checks("wl-1")["fabric"])["message"] and c,
-            timeout=10,
+            timeout=30,
             what="wl-1 fabric Pending with a message",
         )
         assert fabric["state"] == "Pending" and "pool-a" in fabric["message"]
@@ -245,7 +245,7 @@ def test_active_condition_and_check_states(
         cluster.create(validation("nope"))
         wait_for(
             lambda: (c := k.active("ghost")) is not None and c["status"] == "True",
-            timeout=10,
+            timeout=30,
             what="ghost Active once its validation exists",
         )
         assert controller.patches > 0
@@ -290,7 +290,7 @@ def test_assigned_unhealthy_node_asks_for_retry(
         retry = k.wait_state("on-b", "fabric", "Retry")
         assert "gpu-b" in retry["message"] and "other nodes" in retry["message"]
         wait_for(lambda: "waiting for" in k.checks("on-cd")["fabric"]["message"],
-                 timeout=10, what="on-cd Pending")  # fmt: skip
+                 timeout=30, what="on-cd Pending")  # fmt: skip
         assert k.checks("on-cd")["fabric"]["state"] == "Pending"
         healthy(mosquitto_broker)
         ready = k.wait_state("on-cd", "fabric", "Ready")
@@ -318,7 +318,7 @@ def test_v1beta1_when_v1beta2_is_not_served(
     memo, operator = operator_for(cluster, mosquitto_broker)
     with operator:
         started(memo)
-        active = wait_for(lambda: k.active("fabric"), timeout=10, what="Active (v1beta1)")
+        active = wait_for(lambda: k.active("fabric"), timeout=30, what="Active (v1beta1)")
         assert active["status"] == "True"
         k.reserve("wl")
         healthy(mosquitto_broker)

@@ -64,6 +64,8 @@ log = logging.getLogger("netval.operator.admission")
 REQUIRE_ANNOTATION: Final = "netval.io/require-healthy"
 GATE_NAME: Final = "netval.io/fabric"
 GATED_BY_LABEL: Final = "netval.io/gated-by"
+# On a Pod gated for a validation that no longer exists: why it stays gated (kubectl describe).
+GATE_MESSAGE_ANNOTATION: Final = "netval.io/gate-message"
 UNHEALTHY: Final = "unhealthy"
 CONFIGURATION_NAME: Final = "netval.io"  # both webhook configurations
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "netval-operator"}
@@ -241,6 +243,13 @@ def validation_label(name: str) -> str:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:16]
     return f"{name[:46].rstrip('.-_')}-{digest}"
+
+
+def orphan_message(validation: str) -> str:
+    return (
+        f"NetworkValidation {validation!r} does not exist: this pod stays gated until it exists"
+        f" and is Healthy; to run the pod without it, remove the {GATE_NAME!r} scheduling gate"
+    )
 
 
 def mutate_pod(body: dict[str, Any], *, gate: bool, validation: str) -> None:
@@ -848,7 +857,12 @@ class GateReleaser:
     the gated Pods of one (a label-selected list) when the validation has just turned
     Healthy, when the webhook gated a Pod for it in the last `dirty_grace` seconds (a Pod
     gated just before the turn), or every `resync` seconds. Each Pod is patched with its
-    resourceVersion (a 409 re-reads and retries); other gates and labels stay."""
+    resourceVersion (a 409 re-reads and retries); other gates and labels stay.
+
+    Every `resync` seconds, once all validations are loaded, Pods gated for a validation that
+    no longer exists get the annotation `netval.io/gate-message` saying so: they stay gated
+    (releasing them would admit them onto fabric nobody judged), and the annotation tells
+    their owner why and what to do. It is removed when the Pod is released."""
 
     def __init__(
         self,
@@ -867,6 +881,9 @@ class GateReleaser:
         self._listed: dict[str, float] = {}
         self._dirty: dict[str, float] = {}
         self._warned = -WARN_EVERY
+        self._orphans_checked = -1e9
+        self.orphans_marked = 0
+        self.orphan_checks = 0
         self._task: asyncio.Task[None] | None = None
 
     def note_gated(self, validation: str) -> None:
@@ -919,6 +936,25 @@ class GateReleaser:
         for name in set(self._healthy) - set(runtime.specs):
             self._healthy.pop(name, None)
             self._listed.pop(name, None)
+        now = time.monotonic()
+        if now - self._orphans_checked >= self.resync and await runtime.validations_loaded():
+            self._orphans_checked = now
+            try:
+                marked = await asyncio.to_thread(
+                    self._mark_orphans, runtime.kube.core, set(runtime.states)
+                )
+            except Exception as exc:
+                self._orphans_checked = now - self.resync + self.interval  # retry soon
+                log.warning("checking gated pods for deleted validations failed: %s", exc)
+                return
+            self.orphan_checks += 1
+            if marked:
+                self.orphans_marked += marked
+                log.warning(
+                    "%d pod(s) gated for a NetworkValidation that does not exist: annotated %s",
+                    marked,
+                    GATE_MESSAGE_ANNOTATION,
+                )
 
     def _release_all(self, core: client.CoreV1Api, validation: str) -> int:
         response = core.list_pod_for_all_namespaces(
@@ -938,6 +974,39 @@ class GateReleaser:
         return released
 
     @staticmethod
+    def _mark_orphans(core: client.CoreV1Api, known: set[str]) -> int:
+        """Annotate (or, once the validation is back, un-annotate) Pods gated for a validation
+        not in `known`; the number newly annotated."""
+        response = core.list_pod_for_all_namespaces(
+            label_selector=GATED_BY_LABEL, _preload_content=False
+        )
+        pods = json.loads(cast(Any, response).data).get("items") or []
+        marked = 0
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            annotations = meta.get("annotations") or {}
+            validation = annotations.get(REQUIRE_ANNOTATION)
+            if not has_fabric_gate(pod.get("spec")) or not isinstance(validation, str):
+                continue
+            message = None if validation in known else orphan_message(validation)
+            if annotations.get(GATE_MESSAGE_ANNOTATION) == message:
+                continue
+            patch = {"metadata": {"annotations": {GATE_MESSAGE_ANNOTATION: message}}}
+            try:
+                core.patch_namespaced_pod(
+                    meta["name"], meta["namespace"], patch,
+                    _content_type="application/merge-patch+json",
+                )  # fmt: skip
+            except ApiException as exc:
+                if exc.status != 404:
+                    log.warning("could not annotate pod %s/%s: %s", meta.get("namespace"),
+                                meta.get("name"), exc.reason)  # fmt: skip
+                continue
+            if message is not None:
+                marked += 1
+        return marked
+
+    @staticmethod
     def _release_pod(
         core: client.CoreV1Api, namespace: str, name: str, pod: dict[str, Any]
     ) -> bool:
@@ -947,6 +1016,7 @@ class GateReleaser:
                 "metadata": {
                     "resourceVersion": pod["metadata"]["resourceVersion"],
                     "labels": {GATED_BY_LABEL: None},
+                    "annotations": {GATE_MESSAGE_ANNOTATION: None},
                 }
             }
             if gated:

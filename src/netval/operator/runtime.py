@@ -412,14 +412,19 @@ class OperatorRuntime:
             )
         return inputs
 
-    async def apply_gating(self, now: datetime) -> None:
+    async def validations_loaded(self) -> bool:
+        """Whether every validation that existed at start has been loaded: before that, a
+        validation missing from memory may exist all the same."""
         if self.expected_validations is None:
             try:
                 self.expected_validations = set(await self.kube.list_validation_names())
             except Exception as exc:
                 log.warning("cannot list validations yet (%s); gating waits", exc)
-                return
-        if not self.expected_validations <= set(self.states):
+                return False
+        return self.expected_validations <= set(self.states)
+
+    async def apply_gating(self, now: datetime) -> None:
+        if not await self.validations_loaded():
             return
         inputs = self.gating_inputs(now)
         currently_tainted = [n for n, (_, tainted) in self.node_fabric.items() if tainted]
