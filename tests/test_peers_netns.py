@@ -9,9 +9,12 @@
 
 Every node runs a worker (`ip netns exec NODE python -c WORKER`) that holds a real
 `PeerResponder` on its fabric address and runs `probe_peer` / `measure_throughput` on
-command, so each scenario is a few round trips, not process starts. The last test runs two
-real `netval agent` processes with peers enabled against a real Mosquitto broker on the
-management network: announce, assignment, probes and a throughput slot end to end.
+command, so each scenario is a few round trips, not process starts. Two tests run real
+`netval agent` processes against a real Mosquitto broker on the management network: two
+agents (announce, assignment, probes and a throughput slot end to end), and all six agents
+with the operator (Kopf, in-process, against the test Kubernetes API): it assigns the racks
+from Node labels, renders the agent config they run, and folds their reports into
+status.eastWest, which names a node whose link goes down the suspect.
 
 Scenarios (each restores the fabric afterwards):
 (a) the inter-rack link shaped by htb to a quarter of the node links: the throughput slots
@@ -26,6 +29,7 @@ Scenarios (each restores the fabric afterwards):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -43,15 +47,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kopf
 import pytest
 import yaml
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import mosquitto
+from kopf_harness import kopf_operator
+from kube import KubeCluster, wait_for
 from netns import Namespace, namespace, netval_script
 from netval.agent.peer_selection import rotation_length, throughput_schedule
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult, Report
 from netval.operator.east_west import EastWest, east_west
+from netval.operator.manifests import AGENT_CONFIG_KEY, LABEL_VALIDATION
+from operator_env import GPU, NS, add_node, condition, settings_for, status_of
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(90)]
 
@@ -771,3 +781,193 @@ def test_a_routed_1500_hop_is_found_from_the_icmp_fragmentation_needed() -> None
     assert "ICMP fragmentation-needed from 10.90.1.1" in first[2].message, first[2].message
     assert "the route to it" in cached[2].message, cached[2].message
     print(f"\n(icmp) {first[2].message}\n(icmp) {cached[2].message}")
+
+
+# -- end to end with the operator: six agents, the broker, status.eastWest ----------------------
+
+
+class UnixToTcp:
+    """127.0.0.1:<port> in this (root) namespace forwarded to a Unix socket: the broker runs
+    in the mgmt namespace with a Unix-socket listener next to its TCP one, and Unix sockets,
+    being files, cross network namespaces. The operator runs in-process here, against the
+    test's Kubernetes API on loopback."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.port = mosquitto.free_port()
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> UnixToTcp:
+        self.thread.start()
+        assert self.ready.wait(5)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+    def _run(self) -> None:
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await reader.read(65536):
+                    writer.write(data)
+                    await writer.drain()
+            writer.close()
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                up_reader, up_writer = await asyncio.open_unix_connection(str(self.path))
+            except OSError:
+                writer.close()
+                return
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", self.port))
+        self.ready.set()
+        self.loop.run_forever()
+
+
+@pytest.mark.timeout(240)
+def test_six_agents_and_the_operator_fill_east_west_status_and_name_a_dead_node(
+    fabric: Fabric, kube: KubeCluster, tmp_path: Path
+) -> None:
+    """The whole path: the operator (in-process, Kopf) assigns each node its rack from the
+    Node label, renders the agent config; six `netval agent` processes (one per namespace
+    node) announce, probe each other on the fabric and report over the broker; the operator
+    folds the reports into status.eastWest. Then one node's fabric link goes down and the
+    status names it the suspect."""
+    if not mosquitto.available():
+        pytest.skip(mosquitto.MISSING_REASON)
+    broker_dir = tmp_path / "broker"
+    broker_dir.mkdir()
+    broker = mosquitto.MosquittoBroker(broker_dir)
+    sock = tmp_path / "mqtt.sock"
+    broker.config.write_text(
+        broker.config.read_text().replace(
+            f"listener {broker.port} 127.0.0.1",
+            f"listener {broker.port} {MGMT_ADDR}\nlistener 0 {sock}",
+        )
+    )
+    kube.ensure_namespace(NS)
+    for node in NODES:
+        add_node(kube, node, {**GPU, "topology.kubernetes.io/zone": DOMAIN[node]})
+    name = "fabric-e2e"
+    kube.create(
+        {
+            "apiVersion": "netval.io/v1alpha1",
+            "kind": "NetworkValidation",
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": GPU,
+                "interval": "5s",
+                "checks": {
+                    "link": {"interfaces": ["f0"]},
+                    "mtu": {"interfaces": ["f0"], "interfaceMTU": FABRIC_MTU},
+                    "peers": {**CHECKS, "interface": "f0", "port": AGENT_PORT},
+                },
+            },
+        }
+    )
+    logs = {n: tmp_path / f"agent-{n}.log" for n in NODES}
+
+    def diagnostics() -> str:
+        parts = [f"-- {n} --\n{p.read_text(errors='replace')[-2000:]}" for n, p in logs.items()]
+        return "\n".join(parts) + f"\n-- broker --\n{broker.log_text()[-3000:]}"
+
+    with contextlib.ExitStack() as stack:
+        with broker.log_file.open("ab") as log:
+            mosq = subprocess.Popen(
+                fabric.mgmt.argv([str(mosquitto.MOSQUITTO), "-c", str(broker.config)]),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        stack.callback(stop_process, mosq)
+        wait_for(sock.exists, what="the broker's Unix socket")
+        forward = stack.enter_context(UnixToTcp(sock))
+        address = type("Broker", (), {"host": "127.0.0.1", "port": forward.port,
+                                       "username": broker.username,
+                                       "password": broker.password})()  # fmt: skip
+        memo = kopf.Memo(settings=settings_for(address), span_exporter=InMemorySpanExporter())
+        stack.enter_context(kopf_operator(kube, modules=["netval.operator.handlers"], memo=memo))
+
+        # the agents run the config the operator rendered into their ConfigMap
+        def rendered() -> str | None:
+            for cm in kube.list("v1", "configmaps", NS):
+                if cm["metadata"].get("labels", {}).get(LABEL_VALIDATION) == name:
+                    return str(cm["data"][AGENT_CONFIG_KEY])
+            return None
+
+        (tmp_path / "agent.yaml").write_text(wait_for(rendered, what="the agent ConfigMap"))
+        (tmp_path / "password").write_text(broker.password + "\n")
+        for n in NODES:
+            env = {
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "NETVAL_CONFIG": str(tmp_path / "agent.yaml"),
+                "NETVAL_NODE_NAME": n,
+                "NETVAL_MQTT_URL": f"mqtt://{MGMT_ADDR}:{broker.port}",
+                "NETVAL_MQTT_USERNAME": broker.username,
+                "NETVAL_MQTT_PASSWORD_FILE": str(tmp_path / "password"),
+                "NETVAL_METRICS_ADDR": "off",
+            }
+            with logs[n].open("ab") as log:
+                agent = subprocess.Popen(
+                    fabric.nodes[n].argv([netval_script(), "agent"]),
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            stack.callback(stop_process, agent)
+
+        def east_west_status(pred: Any, what: str) -> dict[str, Any]:
+            def check() -> dict[str, Any] | None:
+                ew = status_of(kube, name).get("eastWest")
+                return ew if ew and pred(ew) else None
+
+            try:
+                return wait_for(check, timeout=90, interval=0.5, what=what)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{status_of(kube, name)}\n{diagnostics()}") from None
+
+        def cells(ew: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+            return {(c["a"], c["b"]): c for c in ew["cells"]}
+
+        # 1. all six report; every rack pair measured, nothing failing
+        east_west_status(
+            lambda ew: (
+                (r := condition(status_of(kube, name), "Ready")) is not None
+                and r["status"] == "True"
+            ),
+            "Ready: all six agents reporting",
+        )
+        ew = east_west_status(
+            lambda ew: (
+                len(cells(ew)) == 3 and all(c.get("latencyP50Ms") is not None for c in ew["cells"])
+            ),
+            "latency in all three rack pairs",
+        )
+        assert (ew["domains"], ew["nodes"]) == (2, 6)
+        assert set(cells(ew)) == {("rack-a", "rack-a"), ("rack-a", "rack-b"),
+                                  ("rack-b", "rack-b")}  # fmt: skip
+        assert all(c["pathMTU"] == FABRIC_MTU for c in ew["cells"] if c.get("pathMTU")), ew
+        assert not ew.get("suspects") and not ew.get("failingPairs"), ew
+
+        # 2. a3's fabric link down: the operator names it, and only it, the suspect
+        fabric.nodes[DOWN].set_down("f0")
+        try:
+            ew = east_west_status(
+                lambda ew: [s["node"] for s in ew.get("suspects") or []] == [DOWN],
+                f"{DOWN} named the suspect",
+            )
+        finally:
+            fabric.nodes[DOWN].set_up("f0")
+            fabric.nodes[DOWN].wait_operstate("f0", "up")
+        (suspect,) = ew["suspects"]
+        assert suspect["domain"] == DOMAIN[DOWN] and suspect["failingPeers"] >= 1, suspect
+        print(f"\n(e2e operator) suspect {suspect}; cells {ew['cells']}")
+        for log_path in logs.values():
+            assert "Traceback" not in log_path.read_text(errors="replace"), diagnostics()
