@@ -14,7 +14,8 @@ command, so each scenario is a few round trips, not process starts. Two tests ru
 agents (announce, assignment, probes and a throughput slot end to end), and all six agents
 with the operator (Kopf, in-process, against the test Kubernetes API): it assigns the racks
 from Node labels, renders the agent config they run, and folds their reports into
-status.eastWest, which names a node whose link goes down the suspect.
+status.eastWest, which flags the shaped rack pair ~4:1 and names a node whose link goes down
+the suspect.
 
 Scenarios (each restores the fabric afterwards):
 (a) the inter-rack link shaped by htb to a quarter of the node links: the throughput slots
@@ -831,14 +832,15 @@ class UnixToTcp:
 
 
 @pytest.mark.timeout(240)
-def test_six_agents_and_the_operator_fill_east_west_status_and_name_a_dead_node(
+def test_six_agents_and_the_operator_report_oversubscription_and_name_a_dead_node(
     fabric: Fabric, kube: KubeCluster, tmp_path: Path
 ) -> None:
     """The whole path: the operator (in-process, Kopf) assigns each node its rack from the
     Node label, renders the agent config; six `netval agent` processes (one per namespace
-    node) announce, probe each other on the fabric and report over the broker; the operator
-    folds the reports into status.eastWest. Then one node's fabric link goes down and the
-    status names it the suspect."""
+    node) announce, probe each other on the fabric (node links at 400 Mbit/s, the inter-rack
+    link at 100) and report over the broker; the operator folds the reports into
+    status.eastWest and flags the rack pair ~4:1 oversubscribed. Then one node's fabric link
+    goes down and the status names it the suspect."""
     if not mosquitto.available():
         pytest.skip(mosquitto.MISSING_REASON)
     broker_dir = tmp_path / "broker"
@@ -878,6 +880,13 @@ def test_six_agents_and_the_operator_fill_east_west_status_and_name_a_dead_node(
         return "\n".join(parts) + f"\n-- broker --\n{broker.log_text()[-3000:]}"
 
     with contextlib.ExitStack() as stack:
+        # shaped before the agents start: every throughput sample sees the oversubscription
+        for ns in fabric.nodes.values():
+            stack.callback(unshape, ns, "f0")
+            shape(ns, "f0", NODE_RATE_MBIT)
+        for ns in fabric.racks.values():
+            stack.callback(unshape, ns, "up0")
+            shape(ns, "up0", UPLINK_RATE_MBIT)
         with broker.log_file.open("ab") as log:
             mosq = subprocess.Popen(
                 fabric.mgmt.argv([str(mosquitto.MOSQUITTO), "-c", str(broker.config)]),
@@ -956,7 +965,20 @@ def test_six_agents_and_the_operator_fill_east_west_status_and_name_a_dead_node(
         assert all(c["pathMTU"] == FABRIC_MTU for c in ew["cells"] if c.get("pathMTU")), ew
         assert not ew.get("suspects") and not ew.get("failingPairs"), ew
 
-        # 2. a3's fabric link down: the operator names it, and only it, the suspect
+        # 2. throughput samples in their slots (one rotation: 3 slots of 5 s): flagged ~4:1
+        ew = east_west_status(
+            lambda ew: bool(ew.get("flagged")), "the rack pair flagged oversubscribed"
+        )
+        cross = cells(ew)[("rack-a", "rack-b")]
+        print(f"\n(e2e operator) cross {cross}")
+        assert [(f["a"], f["b"]) for f in ew["flagged"]] == [("rack-a", "rack-b")]
+        assert 4 * 0.75 <= cross["oversubscription"] <= 4 * 1.25, cross
+        intra = [cells(ew)[(r, r)].get("throughputMbps") for r in RACKS]
+        assert any(intra), ew  # the ratio's denominator
+        for mbps in filter(None, intra):
+            assert mbps == pytest.approx(NODE_RATE_MBIT, rel=0.25), intra
+
+        # 3. a3's fabric link down: the operator names it, and only it, the suspect
         fabric.nodes[DOWN].set_down("f0")
         try:
             ew = east_west_status(
