@@ -111,6 +111,52 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float = 5.0) -> None:
             proc.wait(timeout)
 
 
+def mgmt_broker(workdir: Path, unix_socket: Path | None = None) -> mosquitto.MosquittoBroker:
+    """A broker configured to listen on the management network (and on `unix_socket`)."""
+    (workdir / "broker").mkdir()
+    broker = mosquitto.MosquittoBroker(workdir / "broker")
+    listeners = f"listener {broker.port} {MGMT_ADDR}"
+    if unix_socket is not None:
+        listeners += f"\nlistener 0 {unix_socket}"
+    text = broker.config.read_text()
+    broker.config.write_text(text.replace(f"listener {broker.port} 127.0.0.1", listeners))
+    return broker
+
+
+def start_broker(mgmt: Namespace, broker: mosquitto.MosquittoBroker) -> subprocess.Popen[bytes]:
+    with broker.log_file.open("ab") as log:
+        return subprocess.Popen(
+            mgmt.argv([str(mosquitto.MOSQUITTO), "-c", str(broker.config)]),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def start_agent(
+    ns: Namespace, node: str, broker: mosquitto.MosquittoBroker, workdir: Path, log: Path
+) -> subprocess.Popen[bytes]:
+    """`netval agent` as `node` in its namespace, with `workdir`/agent.yaml as its config and
+    `workdir`/password for the broker on the management network."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "NETVAL_CONFIG": str(workdir / "agent.yaml"),
+        "NETVAL_NODE_NAME": node,
+        "NETVAL_MQTT_URL": f"mqtt://{MGMT_ADDR}:{broker.port}",
+        "NETVAL_MQTT_USERNAME": broker.username,
+        "NETVAL_MQTT_PASSWORD_FILE": str(workdir / "password"),
+        "NETVAL_METRICS_ADDR": "off",
+    }
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            ns.argv([netval_script(), "agent"]),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
 # Runs in a node namespace: a responder on the fabric address, then one JSON command per
 # stdin line -> one JSON line of results.
 WORKER = textwrap.dedent(
@@ -487,14 +533,7 @@ def test_two_agents_announce_get_their_domain_probe_each_other_and_sample_throug
 ) -> None:
     if not mosquitto.available():
         pytest.skip(mosquitto.MISSING_REASON)
-    broker_dir = tmp_path / "broker"
-    broker_dir.mkdir()
-    broker = mosquitto.MosquittoBroker(broker_dir)
-    broker.config.write_text(
-        broker.config.read_text().replace(
-            f"listener {broker.port} 127.0.0.1", f"listener {broker.port} {MGMT_ADDR}"
-        )
-    )
+    broker = mgmt_broker(tmp_path)
     validation = "ew"
     config = {
         "validation": validation,
@@ -517,14 +556,7 @@ def test_two_agents_announce_get_their_domain_probe_each_other_and_sample_throug
         return "\n".join(parts) + f"\n-- broker --\n{broker.log_text()}"
 
     with contextlib.ExitStack() as stack:
-        with broker.log_file.open("ab") as log:
-            mosq = subprocess.Popen(
-                fabric.mgmt.argv([str(mosquitto.MOSQUITTO), "-c", str(broker.config)]),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        stack.callback(stop_process, mosq)
+        stack.callback(stop_process, start_broker(fabric.mgmt, broker))
         assignments = {
             f"netval/v1/{validation}/{n}/assignment": json.dumps({"domain": DOMAIN[n]})
             for n in AGENTS
@@ -555,23 +587,7 @@ def test_two_agents_announce_get_their_domain_probe_each_other_and_sample_throug
 
         agents = {}
         for n in AGENTS:
-            env = {
-                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                "NETVAL_CONFIG": str(tmp_path / "agent.yaml"),
-                "NETVAL_NODE_NAME": n,
-                "NETVAL_MQTT_URL": f"mqtt://{MGMT_ADDR}:{broker.port}",
-                "NETVAL_MQTT_USERNAME": broker.username,
-                "NETVAL_MQTT_PASSWORD_FILE": str(tmp_path / "password"),
-                "NETVAL_METRICS_ADDR": "off",
-            }
-            with logs[n].open("ab") as log:
-                agents[n] = subprocess.Popen(
-                    fabric.nodes[n].argv([netval_script(), "agent"]),
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
+            agents[n] = start_agent(fabric.nodes[n], n, broker, tmp_path, logs[n])
             stack.callback(stop_process, agents[n])
 
         # 1. each agent announces its fabric address with the domain the operator assigned
@@ -843,16 +859,8 @@ def test_six_agents_and_the_operator_report_oversubscription_and_name_a_dead_nod
     goes down and the status names it the suspect."""
     if not mosquitto.available():
         pytest.skip(mosquitto.MISSING_REASON)
-    broker_dir = tmp_path / "broker"
-    broker_dir.mkdir()
-    broker = mosquitto.MosquittoBroker(broker_dir)
     sock = tmp_path / "mqtt.sock"
-    broker.config.write_text(
-        broker.config.read_text().replace(
-            f"listener {broker.port} 127.0.0.1",
-            f"listener {broker.port} {MGMT_ADDR}\nlistener 0 {sock}",
-        )
-    )
+    broker = mgmt_broker(tmp_path, unix_socket=sock)
     kube.ensure_namespace(NS)
     for node in NODES:
         add_node(kube, node, {**GPU, "topology.kubernetes.io/zone": DOMAIN[node]})
@@ -887,14 +895,7 @@ def test_six_agents_and_the_operator_report_oversubscription_and_name_a_dead_nod
         for ns in fabric.racks.values():
             stack.callback(unshape, ns, "up0")
             shape(ns, "up0", UPLINK_RATE_MBIT)
-        with broker.log_file.open("ab") as log:
-            mosq = subprocess.Popen(
-                fabric.mgmt.argv([str(mosquitto.MOSQUITTO), "-c", str(broker.config)]),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        stack.callback(stop_process, mosq)
+        stack.callback(stop_process, start_broker(fabric.mgmt, broker))
         wait_for(sock.exists, what="the broker's Unix socket")
         forward = stack.enter_context(UnixToTcp(sock))
         address = type("Broker", (), {"host": "127.0.0.1", "port": forward.port,
@@ -913,24 +914,7 @@ def test_six_agents_and_the_operator_report_oversubscription_and_name_a_dead_nod
         (tmp_path / "agent.yaml").write_text(wait_for(rendered, what="the agent ConfigMap"))
         (tmp_path / "password").write_text(broker.password + "\n")
         for n in NODES:
-            env = {
-                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                "NETVAL_CONFIG": str(tmp_path / "agent.yaml"),
-                "NETVAL_NODE_NAME": n,
-                "NETVAL_MQTT_URL": f"mqtt://{MGMT_ADDR}:{broker.port}",
-                "NETVAL_MQTT_USERNAME": broker.username,
-                "NETVAL_MQTT_PASSWORD_FILE": str(tmp_path / "password"),
-                "NETVAL_METRICS_ADDR": "off",
-            }
-            with logs[n].open("ab") as log:
-                agent = subprocess.Popen(
-                    fabric.nodes[n].argv([netval_script(), "agent"]),
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            stack.callback(stop_process, agent)
+            stack.callback(stop_process, start_agent(fabric.nodes[n], n, broker, tmp_path, logs[n]))
 
         def east_west_status(pred: Any, what: str) -> dict[str, Any]:
             def check() -> dict[str, Any] | None:

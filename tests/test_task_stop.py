@@ -9,9 +9,9 @@ import gc
 import pytest
 
 from mosquitto import MosquittoBroker
-from netval.mqtt_settings import MqttSettings
 from netval.operator.ingest import ReportIngest
 from netval.task_stop import cancel_and_wait
+from operator_env import settings_for
 
 pytestmark = pytest.mark.asyncio
 
@@ -54,15 +54,7 @@ async def test_ingest_stops_at_any_point_of_its_connection(
     mosquitto_broker: MosquittoBroker, delay_ms: int
 ) -> None:
     """Stopped while connecting, subscribing or reading: the ingest task finishes."""
-    settings = MqttSettings(
-        host=mosquitto_broker.host,
-        port=mosquitto_broker.port,
-        tls=False,
-        username=mosquitto_broker.username,
-        password=mosquitto_broker.password,
-        ca_file=None,
-        client_id=f"netval-stop-{delay_ms}",
-    )
+    settings = settings_for(mosquitto_broker).mqtt
     ingest = ReportIngest(settings, on_report=lambda r, retained: None, on_state=lambda c: None)
     task = asyncio.create_task(ingest.run())
     await asyncio.sleep(delay_ms / 1000)
