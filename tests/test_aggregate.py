@@ -17,6 +17,7 @@ from netval.model.status import (
 from netval.operator.aggregate import (
     IngestResult,
     ValidationState,
+    agent_pods_detail,
     compute_status,
     forget_node,
     ingest_report,
@@ -541,3 +542,10 @@ def test_failing_paths_degrade_the_prober_but_never_fail_it() -> None:
     assert (st.nodes.failing, st.nodes.warning) == (0, 1)
     assert st.checks["peer.loss"].fail == 1
     assert node_health(s, "gpu-a", at(2)) == "degraded"
+
+
+def test_agent_pods_detail_says_only_what_explains_missing_reports() -> None:
+    assert agent_pods_detail(desired=4, ready=4, targeted=4) == ""
+    assert agent_pods_detail(desired=4, ready=1, targeted=4) == "1 of 4 agent pods ready"
+    short = agent_pods_detail(desired=3, ready=3, targeted=4)
+    assert "runs on 3 of the 4 targeted nodes" in short and "tolerate" in short

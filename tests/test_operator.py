@@ -289,6 +289,55 @@ def test_node_labels_change_the_targeted_set(
     wait_status(cluster, lambda s: s["nodes"]["targeted"] == 3, "deleted node untargeted")
 
 
+def test_ready_says_what_the_agent_daemonset_says_while_nodes_are_missing(
+    cluster: KubeCluster,
+    operator: tuple[OperatorRuntime, InMemorySpanExporter],
+    mosquitto_broker: MosquittoBroker,
+) -> None:
+    runtime, _ = operator
+    runtime.agent_pods_every = 0.2  # the DaemonSet's status is read every 10 s by default
+    cluster.create(validation())
+    name = manifests.agent_object_name("pool-a")
+    wait_for(lambda: cluster.stored("apps/v1", "daemonsets", name, NS), what="DaemonSet")
+    publish(mosquitto_broker, [report_msg(report(n)) for n in NODES[:2]])
+
+    def ready_message(part: str) -> dict[str, Any]:
+        return wait_status(
+            cluster,
+            lambda s: part in (((c := condition(s, "Ready")) and c["message"]) or ""),
+            f"Ready message with {part!r}",
+        )
+
+    # playing the DaemonSet controller: pods on 3 of the 4 targeted nodes (one is tainted),
+    # 2 ready
+    status = {"desiredNumberScheduled": 3, "currentNumberScheduled": 3, "numberReady": 2,
+              "numberMisscheduled": 0}  # fmt: skip
+    cluster.patch("apps/v1", "daemonsets", name, {"status": status}, NS, subresource="status")
+    status_now = ready_message("runs on 3 of the 4 targeted nodes")
+    ready = condition(status_now, "Ready")
+    assert ready is not None
+    assert (ready["status"], ready["reason"]) == ("False", "AwaitingReports")
+    assert ready["message"].startswith("2 of 4 targeted nodes reporting; awaiting a first report")
+    assert "agent pods ready on 2 nodes" in ready["message"]
+    assert "taints the agents do not tolerate?" in ready["message"]
+
+    # all four scheduled, three ready
+    status.update(desiredNumberScheduled=4, currentNumberScheduled=4, numberReady=3)
+    cluster.patch("apps/v1", "daemonsets", name, {"status": status}, NS, subresource="status")
+    ready_message("; 3 of 4 agent pods ready")
+
+    # every pod ready and every node reporting: Ready, with nothing about pods
+    status.update(numberReady=4)
+    cluster.patch("apps/v1", "daemonsets", name, {"status": status}, NS, subresource="status")
+    publish(mosquitto_broker, [report_msg(report(n)) for n in NODES[2:]])
+    final = wait_status(
+        cluster,
+        lambda s: condition(s, "Ready")["status"] == "True",
+        "Ready",  # type: ignore[index]
+    )
+    assert "agent pods" not in condition(final, "Ready")["message"]  # type: ignore[index]
+
+
 def test_delete_removes_agents(
     cluster: KubeCluster, operator: tuple[OperatorRuntime, InMemorySpanExporter]
 ) -> None:

@@ -144,6 +144,7 @@ class ValidationState:
     targeted: set[str] = field(default_factory=set)  # use set_targeted (records join times)
     agents_ready: bool = False  # use set_agents_ready
     agents_detail: str = ""  # e.g. "3/4 agent pods ready", shown while agents are pending
+    agent_pods: str = ""  # use set_agent_pods: the DaemonSet's view when reports are missing
     spec_error: str | None = None  # set when the spec is invalid: Ready=False InvalidSpec
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
     offline: dict[str, datetime] = field(default_factory=dict)  # node -> since
@@ -218,6 +219,26 @@ def set_agents_ready(
     if (ready, detail) != (state.agents_ready, state.agents_detail):
         state.agents_ready = ready
         state.agents_detail = detail
+        state.dirty = True
+
+
+def agent_pods_detail(*, desired: int, ready: int, targeted: int) -> str:
+    """What the agent DaemonSet's status adds to "a node has not reported": "" when every
+    targeted node has a ready agent pod, so nothing is to be learnt from it."""
+    if desired < targeted:
+        # DaemonSet pods skip nodes whose taints they do not tolerate: the usual cause.
+        return (
+            f"agent pods ready on {ready} nodes; the agent DaemonSet runs on {desired} of the"
+            f" {targeted} targeted nodes (taints the agents do not tolerate?)"
+        )
+    if ready < desired:
+        return f"{ready} of {desired} agent pods ready"
+    return ""
+
+
+def set_agent_pods(state: ValidationState, detail: str) -> None:
+    if detail != state.agent_pods:
+        state.agent_pods = detail
         state.dirty = True
 
 
@@ -513,11 +534,11 @@ def _ready(
         msg = f"{len(stale)} of {targeted} targeted nodes stale: {names}"
         if awaiting:
             msg += f"; {len(awaiting)} awaiting a first report"
-        return "False", Reason.NODES_STALE, msg
+        return "False", Reason.NODES_STALE, _clip(_with_agent_pods(state, msg))
     if awaiting:
         awaiting.sort()
         msg = f"{reporting}; awaiting a first report from {_names(awaiting, len(awaiting))}"
-        return "False", Reason.AWAITING_REPORTS, msg
+        return "False", Reason.AWAITING_REPORTS, _clip(_with_agent_pods(state, msg))
     msg = f"all {targeted} targeted nodes reporting"
     if older_generation:
         msg += (
@@ -525,6 +546,10 @@ def _ready(
             " (agents rolling out)"
         )
     return "True", Reason.AGENTS_REPORTING, msg
+
+
+def _with_agent_pods(state: ValidationState, message: str) -> str:
+    return f"{message}; {state.agent_pods}" if state.agent_pods else message
 
 
 def _healthy(

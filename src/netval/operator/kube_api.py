@@ -164,6 +164,23 @@ class KubeApi:
         items: list[dict[str, Any]] = cast(dict[str, Any], found).get("items", [])
         return [item["metadata"]["name"] for item in items]
 
+    async def agent_pod_counts(
+        self, namespace: str, label_selector: str, label: str
+    ) -> dict[str, tuple[int, int]]:
+        """Per value of the label `label`: (desiredNumberScheduled, numberReady) of the
+        DaemonSets in `namespace` that `label_selector` selects; those without a status yet
+        (no DaemonSet controller has looked at them) are left out."""
+        found = await asyncio.to_thread(
+            self.apps.list_namespaced_daemon_set, namespace, label_selector=label_selector
+        )
+        counts: dict[str, tuple[int, int]] = {}
+        for ds in cast(Any, found).items:
+            value = (ds.metadata.labels or {}).get(label)
+            if value is None or ds.status is None:
+                continue
+            counts[value] = (ds.status.desired_number_scheduled, ds.status.number_ready)
+        return counts
+
     async def patch_status(self, name: str, status: dict[str, Any]) -> None:
         await asyncio.to_thread(
             self.custom.patch_cluster_custom_object_status,

@@ -30,6 +30,12 @@ from netval.operator import aggregate, east_west, gating
 from netval.operator.aggregate import ValidationState
 from netval.operator.ingest import ReportIngest, StateChange
 from netval.operator.kube_api import KubeApi
+from netval.operator.manifests import (
+    AGENT_APP_NAME,
+    LABEL_NAME,
+    LABEL_VALIDATION,
+    validation_label_value,
+)
 from netval.operator.settings import OperatorSettings
 from netval.task_stop import cancel_and_wait
 
@@ -44,6 +50,10 @@ MAX_LINKS_PER_WRITE: Final = 128  # trace links from a status write to the repor
 MAX_GATING_WRITES_PER_ROUND: Final = 500
 GATING_CONCURRENCY: Final = 16
 _PENDING_LIMIT: Final = 100_000
+# Seconds between reads of the agent DaemonSets' status: it only explains missing reports
+# (Ready's message), so a read now and then is enough; a watch would need a cluster-wide
+# permission or a second, namespaced Kopf operator.
+AGENT_PODS_EVERY: Final = 10.0
 
 
 def utcnow() -> datetime:
@@ -108,6 +118,8 @@ class OperatorRuntime:
         self._pending_events: list[tuple[str, str, str, str]] = []
         self.metrics_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.agent_pods_every = AGENT_PODS_EVERY
+        self._agent_pods_due = 0.0
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -348,6 +360,9 @@ class OperatorRuntime:
         await self.ingest.synced.wait()
         while True:
             started = time.monotonic()
+            if started >= self._agent_pods_due and self.states:
+                self._agent_pods_due = started + self.agent_pods_every
+                await self.refresh_agent_pods()
             try:
                 await self.write_due(utcnow())
             except Exception:
@@ -368,6 +383,27 @@ class OperatorRuntime:
             await asyncio.sleep(
                 max(0.0, self.settings.status_window - (time.monotonic() - started))
             )
+
+    async def refresh_agent_pods(self) -> None:
+        """What the agent DaemonSets' status says (e.g. "2 of 4 agent pods ready"), for the
+        Ready message while nodes have not reported."""
+        try:
+            counts = await self.kube.agent_pod_counts(
+                self.settings.namespace, f"{LABEL_NAME}={AGENT_APP_NAME}", LABEL_VALIDATION
+            )
+        except Exception as exc:
+            log.warning("cannot read the agent DaemonSets' status: %s", exc)
+            return
+        for name, state in self.states.items():
+            count = counts.get(validation_label_value(name))
+            detail = (
+                ""
+                if count is None
+                else aggregate.agent_pods_detail(
+                    desired=count[0], ready=count[1], targeted=len(state.targeted)
+                )
+            )
+            aggregate.set_agent_pods(state, detail)
 
     async def write_due(self, now: datetime) -> None:
         for name, type_, reason, message in self._pending_events:
