@@ -338,6 +338,38 @@ def test_ready_says_what_the_agent_daemonset_says_while_nodes_are_missing(
     assert "agent pods" not in condition(final, "Ready")["message"]  # type: ignore[index]
 
 
+def test_two_validations_sharing_a_peers_port_on_a_node_are_told(
+    cluster: KubeCluster, operator: tuple[OperatorRuntime, InMemorySpanExporter]
+) -> None:
+    runtime, _ = operator
+    peers = {"peers": {"enabled": True}}
+    cluster.create(validation("train", checks=peers))
+    cluster.create(validation("infer", checks=peers, nodeSelector={"pool": "infer"}))
+    cluster.create(validation("apart", checks={"peers": {"enabled": True, "port": 7500}}))
+    wait_for(lambda: {"train", "infer", "apart"} <= set(runtime.states), what="all loaded")
+    assert not runtime.peer_port_conflicts  # infer targets no node yet
+
+    # gpu-c joins the infer pool too: both would listen on 7471 there
+    cluster.patch("v1", "nodes", "gpu-c", {"metadata": {"labels": {"pool": "infer"}}})
+
+    def conflict_events() -> list[dict[str, Any]]:
+        return [e for e in cluster.list("v1", "events", "default")
+                if e.get("reason") == "PeerPortConflict"]  # fmt: skip
+
+    events = wait_for(lambda: len(conflict_events()) == 2 and conflict_events(), what="events")
+    by_object = {e["involvedObject"]["name"]: e for e in events}
+    assert set(by_object) == {"train", "infer"}
+    assert all(e["type"] == "Warning" for e in events)
+    assert "NetworkValidation 'infer' on 1 shared node(s) (gpu-c)" in by_object["train"]["message"]
+    assert "NetworkValidation 'train'" in by_object["infer"]["message"]
+    assert runtime.peer_port_conflicts == {("infer", "train"): ["gpu-c"]}
+
+    # the overlap ends: nothing more is said, and the conflict is forgotten
+    cluster.patch("v1", "nodes", "gpu-c", {"metadata": {"labels": {"pool": None}}})
+    wait_for(lambda: not runtime.peer_port_conflicts, what="conflict gone")
+    assert len(conflict_events()) == 2
+
+
 def test_delete_removes_agents(
     cluster: KubeCluster, operator: tuple[OperatorRuntime, InMemorySpanExporter]
 ) -> None:

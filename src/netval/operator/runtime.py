@@ -36,6 +36,7 @@ from netval.operator.manifests import (
     LABEL_VALIDATION,
     validation_label_value,
 )
+from netval.operator.peer_ports import PeerListener, conflict_message, peer_port_conflicts
 from netval.operator.settings import OperatorSettings
 from netval.task_stop import cancel_and_wait
 
@@ -119,6 +120,7 @@ class OperatorRuntime:
         self.metrics_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.agent_pods_every = AGENT_PODS_EVERY
+        self.peer_port_conflicts: dict[tuple[str, str], list[str]] = {}
         self._agent_pods_due = 0.0
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -284,6 +286,28 @@ class OperatorRuntime:
 
     def _publish_assignments(self) -> None:
         self.ingest.set_retained(self.assignments())
+        self._check_peer_ports()
+
+    def _check_peer_ports(self) -> None:
+        """Queues a Warning Event on both validations when two start sharing a peers port on
+        a node (again after the overlap went away and came back)."""
+        listeners = {
+            name: PeerListener(
+                spec.checks.peers.port, spec.checks.peers.interface, frozenset(state.targeted)
+            )
+            for name, spec in self.specs.items()
+            if spec.checks.peers.enabled and (state := self.states.get(name)) is not None
+        }
+        conflicts = peer_port_conflicts(listeners)
+        for (a, b), nodes in conflicts.items():
+            if (a, b) in self.peer_port_conflicts:
+                continue
+            port = listeners[a].port
+            for name, other in ((a, b), (b, a)):
+                message = conflict_message(other, port, nodes)
+                self._pending_events.append((name, "Warning", "PeerPortConflict", message))
+                log.warning("NetworkValidation %s: %s", name, message)
+        self.peer_port_conflicts = conflicts
 
     def _retarget(self, name: str, now: datetime) -> None:
         selector = self.selectors.get(name)
