@@ -45,12 +45,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import json
 import math
 import multiprocessing as mp
 import random
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -758,6 +760,12 @@ def main() -> None:
     )
     parser.add_argument("--interval", type=float, default=30.0, help="agent interval, seconds")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--matrix-baseline",
+        metavar="GIT_REV",
+        help="also time east_west as of this git revision, alternating with the current one "
+        "on the same inputs (before/after of an aggregation change), and check equal output",
+    )
     args = parser.parse_args()
     if args.probers < 1 or args.interval < MIN_SLOT_SECONDS:
         parser.error(f"--probers >= 1 and --interval >= {MIN_SLOT_SECONDS:g} are required")
@@ -800,6 +808,45 @@ def main() -> None:
         matrices.append(matrix_cost(fab, sel.plans, sel.slot_seconds, rounds, args.seed))
 
     print_tables(args, settings, selections, runs, matrices, time.perf_counter() - started)
+    if args.matrix_baseline:
+        compare_matrix(args.matrix_baseline, fabrics, selections, args.seed)
+
+
+def load_baseline(rev: str) -> Any:
+    """`netval.operator.east_west` as of git revision `rev`, as a separate module."""
+    source = subprocess.run(
+        ["git", "show", f"{rev}:src/netval/operator/east_west.py"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    spec = importlib.util.spec_from_loader("east_west_baseline", loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses and pydantic look their module up
+    exec(compile(source, f"{rev}:east_west.py", "exec"), module.__dict__)
+    return module
+
+
+def compare_matrix(rev: str, fabrics: list[Fabric], selections: list[Selection], seed: int) -> None:
+    baseline = load_baseline(rev)
+    print(f"\nOperator matrix, {rev} vs this tree (alternating on the same inputs, medians):")
+    print("| nodes | baseline | now | speed-up | same output |")
+    print("|---:|---:|---:|---:|---|")
+    for fab, sel in zip(fabrics, selections, strict=True):
+        by_node, _, _ = agent_peer_results(fab, sel.plans, sel.slot_seconds, seed)
+        rounds = 15 if len(fab.nodes) <= 100 else 7
+        old_t: list[float] = []
+        new_t: list[float] = []
+        for _ in range(rounds):
+            for fn, into in ((baseline.east_west, old_t), (east_west, new_t)):
+                t = time.perf_counter()
+                out = fn(by_node, fab.domain, min_throughput_ratio=0.5)
+                into.append(time.perf_counter() - t)
+        old_out = baseline.east_west(by_node, fab.domain, min_throughput_ratio=0.5)
+        same = json.dumps(old_out.model_dump(mode="json"), sort_keys=True) == json.dumps(
+            out.model_dump(mode="json"), sort_keys=True
+        )
+        o, n = statistics.median(old_t) * 1e3, statistics.median(new_t) * 1e3
+        print(f"| {len(fab.nodes):,} | {o:.1f} ms | {n:.1f} ms | {o / n:.1f}x | {same} |")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
+from netval.model.east_west import MAX_FLAGGED, MAX_SUSPECT_CHECKS, MAX_SUSPECTS
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.operator.east_west import MAX_CELLS, UNASSIGNED, east_west
@@ -262,3 +265,257 @@ def test_the_status_is_bounded_and_keeps_what_matters() -> None:
 def test_empty_input() -> None:
     ew = east_west({}, {}, min_throughput_ratio=0.5)
     assert (ew.cells, ew.suspects, ew.flagged, ew.domains) == ([], [], [], 0)
+
+
+# -- the whole summary against a plain restatement of the rules, on seeded random fabrics ------
+
+
+def random_fabric(seed: int) -> tuple[dict[str, list[CheckResult]], dict[str, str | None]]:
+    """Racks of nodes probing random peers: lossy nodes, silent nodes, unlabelled nodes, a slow
+    rack pair, skipped and errored probes, small MTUs and results the aggregation must ignore."""
+    rng = random.Random(seed)
+    racks = [f"rack-{i}" for i in range(rng.randint(2, 5))]
+    nodes = [f"{r}-n{i}" for r in racks for i in range(rng.randint(2, 6))]
+    home = {n: n.rsplit("-", 1)[0] for n in nodes}
+    domains: dict[str, str | None] = {}
+    for n in nodes:
+        roll = rng.random()
+        if roll < 0.8:
+            domains[n] = home[n]
+        elif roll < 0.9:
+            domains[n] = None  # no label: unassigned, whatever its peers saw announced
+        # else missing from the map: the domain its probers saw announced first, if any
+    lossy = set(rng.sample(nodes, rng.randint(0, 2)))
+    silent = set(rng.sample(nodes, rng.randint(0, 2)))  # no report, still probed
+    slow = set(rng.sample(racks, 2))
+    results: dict[str, list[CheckResult]] = {}
+    for n in nodes:
+        if n in silent:
+            continue
+        rs: list[CheckResult] = []
+        others = [q for q in nodes if q != n]
+        for p in rng.sample(others, min(len(others), rng.randint(2, 8))):
+            roll = rng.random()
+            lat_status = (
+                Status.ERROR if roll < 0.04 else Status.SKIP if roll < 0.08 else Status.PASS
+            )
+            announced = rng.choice([home[p], home[p], None, "", "rack-elsewhere"])
+            bad = bool({n, p} & lossy) and rng.random() < 0.9
+            percent = 20.0 if bad else rng.choice([0.0, 0, 0.05] * 5 + [2.0])  # an int too
+            rs += [
+                latency(p, round(rng.uniform(0.01, 0.1), 4), status=lat_status, domain=announced),
+                loss(p, percent),
+                path_mtu(p, 1500 if rng.random() < 0.05 else 9000),
+            ]
+            if rng.random() < 0.6:
+                mbps = (
+                    100.0 if {home[n], home[p]} == slow else 400.0 if home[n] == home[p] else 380.0
+                )
+                rs.append(throughput(p, round(mbps * rng.uniform(0.9, 1.1), 3)))
+        for p in rng.sample(others, rng.randint(0, 2)):  # carried from an earlier cycle
+            rs.append(throughput(p, rng.choice([0.0, round(rng.uniform(300.0, 420.0), 3)])))
+        p = others[0]
+        rs += [
+            CheckResult(check=CheckId.PEER_LATENCY, subject=n, status=Status.FAIL, message=""),
+            CheckResult(
+                check=CheckId.LINK_CARRIER, subject="ens1np0", status=Status.FAIL, message=""
+            ),
+            CheckResult(
+                check=CheckId.PEER_THROUGHPUT,
+                subject=p,
+                status=Status.FAIL,
+                message="",
+                observed={"mbps": 5.0},
+            ),
+            CheckResult(
+                check=CheckId.PEER_LATENCY,
+                subject=p,
+                status=Status.PASS,
+                message="",
+                observed={"p50Ms": "fast", "p99Ms": True},
+            ),
+        ]
+        if rng.random() < 0.3:
+            rng.shuffle(rs)  # a peer's results need not come together
+        results[n] = rs
+    return results, domains
+
+
+def reference(
+    results_by_node: Mapping[str, list[CheckResult]],
+    domains: Mapping[str, str | None],
+    min_ratio: float,
+    max_cells: int,
+    max_suspects: int,
+) -> dict[str, Any]:
+    """The module docstring's rules, spelled out the slow way."""
+    path = {CheckId.PEER_LATENCY, CheckId.PEER_LOSS, CheckId.PEER_PATH_MTU}
+    about_peers = [
+        (n, r)
+        for n, rs in results_by_node.items()
+        for r in rs
+        if r.check in path | {CheckId.PEER_THROUGHPUT} and r.subject != n
+    ]
+    nodes = set(results_by_node) | {r.subject for _, r in about_peers}
+    announced: dict[str, str] = {}
+    for _, r in about_peers:
+        d = r.observed.get("domain")
+        if isinstance(d, str) and d and r.subject not in announced:
+            announced[r.subject] = d
+
+    def domain(n: str) -> str:
+        if n in domains:
+            return domains[n] or UNASSIGNED
+        return announced.get(n) or UNASSIGNED
+
+    def numbers(rs: Iterable[CheckResult], check: CheckId, key: str) -> list[float]:
+        vs = [r.observed.get(key) for r in rs if r.check is check]
+        return [float(v) for v in vs if isinstance(v, int | float) and not isinstance(v, bool)]
+
+    def mbps(rs: Iterable[CheckResult]) -> list[float]:
+        passed = [r for r in rs if r.status is Status.PASS]
+        return [v for v in numbers(passed, CheckId.PEER_THROUGHPUT, "mbps") if v > 0]
+
+    def median(vs: list[float], digits: int) -> float | None:
+        return round(statistics.median(vs), digits) if vs else None
+
+    by_cell: dict[tuple[str, str], list[tuple[str, CheckResult]]] = {}
+    for n, r in about_peers:
+        if r.status is not Status.SKIP:
+            a, b = sorted((domain(n), domain(r.subject)))
+            by_cell.setdefault((a, b), []).append((n, r))
+    cells: list[dict[str, Any]] = []
+    for (a, b), pairs in sorted(by_cell.items()):
+        rs = [r for _, r in pairs]
+        samples = mbps(rs)
+        cross = median(samples, 3)
+        ratio = over = None
+        intra = [r for d in {a, b} for _, r in by_cell.get((d, d), [])]
+        if a != b and cross is not None and mbps(intra):
+            base = statistics.median(mbps(intra))
+            ratio, over = round(cross / base, 4), round(base / cross, 3)
+        mtus = numbers(rs, CheckId.PEER_PATH_MTU, "pathMTU")
+        cells.append(
+            {
+                "a": a,
+                "b": b,
+                "pairs": len({frozenset((n, r.subject)) for n, r in pairs}),
+                "latency_p50_ms": median(numbers(rs, CheckId.PEER_LATENCY, "p50Ms"), 4),
+                "latency_p99_ms": median(numbers(rs, CheckId.PEER_LATENCY, "p99Ms"), 4),
+                "loss_percent": median(numbers(rs, CheckId.PEER_LOSS, "lossPercent"), 3),
+                "path_mtu": int(min(mtus)) if mtus else None,
+                "throughput_mbps": cross,
+                "throughput_samples": len(samples),
+                "throughput_ratio": ratio,
+                "oversubscription": over,
+                "failing": sum(r.check in path and r.status.is_bad for r in rs),
+                "flagged": ratio is not None and ratio < min_ratio,
+            }
+        )
+    shown = cells
+    if len(cells) > max_cells:  # flagged, then failing, then the busiest cells are kept
+        ranked = sorted(cells, key=lambda c: (not c["flagged"], not c["failing"], -c["pairs"]))
+        shown = sorted(ranked[:max_cells], key=lambda c: (c["a"], c["b"]))
+    flagged = sorted((c for c in cells if c["flagged"]), key=lambda c: c["throughput_ratio"])
+
+    # suspects: node pairs are edges, bad when a latency, loss or path-MTU result failed
+    edges: dict[frozenset[str], set[str]] = {}  # -> the checks that failed
+    for n, r in about_peers:
+        if r.check in path and r.status is not Status.SKIP:
+            failed = edges.setdefault(frozenset((n, r.subject)), set())
+            if r.status.is_bad:
+                failed.add(r.check.value)
+    live = dict(edges)
+    suspects: list[dict[str, Any]] = []
+
+    def peers_of(n: str) -> dict[str, set[str]]:
+        return {q: failed for e, failed in live.items() if n in e for q in e - {n}}
+
+    while len(suspects) < max_suspects:
+        candidates = []
+        for n in sorted(nodes - {s["node"] for s in suspects}):
+            peers = peers_of(n)
+            bad = [q for q, failed in peers.items() if failed]
+            if len(bad) < 2 or len(bad) / len(peers) < 0.5:
+                continue
+            shares = []
+            for q in bad:
+                theirs = peers_of(q)
+                if len(theirs) > 1:
+                    shares.append(
+                        sum(bool(f) for o, f in theirs.items() if o != n) / (len(theirs) - 1)
+                    )
+            if shares and statistics.median(shares) < min(0.5, len(bad) / len(peers) / 2):
+                candidates.append((-len(bad) / len(peers), -len(bad), n))
+        if not candidates:
+            break
+        node = min(candidates)[2]
+        peers = peers_of(node)
+        bad = sorted(q for q, failed in peers.items() if failed)
+        for q in bad:
+            # only the failing pairs go with the suspect (the rule since it was written, narrower
+            # than the docstring's "edges removed"): its good peers keep counting theirs
+            del live[frozenset((node, q))]
+        suspects.append(
+            {
+                "node": node,
+                "domain": domain(node),
+                "failing_peers": len(bad),
+                "peers": len(peers),
+                "checks": sorted(set().union(*(peers[q] for q in bad)))[:MAX_SUSPECT_CHECKS],
+            }
+        )
+    return {
+        "domains": len({domain(n) for n in nodes}),
+        "nodes": len(nodes),
+        "min_throughput_ratio": min_ratio,
+        "cells": shown,
+        "omitted_cells": len(cells) - len(shown),
+        "flagged": [
+            {k: c[k] for k in ("a", "b", "throughput_ratio", "oversubscription")}
+            for c in flagged[:MAX_FLAGGED]
+        ],
+        "suspects": suspects,
+        "failing_pairs": sum(1 for failed in edges.values() if failed),
+        "unexplained_failing_pairs": sum(1 for failed in live.values() if failed),
+    }
+
+
+def test_random_fabrics_match_the_rules_spelled_out() -> None:
+    seen: set[str] = set()
+    for seed in range(40):
+        results, domains = random_fabric(seed)
+        max_cells = MAX_CELLS if seed % 4 else 3
+        max_suspects = MAX_SUSPECTS if seed % 5 else 1
+        want = reference(results, domains, 0.5, max_cells, max_suspects)
+        # one-shot iterables, as the input type allows
+        once = {n: iter(rs) for n, rs in results.items()}
+        got = east_west(
+            once, domains, min_throughput_ratio=0.5, max_cells=max_cells, max_suspects=max_suspects
+        )
+        assert got.model_dump() == want, f"seed {seed}"
+        seen |= {
+            key
+            for key, hit in {
+                "suspect": bool(got.suspects),
+                "two suspects": len(got.suspects) > 1,
+                "unexplained": bool(got.unexplained_failing_pairs),
+                "flagged": bool(got.flagged),
+                "omitted": bool(got.omitted_cells),
+                "unassigned": any(UNASSIGNED in (c.a, c.b) for c in got.cells),
+                "announced elsewhere": any("rack-elsewhere" in (c.a, c.b) for c in got.cells),
+                "no ratio": any(c.a != c.b and c.throughput_ratio is None for c in got.cells),
+            }.items()
+            if hit
+        }
+    # the seeds reach every branch worth comparing
+    assert seen == {
+        "suspect",
+        "two suspects",
+        "unexplained",
+        "flagged",
+        "omitted",
+        "unassigned",
+        "announced elsewhere",
+        "no ratio",
+    }

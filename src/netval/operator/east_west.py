@@ -20,7 +20,7 @@ so it fits the CR status.
   when at least ``SUSPECT_MIN_BAD`` of its edges and at least half of them are bad, while
   the peers on those bad edges do fine with others (the median of their bad fraction
   without this node is below half of the node's own fraction and below 0.5). Suspects are
-  picked greedily, worst first, and their edges removed before looking again, so a lossy
+  picked greedily, worst first, and their bad edges removed before looking again, so a lossy
   node explains its pairs and two bad nodes are both found; a domain-wide fault (every
   cross-rack pair failing) makes no suspect: its failing pairs stay "unexplained" and the
   matrix shows where they are.
@@ -28,7 +28,9 @@ so it fits the CR status.
 
 from __future__ import annotations
 
+import itertools
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
@@ -53,47 +55,168 @@ SUSPECT_MIN_BAD: Final = 2
 SUSPECT_MIN_FRACTION: Final = 0.5
 PEERS_OK_FRACTION: Final = 0.5
 
-_PATH_CHECKS: Final = frozenset({CheckId.PEER_LATENCY, CheckId.PEER_LOSS, CheckId.PEER_PATH_MTU})
-_PEER_CHECKS: Final = _PATH_CHECKS | {CheckId.PEER_THROUGHPUT}
+# The operator runs this every status window over the latest results of every node (~100k
+# at 1,000 nodes), so the loop over results (`_Matrix.add`) keeps to plain dict, set and
+# identity operations. What it avoids, each measured there: `Status.is_bad` (a Python
+# property) and `Status.SKIP` (an enum class lookup) per result, `isinstance(x, int | float)`
+# (builds a union per call), a `sorted()` and helper calls per result for its cell and pair.
+_LATENCY: Final = CheckId.PEER_LATENCY
+_LOSS: Final = CheckId.PEER_LOSS
+_PATH_MTU: Final = CheckId.PEER_PATH_MTU
+_THROUGHPUT: Final = CheckId.PEER_THROUGHPUT
+_PEER_CHECKS: Final = frozenset({_LATENCY, _LOSS, _PATH_MTU, _THROUGHPUT})
+_BAD: Final = frozenset(s for s in Status if s.is_bad)
+
+_Pair = tuple[str, str]  # two nodes or two domains, the smaller first
 
 
 @dataclass(slots=True)
 class _Acc:
-    pairs: set[tuple[str, str]] = field(default_factory=set)
+    # The cell's node pairs: those with a latency/loss/path-MTU result (True: one failed) and
+    # those with a throughput result. A pair falls in one cell only, so these also count the
+    # cell's pairs and, chained, are the suspect search's edges.
+    edges: dict[_Pair, bool] = field(default_factory=dict)
+    sampled: set[_Pair] = field(default_factory=set)
     p50: list[float] = field(default_factory=list)
     p99: list[float] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)
-    mtu: list[int] = field(default_factory=list)
+    mtu: list[float] = field(default_factory=list)  # as reported: see `_cells`
     mbps: list[float] = field(default_factory=list)
     failing: int = 0
 
 
-def _number(observed: Mapping[str, JsonValue], key: str) -> float | None:
-    value = observed.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
+def _number(value: JsonValue) -> float | None:
+    """A JSON number as a float (callers test for the usual type first: the cheap case)."""
+    # a tuple, not `int | float`: that builds a union object on every call
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value)
 
 
-def _domains(
-    results_by_node: Mapping[str, Iterable[CheckResult]], domains: Mapping[str, str | None]
-) -> tuple[dict[str, str], dict[str, list[CheckResult]]]:
-    """Each node's domain (given, else as its probers saw it announced) and its peer results."""
-    kept: dict[str, list[CheckResult]] = {}
-    seen: dict[str, str] = {}
-    for node, results in results_by_node.items():
-        mine = [r for r in results if r.check in _PEER_CHECKS and r.subject != node]
-        kept[node] = mine
-        for r in mine:
+@dataclass(slots=True)
+class _Matrix:
+    """The accumulators of one run: the cells (with their node pairs), the failing pairs, the
+    nodes seen."""
+
+    domain_of: dict[str, str]  # the given domains; `resolve` adds the nodes missing there
+    cells: dict[_Pair, _Acc] = field(default_factory=dict)
+    # domain -> other domain -> the accumulator of their cell, so a result finds its cell in
+    # two lookups, with no sorting
+    rows: dict[str, dict[str, _Acc]] = field(default_factory=dict)
+    bad_edges: dict[_Pair, set[str]] = field(default_factory=dict)  # -> the checks that failed
+    nodes: set[str] = field(default_factory=set)
+    announced: dict[str, str] = field(default_factory=dict)  # of nodes missing from domains
+    # results whose prober or peer is missing from the given domains: their domain may be
+    # announced by a later result, so they are bucketed once every result has been seen
+    deferred: list[tuple[str, list[CheckResult]]] = field(default_factory=list)
+
+    def cell(self, da: str, db: str) -> _Acc:
+        key = (da, db) if da <= db else (db, da)
+        acc = self.cells.get(key)
+        if acc is None:
+            acc = self.cells[key] = _Acc()
+        self.rows.setdefault(da, {})[db] = acc
+        self.rows.setdefault(db, {})[da] = acc
+        return acc
+
+    def add(self, prober: str, results: Iterable[CheckResult]) -> None:
+        """Bucket one node's results (the hot loop: see the note above `_LATENCY`)."""
+        self.nodes.add(prober)
+        dp = self.domain_of.get(prober)
+        if dp is None:
+            self._defer(prober, results)
+            return
+        row = self.rows.setdefault(dp, {})
+        domain_get, nodes_add = self.domain_of.get, self.nodes.add
+        bad_edges = self.bad_edges
+        peer_checks, bad_statuses, skip, passed = _PEER_CHECKS, _BAD, Status.SKIP, Status.PASS
+        latency, loss, throughput = _LATENCY, _LOSS, _THROUGHPUT
+        later: list[CheckResult] = []
+        last: str | None = None
+        here = False  # the current peer's results are bucketed now (else self or deferred)
+        edged = False  # the current pair is in its cell's edges
+        ds, pair, acc = dp, (prober, prober), None
+        for r in results:
+            check = r.check
+            if check not in peer_checks:
+                continue
+            subject = r.subject
+            if subject != last:  # a peer's results come together: one set of lookups for all
+                last, here, edged = subject, False, False
+                if subject != prober:
+                    nodes_add(subject)
+                    found = domain_get(subject)
+                    if found is not None:
+                        here, ds = True, found
+                        acc = row.get(ds)
+                        pair = (prober, subject) if prober < subject else (subject, prober)
+            if not here:
+                if subject != prober:
+                    later.append(r)
+                    self._announce(r)
+                continue
+            status = r.status
+            if status is skip:
+                continue
+            if acc is None:  # made on its first sample: a cell of skips only is no cell
+                acc = self.cell(dp, ds)
+            obs = r.observed
+            if check is throughput:
+                acc.sampled.add(pair)
+                if status is passed:
+                    v = obs.get("mbps")
+                    if (type(v) is float or (v := _number(v)) is not None) and v > 0:
+                        acc.mbps.append(v)
+                continue
+            if check is latency:
+                v = obs.get("p50Ms")
+                if type(v) is float or (v := _number(v)) is not None:
+                    acc.p50.append(v)
+                v = obs.get("p99Ms")
+                if type(v) is float or (v := _number(v)) is not None:
+                    acc.p99.append(v)
+            elif check is loss:
+                v = obs.get("lossPercent")
+                if type(v) is float or (v := _number(v)) is not None:
+                    acc.loss.append(v)
+            else:
+                v = obs.get("pathMTU")
+                if type(v) is int or (v := _number(v)) is not None:  # an int, as a rule
+                    acc.mtu.append(v)
+            if status in bad_statuses:
+                acc.edges[pair] = True
+                acc.failing += 1
+                checks = bad_edges.get(pair)
+                if checks is None:
+                    checks = bad_edges[pair] = set()
+                checks.add(check.value)
+            elif not edged and pair not in acc.edges:
+                acc.edges[pair] = False
+            edged = True
+        if later:
+            self.deferred.append((prober, later))
+
+    def _announce(self, r: CheckResult) -> None:
+        if r.subject not in self.domain_of:
             announced = r.observed.get("domain")
             if isinstance(announced, str) and announced:
-                seen.setdefault(r.subject, announced)
-    everyone = set(kept) | {r.subject for rs in kept.values() for r in rs}
-    resolved: dict[str, str] = {}
-    for node in everyone:
-        given = domains.get(node)
-        resolved[node] = given or (seen.get(node) if node not in domains else None) or UNASSIGNED
-    return resolved, kept
+                self.announced.setdefault(r.subject, announced)
+
+    def _defer(self, prober: str, results: Iterable[CheckResult]) -> None:
+        kept = [r for r in results if r.check in _PEER_CHECKS and r.subject != prober]
+        for r in kept:
+            self.nodes.add(r.subject)
+            self._announce(r)
+        self.deferred.append((prober, kept))
+
+    def resolve(self) -> None:
+        """Nodes missing from the domains take the one announced first; then bucket the rest."""
+        for node in self.nodes:
+            if node not in self.domain_of:
+                self.domain_of[node] = self.announced.get(node) or UNASSIGNED
+        deferred, self.deferred = self.deferred, []
+        for prober, results in deferred:
+            self.add(prober, results)
 
 
 def east_west(
@@ -105,38 +228,21 @@ def east_west(
     max_suspects: int = MAX_SUSPECTS,
 ) -> EastWest:
     """The summary of one validation; see the module docstring."""
-    domain_of, kept = _domains(results_by_node, domains)
-    cells: dict[tuple[str, str], _Acc] = {}
-    edges: dict[tuple[str, str], bool] = {}
-    edge_checks: dict[tuple[str, str], set[str]] = {}
-    for prober, results in kept.items():
-        for r in results:
-            if r.status is Status.SKIP:
-                continue
-            da, db = sorted((domain_of[prober], domain_of[r.subject]))
-            key = (da, db)
-            acc = cells.get(key)
-            if acc is None:  # not setdefault: that builds an accumulator per result
-                acc = cells[key] = _Acc()
-            pair = (min(prober, r.subject), max(prober, r.subject))
-            acc.pairs.add(pair)
-            _collect(acc, r)
-            if r.check in _PATH_CHECKS:
-                bad = r.status.is_bad
-                edges[pair] = edges.get(pair, False) or bad
-                if bad:
-                    acc.failing += 1
-                    edge_checks.setdefault(pair, set()).add(r.check.value)
-    built = _cells(cells, min_throughput_ratio)
+    m = _Matrix(domain_of={node: domain or UNASSIGNED for node, domain in domains.items()})
+    for prober, results in results_by_node.items():
+        m.add(prober, results)
+    m.resolve()
+    built = _cells(m.cells, min_throughput_ratio)
     flagged = sorted(
         (c for c in built if c.flagged),
         key=lambda c: (c.throughput_ratio or 0.0, c.a, c.b),
     )
-    suspects, unexplained = _suspects(edges, edge_checks, domain_of, max_suspects)
+    edges = itertools.chain.from_iterable(acc.edges for acc in m.cells.values())
+    suspects, unexplained = _suspects(edges, m.bad_edges, m.domain_of, max_suspects)
     shown = _bounded(built, max_cells)
     return EastWest(
-        domains=len(set(domain_of.values())),
-        nodes=len(domain_of),
+        domains=len({m.domain_of[n] for n in m.nodes}),
+        nodes=len(m.nodes),
         min_throughput_ratio=min_throughput_ratio,
         cells=shown,
         omitted_cells=len(built) - len(shown),
@@ -150,31 +256,9 @@ def east_west(
             for c in flagged[:MAX_FLAGGED]
         ],
         suspects=suspects,
-        failing_pairs=sum(edges.values()),
+        failing_pairs=len(m.bad_edges),
         unexplained_failing_pairs=unexplained,
     )
-
-
-def _collect(acc: _Acc, r: CheckResult) -> None:
-    obs = r.observed
-    if r.check is CheckId.PEER_LATENCY:
-        p50, p99 = _number(obs, "p50Ms"), _number(obs, "p99Ms")
-        if p50 is not None:
-            acc.p50.append(p50)
-        if p99 is not None:
-            acc.p99.append(p99)
-    elif r.check is CheckId.PEER_LOSS:
-        loss = _number(obs, "lossPercent")
-        if loss is not None:
-            acc.loss.append(loss)
-    elif r.check is CheckId.PEER_PATH_MTU:
-        mtu = _number(obs, "pathMTU")
-        if mtu is not None:
-            acc.mtu.append(int(mtu))
-    elif r.check is CheckId.PEER_THROUGHPUT and r.status is Status.PASS:
-        mbps = _number(obs, "mbps")
-        if mbps is not None and mbps > 0:
-            acc.mbps.append(mbps)
 
 
 def _median(values: list[float], digits: int) -> float | None:
@@ -197,11 +281,13 @@ def _cells(cells: Mapping[tuple[str, str], _Acc], min_ratio: float) -> list[Cell
             Cell(
                 a=a,
                 b=b,
-                pairs=len(acc.pairs),
+                pairs=len(acc.edges) + len(acc.sampled.difference(acc.edges)),
                 latency_p50_ms=_median(acc.p50, 4),
                 latency_p99_ms=_median(acc.p99, 4),
                 loss_percent=_median(acc.loss, 3),
-                path_mtu=min(acc.mtu) if acc.mtu else None,
+                # int(float(x)) never reorders, so converting the smallest alone gives the
+                # smallest converted value
+                path_mtu=int(float(min(acc.mtu))) if acc.mtu else None,
                 throughput_mbps=cross,
                 throughput_samples=len(acc.mbps),
                 throughput_ratio=ratio,
@@ -222,54 +308,55 @@ def _bounded(cells: list[Cell], limit: int) -> list[Cell]:
 
 
 def _suspects(
-    edges: Mapping[tuple[str, str], bool],
-    edge_checks: Mapping[tuple[str, str], set[str]],
+    edges: Iterable[_Pair],
+    bad_edges: Mapping[_Pair, set[str]],
     domain_of: Mapping[str, str],
     limit: int,
 ) -> tuple[list[Suspect], int]:
-    adj: dict[str, dict[str, bool]] = {}
-    for (a, b), bad in edges.items():
-        adj.setdefault(a, {})[b] = bad
-        adj.setdefault(b, {})[a] = bad
+    """Suspects from every node pair with a path result and the failing ones (with checks)."""
+    # Only bad edges are walked; of the others only the count per node matters: a thousand
+    # nodes have tens of thousands of edges, and usually a handful of bad ones.
+    degree = Counter(itertools.chain.from_iterable(edges))
+    bad_adj: dict[str, set[str]] = {}
+    for a, b in bad_edges:
+        bad_adj.setdefault(a, set()).add(b)
+        bad_adj.setdefault(b, set()).add(a)
     found: list[Suspect] = []
     while len(found) < limit:
         candidates: list[tuple[float, int, str]] = []  # (-fraction, -bad, node): min is worst
-        for node, peers in adj.items():
-            bad_peers = [p for p, bad in peers.items() if bad]
-            if len(bad_peers) < SUSPECT_MIN_BAD:
+        for node, failed in bad_adj.items():
+            if len(failed) < SUSPECT_MIN_BAD:
                 continue
-            fraction = len(bad_peers) / len(peers)
+            fraction = len(failed) / degree[node]
             if fraction < SUSPECT_MIN_FRACTION:
                 continue
-            elsewhere = [
-                sum(b for q, b in adj[p].items() if q != node) / (len(adj[p]) - 1)
-                for p in bad_peers
-                if len(adj[p]) > 1
-            ]
+            # the share of bad edges of each bad peer without its (bad) edge to this node
+            elsewhere = [(len(bad_adj[p]) - 1) / (degree[p] - 1) for p in failed if degree[p] > 1]
             if not elsewhere:
                 continue  # nobody else to compare with: cannot tell the node from the path
             if statistics.median(elsewhere) >= min(PEERS_OK_FRACTION, fraction / 2):
                 continue
-            candidates.append((-fraction, -len(bad_peers), node))
+            candidates.append((-fraction, -len(failed), node))
         if not candidates:
             break
         node = min(candidates)[2]
-        peers = adj.pop(node)
-        bad_peers = sorted(p for p, bad in peers.items() if bad)
+        bad_peers = sorted(bad_adj.pop(node))
         checks: set[str] = set()
         for p in bad_peers:
-            checks |= edge_checks.get((min(node, p), max(node, p)), set())
-            adj[p].pop(node, None)
+            checks |= bad_edges[(min(node, p), max(node, p))]
+            # only its bad edges go with it: its good peers keep counting their edge to it
+            bad_adj[p].discard(node)
+            degree[p] -= 1
         found.append(
             Suspect(
                 node=node,
                 domain=domain_of.get(node, UNASSIGNED),
                 failing_peers=len(bad_peers),
-                peers=len(peers),
+                peers=degree.pop(node),
                 checks=sorted(checks)[:MAX_SUSPECT_CHECKS],
             )
         )
-    unexplained = sum(1 for peers in adj.values() for bad in peers.values() if bad) // 2
+    unexplained = sum(len(peers) for peers in bad_adj.values()) // 2
     return found, unexplained
 
 
