@@ -206,7 +206,7 @@ class OperatorRuntime:
         for key in [k for k in self.offline_pending if k[0] == name]:
             online = self.offline_pending.pop(key)
             (aggregate.node_online if online else aggregate.node_offline)(state, key[1], now)
-        self._publish_assignments()
+        self._targets_changed()
         return state
 
     def invalid_spec(
@@ -239,7 +239,7 @@ class OperatorRuntime:
             self.links,
         ):
             table.pop(name, None)
-        self._publish_assignments()
+        self._targets_changed()
 
     def on_node(
         self,
@@ -266,7 +266,7 @@ class OperatorRuntime:
             aggregate.set_node_targeted(
                 self.states[validation], name, selector_matches(selector, selectable), now
             )
-        self._publish_assignments()
+        self._targets_changed()
 
     def assignments(self) -> dict[str, bytes]:
         """The retained `assignment` of every targeted node of a peers-enabled validation:
@@ -284,7 +284,8 @@ class OperatorRuntime:
                 ).encode()
         return out
 
-    def _publish_assignments(self) -> None:
+    def _targets_changed(self) -> None:
+        """A validation's spec or targeted nodes may have changed: what depends on both."""
         self.ingest.set_retained(self.assignments())
         self._check_peer_ports()
 
