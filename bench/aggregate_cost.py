@@ -6,7 +6,9 @@ For 100 and 1,000 targeted nodes, each reporting RESULTS results spread over the
 (about 1% failing, so the failures list and the Healthy message have work to do), it prints
 the median wall time of `ingest_report` (one live report from a node that already has a
 stored one: the steady state) and of `compute_status` (the whole status, once per write
-window), plus the status size as JSON. Pure CPU: no broker, no Kubernetes.
+window), plus the status size as JSON; and the start-up cost of the runtime taking in one
+Node event per node for a peers-enabled validation (what Kopf delivers when the operator
+starts), up to the agent assignments being built. Pure CPU: no broker, no Kubernetes.
 """
 
 from __future__ import annotations
@@ -16,8 +18,12 @@ import statistics
 import time
 from datetime import UTC, datetime, timedelta
 
+from opentelemetry.sdk.trace import TracerProvider
+
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult, Report
+from netval.model.spec import NetworkValidationSpec
+from netval.mqtt_settings import MqttSettings
 from netval.operator.aggregate import (
     IngestResult,
     ValidationState,
@@ -27,6 +33,8 @@ from netval.operator.aggregate import (
     set_spec,
     set_targeted,
 )
+from netval.operator.runtime import OperatorRuntime
+from netval.operator.settings import OperatorSettings
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
 CHECKS = list(CheckId)
@@ -88,6 +96,31 @@ def run(n_nodes: int, n_results: int, rounds: int) -> dict[str, float]:
     }
 
 
+def node_events_at_startup(n_nodes: int) -> float:
+    """Seconds for `n_nodes` Node events plus one status window's refresh of the targets."""
+    mqtt = MqttSettings(host="127.0.0.1", port=1883, tls=False, username=None, password=None,
+                        ca_file=None, client_id="bench")  # fmt: skip
+    settings = OperatorSettings(
+        namespace="netval-system", agent_image="netval:bench", mqtt=mqtt,
+        agent_mqtt_url="mqtt://broker:1883", agent_mqtt_username=None,
+        agent_mqtt_secret="netval-mqtt-agent", agent_mqtt_ca_secret=None, status_window=2.0,
+    )  # fmt: skip
+    runtime = OperatorRuntime(settings, None, TracerProvider())  # type: ignore[arg-type]
+    spec = NetworkValidationSpec.model_validate(
+        {"nodeSelector": {"gpu": "true"}, "checks": {"peers": {"enabled": True}}}
+    )
+    body = {"apiVersion": "netval.io/v1alpha1", "kind": "NetworkValidation",
+            "metadata": {"name": "fabric"}}  # fmt: skip
+    runtime.upsert_validation("fabric", generation=1, spec=spec, body=body, status=None)
+    t = time.perf_counter()
+    for i in range(n_nodes):
+        runtime.on_node(
+            f"gpu-{i:05d}", {"gpu": "true", "topology.kubernetes.io/zone": f"r{i % 16}"}
+        )
+    runtime._refresh_targets()  # what the next status window does
+    return time.perf_counter() - t
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=int, default=40, help="results per report")
@@ -104,6 +137,9 @@ def main() -> None:
             f"{n:>6} {args.results:>7} {r['ingest_us']:>15.1f} us {r['status_ms']:>16.2f} ms "
             f"{int(r['status_bytes']):>8} B"
         )
+    print("\nstart-up: Node events folded in, agent assignments built (peers enabled)")
+    for n in (*args.nodes, 10 * max(args.nodes)):
+        print(f"{n:>6} nodes: {node_events_at_startup(n) * 1e3:.1f} ms")
 
 
 if __name__ == "__main__":

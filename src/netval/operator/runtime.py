@@ -122,6 +122,7 @@ class OperatorRuntime:
         self.agent_pods_every = AGENT_PODS_EVERY
         self.peer_port_conflicts: dict[tuple[str, str], list[str]] = {}
         self._agent_pods_due = 0.0
+        self._targets_dirty = False
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -285,7 +286,15 @@ class OperatorRuntime:
         return out
 
     def _targets_changed(self) -> None:
-        """A validation's spec or targeted nodes may have changed: what depends on both."""
+        """A validation's spec or targeted nodes may have changed: the assignments and the
+        peers-port check are redone once in the next status window, not per Node event
+        (a start-up delivers one event per node, each would redo all targeted nodes)."""
+        self._targets_dirty = True
+
+    def _refresh_targets(self) -> None:
+        if not self._targets_dirty:
+            return
+        self._targets_dirty = False
         self.ingest.set_retained(self.assignments())
         self._check_peer_ports()
 
@@ -431,6 +440,7 @@ class OperatorRuntime:
             aggregate.set_agent_pods(state, detail)
 
     async def write_due(self, now: datetime) -> None:
+        self._refresh_targets()
         for name, type_, reason, message in self._pending_events:
             await self._post(name, type_, reason, message)
         self._pending_events.clear()
