@@ -20,10 +20,10 @@ from datetime import UTC, datetime, timedelta
 
 from opentelemetry.sdk.trace import TracerProvider
 
+from netval.infra.mqtt_settings import MqttSettings
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult, Report
 from netval.model.spec import NetworkValidationSpec
-from netval.mqtt_settings import MqttSettings
 from netval.operator.aggregate import (
     IngestResult,
     ValidationState,

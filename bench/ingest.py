@@ -480,9 +480,9 @@ class GcClock:
 
 
 def make_runtime(cfg: dict[str, Any], probe: Probe, workdir: Path) -> Any:
+    from netval.infra.telemetry import make_tracer_provider
     from netval.operator.runtime import OperatorRuntime
     from netval.operator.settings import operator_settings_from_env
-    from netval.telemetry import make_tracer_provider
 
     class BenchRuntime(OperatorRuntime):
         """The real runtime; the overrides only observe (timing and publish times)."""

@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from kopf_harness import kopf_operator
 from kube import KubeCluster, wait_for
 from mosquitto import MosquittoBroker
+from netval.infra.mqtt_settings import MqttSettings
 from netval.model import CheckId, CheckResult, Report, Status
-from netval.mqtt_settings import MqttSettings
 from netval.operator.runtime import OperatorRuntime
 from netval.operator.settings import OperatorSettings
 

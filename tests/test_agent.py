@@ -42,12 +42,12 @@ import mosquitto
 from netns import namespace, netval_script
 from netval.agent.agent_config import AgentConfig
 from netval.agent.collect_live import LiveCollector
-from netval.agent.metrics_http import AgentMetrics, serve_agent_metrics
+from netval.agent.metrics import AgentMetrics, serve_agent_metrics
 from netval.agent.mqtt_publisher import ReportPublisher
 from netval.agent.runner import REASON_LINK_EVENT, ProbeRunner
+from netval.infra.mqtt_settings import MqttSettings
+from netval.infra.telemetry import make_tracer_provider
 from netval.model import CheckId, Report, Sample, Status
-from netval.mqtt_settings import MqttSettings
-from netval.telemetry import make_tracer_provider
 
 pytestmark = pytest.mark.timeout(60)
 

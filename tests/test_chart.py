@@ -48,8 +48,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 import mosquitto as broker_kit
-from netval import mqtt_settings
 from netval.cli import build_parser
+from netval.infra import mqtt_settings
 from netval.model.spec import NetworkValidationSpec
 from netval.operator import main as operator_main
 from netval.operator import manifests

@@ -12,8 +12,8 @@ import yaml
 
 from netval.agent import agent_config  # the test only: the operator must not import the agent
 from netval.agent.agent_config import AgentConfig
+from netval.infra.mqtt_settings import mqtt_settings_from_env
 from netval.model.spec import NetworkValidationSpec
-from netval.mqtt_settings import mqtt_settings_from_env
 from netval.operator import manifests as m
 from netval.operator.manifests import (
     AgentMqttWiring,

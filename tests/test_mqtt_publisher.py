@@ -26,8 +26,8 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 import mosquitto
 from netval.agent.mqtt_publisher import ReportPublisher, check_topic_level
+from netval.infra.mqtt_settings import MqttSettings, mqtt_settings_from_env
 from netval.model import Report, Status
-from netval.mqtt_settings import MqttSettings, mqtt_settings_from_env
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -195,7 +195,7 @@ _KILLED_AGENT = textwrap.dedent(
     import asyncio, datetime as dt, os, sys
     from netval.agent.mqtt_publisher import ReportPublisher
     from netval.model import Report, Status
-    from netval.mqtt_settings import mqtt_settings_from_env
+    from netval.infra.mqtt_settings import mqtt_settings_from_env
 
     async def main():
         settings = mqtt_settings_from_env(os.environ, client_id="netval-test-killed")

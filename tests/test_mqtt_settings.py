@@ -1,4 +1,4 @@
-"""netval.mqtt_settings: parsing NETVAL_MQTT_* into one immutable settings object."""
+"""netval.infra.mqtt_settings: parsing NETVAL_MQTT_* into one immutable settings object."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from netval.mqtt_settings import MqttSettings, mqtt_settings_from_env, parse_mqtt_url
+from netval.infra.mqtt_settings import MqttSettings, mqtt_settings_from_env, parse_mqtt_url
 
 
 @pytest.mark.parametrize(

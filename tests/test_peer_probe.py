@@ -374,8 +374,8 @@ def test_the_runner_adds_peer_results_in_their_own_span_and_reuses_them_for_even
     from netval.agent.agent_config import AgentConfig
     from netval.agent.collect_live import LiveCollector
     from netval.agent.runner import REASON_LINK_EVENT, ProbeRunner
+    from netval.infra.telemetry import make_tracer_provider
     from netval.model.results import Report
-    from netval.telemetry import make_tracer_provider
 
     port = mosquitto.free_port()
     a = service("node-a", "127.0.0.1", port)

@@ -16,12 +16,12 @@ import pytest
 
 from kube import KubeCluster
 from netval.cli import build_parser, main
+from netval.cli.report_html import render_html
+from netval.cli.status_view import MATRIX_COLUMNS, NO_SUMMARY_YET, NOT_ENABLED, render_matrix
 from netval.model.east_west import EastWest
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.operator.east_west import east_west
-from netval.report_html import render_html
-from netval.status_view import MATRIX_COLUMNS, NO_SUMMARY_YET, NOT_ENABLED, render_matrix
 
 NV = "netval.io/v1alpha1"
 NOW = datetime.now(UTC)

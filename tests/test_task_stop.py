@@ -9,8 +9,8 @@ import gc
 import pytest
 
 from mosquitto import MosquittoBroker
+from netval.infra.task_stop import cancel_and_wait
 from netval.operator.ingest import ReportIngest
-from netval.task_stop import cancel_and_wait
 from operator_env import settings_for
 
 pytestmark = pytest.mark.asyncio

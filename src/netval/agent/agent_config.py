@@ -15,11 +15,11 @@ from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from netval.metrics_http import parse_host_port
+from netval.infra.metrics_server import parse_host_port
+from netval.infra.mqtt_settings import MqttSettings, mqtt_settings_from_env
+from netval.infra.yaml_input import InputFileError, load_yaml_document
 from netval.model.manifest import describe_validation_error
 from netval.model.spec import NetworkValidationSpec
-from netval.mqtt_settings import MqttSettings, mqtt_settings_from_env
-from netval.yaml_input import InputFileError, load_yaml_document
 
 ENV_CONFIG: Final = "NETVAL_CONFIG"
 ENV_NODE: Final = "NETVAL_NODE_NAME"

@@ -14,11 +14,11 @@ from netval.agent.agent_config import AgentSettings
 from netval.agent.collect_live import LiveCollector
 from netval.agent.config_watch import ConfigWatcher
 from netval.agent.link_events import LinkWatcher
-from netval.agent.metrics_http import AgentMetrics, serve_agent_metrics
+from netval.agent.metrics import AgentMetrics, serve_agent_metrics
 from netval.agent.mqtt_publisher import ReportPublisher
 from netval.agent.peers import PeerService
 from netval.agent.runner import ProbeRunner
-from netval.telemetry import make_tracer_provider
+from netval.infra.telemetry import make_tracer_provider
 
 log = logging.getLogger("netval.agent")
 

@@ -38,11 +38,11 @@ from typing import Final
 import aiomqtt
 from aiomqtt import MqttError, Will
 
+from netval.infra.mqtt_client import backoff_delay, make_client
+from netval.infra.mqtt_settings import MqttSettings
+from netval.infra.task_stop import cancel_and_wait
 from netval.model.results import Report
 from netval.model.topics import OFFLINE, ONLINE, TOPIC_ROOT, TopicKind, check_topic_level
-from netval.mqtt_client import backoff_delay, make_client
-from netval.mqtt_settings import MqttSettings
-from netval.task_stop import cancel_and_wait
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,8 @@ import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from netval.metrics_http import parse_host_port
+from netval.infra.metrics_server import parse_host_port
+from netval.infra.task_stop import cancel_and_wait
 from netval.model.manifest import API_GROUP
 from netval.model.spec import AdmissionMode
 from netval.operator import webhook_certs
@@ -57,7 +58,6 @@ from netval.operator.gating import FABRIC_LABEL
 from netval.operator.kube_api import PLURAL, VERSION
 from netval.operator.runtime import OperatorRuntime, ValidationView
 from netval.operator.startup import load_kube_client
-from netval.task_stop import cancel_and_wait
 
 log = logging.getLogger("netval.operator.admission")
 

@@ -10,7 +10,7 @@ from typing import Any, Final
 import kopf
 from pydantic import ValidationError
 
-from netval.metrics_http import serve_metrics
+from netval.infra.metrics_server import serve_metrics
 from netval.model.manifest import API_GROUP, describe_validation_error
 from netval.model.spec import NetworkValidationSpec
 from netval.operator import manifests

@@ -21,10 +21,10 @@ import aiomqtt
 from aiomqtt import MqttError
 from pydantic import ValidationError
 
+from netval.infra.mqtt_client import backoff_delay, make_client
+from netval.infra.mqtt_settings import MqttSettings
 from netval.model.results import Report
 from netval.model.topics import OFFLINE, ONLINE, ParsedTopic, TopicKind, parse_topic, subscription
-from netval.mqtt_client import backoff_delay, make_client
-from netval.mqtt_settings import MqttSettings
 
 log = logging.getLogger("netval.operator.ingest")
 

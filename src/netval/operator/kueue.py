@@ -42,10 +42,10 @@ from typing import Any, Final, Literal
 import kopf
 from kubernetes.client.exceptions import ApiException
 
+from netval.infra.task_stop import cancel_and_wait
 from netval.model.manifest import API_GROUP, KIND
 from netval.operator.kube_api import PLURAL, VERSION
 from netval.operator.runtime import OperatorRuntime, ValidationView
-from netval.task_stop import cancel_and_wait
 
 log = logging.getLogger("netval.operator.kueue")
 

@@ -25,14 +25,14 @@ from typing import Any, Final
 
 import yaml
 
-from netval.model.spec import NetworkValidationSpec
-from netval.mqtt_settings import (
+from netval.infra.mqtt_settings import (
     ENV_CA_FILE,
     ENV_PASSWORD_FILE,
     ENV_URL,
     ENV_USERNAME,
     parse_mqtt_url,
 )
+from netval.model.spec import NetworkValidationSpec
 
 # --- names, labels, annotations -------------------------------------------------------------
 
@@ -74,7 +74,7 @@ MQTT_CA_FILE: Final = "ca.crt"
 DEFAULT_PASSWORD_KEY: Final = "password"  # keys in the Secrets, unless told otherwise
 DEFAULT_CA_KEY: Final = "ca.crt"
 
-# Environment the agent reads (netval.agent.agent_config, netval.mqtt_settings; this package
+# Environment the agent reads (netval.agent.agent_config, netval.infra.mqtt_settings; this package
 # must not import the agent, tests check the names agree).
 ENV_CONFIG: Final = "NETVAL_CONFIG"
 ENV_NODE: Final = "NETVAL_NODE_NAME"

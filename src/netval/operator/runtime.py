@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Link
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from netval.infra.task_stop import cancel_and_wait
 from netval.model.results import Report
 from netval.model.spec import AdmissionMode, NetworkValidationSpec
 from netval.model.status import Condition, ConditionType, NetworkValidationStatus, Reason
@@ -38,7 +39,6 @@ from netval.operator.manifests import (
 )
 from netval.operator.peer_ports import PeerListener, conflict_message, peer_port_conflicts
 from netval.operator.settings import OperatorSettings
-from netval.task_stop import cancel_and_wait
 
 log = logging.getLogger("netval.operator")
 

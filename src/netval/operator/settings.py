@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from netval.mqtt_settings import MqttSettings, mqtt_settings_from_env
+from netval.infra.mqtt_settings import MqttSettings, mqtt_settings_from_env
 
 ENV_NAMESPACE: Final = "NETVAL_NAMESPACE"
 ENV_AGENT_IMAGE: Final = "NETVAL_AGENT_IMAGE"

@@ -9,10 +9,10 @@ import kopf
 from kubernetes import client, config
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from netval.infra.telemetry import make_tracer_provider
 from netval.operator.kube_api import KubeApi
 from netval.operator.runtime import OperatorRuntime
 from netval.operator.settings import OperatorSettings
-from netval.telemetry import make_tracer_provider
 
 
 def load_kube_client() -> client.ApiClient:

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Final, cast
 
 from netval import __version__
+from netval.infra.yaml_input import InputFileError, load_yaml_document
 from netval.model.manifest import ConfigError, ProbeConfig, probe_config_from_document
-from netval.yaml_input import InputFileError, load_yaml_document
 
 EXIT_OK: Final = 0
 EXIT_UNHEALTHY: Final = 1
@@ -230,7 +230,7 @@ def _node_name(explicit: str | None) -> str:
 def cmd_probe(args: argparse.Namespace) -> int:
     from netval.agent.report_builder import build_report
     from netval.agent.snapshot_dir import SnapshotError, load_snapshot
-    from netval.table_output import render_table, use_colour
+    from netval.cli.table import render_table, use_colour
 
     config = load_probe_config(args.config)
     started_at = datetime.now(UTC)
@@ -348,7 +348,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
-    from netval.status_view import is_healthy, render_matrix, render_nodes, render_validation
+    from netval.cli.status_view import is_healthy, render_matrix, render_nodes, render_validation
 
     _load_kube_config()
     custom = client.CustomObjectsApi()
@@ -424,8 +424,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
-    from netval.report_html import render_html
-    from netval.status_view import is_healthy
+    from netval.cli.report_html import render_html
+    from netval.cli.status_view import is_healthy
 
     _load_kube_config()
     try:
@@ -452,7 +452,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_operator(args: argparse.Namespace) -> int:
     import asyncio
 
-    from netval.metrics_http import parse_host_port
+    from netval.infra.metrics_server import parse_host_port
     from netval.operator.admission import webhook_options
     from netval.operator.main import run_operator
     from netval.operator.settings import OperatorConfigError, operator_settings_from_env
@@ -508,7 +508,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,7 +9,7 @@ import ssl
 import aiomqtt
 from aiomqtt import ProtocolVersion, Will
 
-from netval.mqtt_settings import MqttSettings
+from netval.infra.mqtt_settings import MqttSettings
 
 
 def make_client(

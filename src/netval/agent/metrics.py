@@ -1,4 +1,4 @@
-"""The agent's Prometheus metrics and health, served by netval.metrics_http."""
+"""The agent's Prometheus metrics and health, served by netval.infra.metrics_server."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 
 from netval.agent.config_watch import ConfigWatcher
 from netval.agent.mqtt_publisher import PublisherStats
-from netval.metrics_http import serve_metrics
+from netval.infra.metrics_server import serve_metrics
 from netval.model.results import Report
 
 

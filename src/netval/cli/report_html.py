@@ -21,10 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from netval.model.east_west import Cell, EastWest
-from netval.model.spec import PeerChecks
-from netval.model.status import ConditionType, NetworkValidationStatus
-from netval.status_view import (
+from netval.cli.status_view import (
     NO_MEASUREMENTS,
     NOT_ENABLED,
     east_west_domains,
@@ -36,6 +33,9 @@ from netval.status_view import (
     parse_status,
     peers_enabled,
 )
+from netval.model.east_west import Cell, EastWest
+from netval.model.spec import PeerChecks
+from netval.model.status import ConditionType, NetworkValidationStatus
 
 Rgb = tuple[int, int, int]
 
