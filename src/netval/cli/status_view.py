@@ -16,9 +16,9 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from netval.model.east_west import Cell, EastWest
+from netval.model.keys import LabelKey, TaintKey
 from netval.model.status import Condition, ConditionType, NetworkValidationStatus
 
-FABRIC_LABEL: Final = "netval.io/fabric"
 _MAX_FAILURES_SHOWN: Final = 20
 
 
@@ -100,9 +100,9 @@ def render_nodes(validation: Mapping[str, Any], nodes: Iterable[Mapping[str, Any
             continue
         name = node["metadata"]["name"]
         taints = node.get("spec", {}).get("taints") or []
-        tainted = any(t.get("key") == "netval.io/fabric-unhealthy" for t in taints)
+        tainted = any(t.get("key") == TaintKey.FABRIC_UNHEALTHY for t in taints)
         rows.append(
-            f"  {name:24} {labels.get(FABRIC_LABEL, '-'):10} {'tainted' if tainted else '-':8} "
+            f"  {name:24} {labels.get(LabelKey.FABRIC, '-'):10} {'tainted' if tainted else '-':8} "
             + ("; ".join(failing.get(name, [])) or "-")
         )
     header = f"  {'NODE':24} {'FABRIC':10} {'TAINT':8} FAILING"
