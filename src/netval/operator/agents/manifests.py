@@ -205,15 +205,25 @@ def config_hash(doc: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def _metadata(
-    validation: str, namespace: str, owner: Mapping[str, Any], annotations: dict[str, str]
+def _agent_object(
+    api_version: str,
+    kind: str,
+    validation: str,
+    namespace: str,
+    owner: Mapping[str, Any],
+    annotations: dict[str, str],
 ) -> dict[str, Any]:
+    """apiVersion, kind and metadata of one of the agent objects of `validation`."""
     return {
-        "name": agent_object_name(validation),
-        "namespace": namespace,
-        "labels": agent_labels(validation),
-        "ownerReferences": [owner_reference(owner)],
-        "annotations": annotations,
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {
+            "name": agent_object_name(validation),
+            "namespace": namespace,
+            "labels": agent_labels(validation),
+            "ownerReferences": [owner_reference(owner)],
+            "annotations": annotations,
+        },
     }
 
 
@@ -227,12 +237,9 @@ def render_configmap(
 ) -> dict[str, Any]:
     """The agent ConfigMap of validation `name` (annotated with the config hash too)."""
     doc = agent_config_document(name, generation, spec)
+    annotations = {AnnotationKey.CONFIG_HASH.value: config_hash(doc)}
     return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _metadata(
-            name, namespace, owner, {AnnotationKey.CONFIG_HASH.value: config_hash(doc)}
-        ),
+        **_agent_object("v1", "ConfigMap", name, namespace, owner, annotations),
         "data": {
             AGENT_CONFIG_KEY: yaml.safe_dump(
                 doc, sort_keys=True, default_flow_style=False, allow_unicode=True
@@ -446,12 +453,9 @@ def render_daemonset(
     }
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
+    annotations = {AnnotationKey.GENERATION.value: str(generation)}
     return {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": _metadata(
-            name, namespace, owner, {AnnotationKey.GENERATION.value: str(generation)}
-        ),
+        **_agent_object("apps/v1", "DaemonSet", name, namespace, owner, annotations),
         "spec": {
             "selector": {"matchLabels": selector_labels(name)},
             "updateStrategy": {
