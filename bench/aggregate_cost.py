@@ -24,17 +24,17 @@ from netval.infra.mqtt_settings import MqttSettings
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult, Report
 from netval.model.spec import NetworkValidationSpec
-from netval.operator.aggregate import (
+from netval.operator.runtime import OperatorRuntime
+from netval.operator.settings import OperatorSettings
+from netval.operator.state.aggregation import compute_status
+from netval.operator.state.validation import (
     IngestResult,
     ValidationState,
-    compute_status,
     ingest_report,
     set_agents_ready,
     set_spec,
     set_targeted,
 )
-from netval.operator.runtime import OperatorRuntime
-from netval.operator.settings import OperatorSettings
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
 CHECKS = list(CheckId)
@@ -111,13 +111,13 @@ def node_events_at_startup(n_nodes: int) -> float:
     )
     body = {"apiVersion": "netval.io/v1alpha1", "kind": "NetworkValidation",
             "metadata": {"name": "fabric"}}  # fmt: skip
-    runtime.upsert_validation("fabric", generation=1, spec=spec, body=body, status=None)
+    runtime.store.upsert_validation("fabric", generation=1, spec=spec, body=body, status=None)
     t = time.perf_counter()
     for i in range(n_nodes):
-        runtime.on_node(
+        runtime.store.on_node(
             f"gpu-{i:05d}", {"gpu": "true", "topology.kubernetes.io/zone": f"r{i % 16}"}
         )
-    runtime._refresh_targets()  # what the next status window does
+    runtime.refresh_targets()  # what the next status window does
     return time.perf_counter() - t
 
 

@@ -484,24 +484,32 @@ def make_runtime(cfg: dict[str, Any], probe: Probe, workdir: Path) -> Any:
     from netval.operator.runtime import OperatorRuntime
     from netval.operator.settings import operator_settings_from_env
 
-    class BenchRuntime(OperatorRuntime):
-        """The real runtime; the overrides only observe (timing and publish times)."""
+    def observe(runtime: OperatorRuntime) -> OperatorRuntime:
+        """The real runtime; the wrappers only observe (timing and publish times)."""
+        on_report, compute, write_due = (
+            runtime.on_report, runtime.status.compute, runtime.status.write_due
+        )  # fmt: skip
 
-        def on_report(self, report: Any, retained: bool) -> None:
-            super().on_report(report, retained)
+        def observed_report(report: Any, retained: bool) -> None:
+            on_report(report, retained)
             probe.on_report(report, retained)
 
-        def compute(self, name: str, now: datetime) -> Any:
+        def timed_compute(name: str, now: datetime) -> Any:
             t = time.perf_counter()
-            status = super().compute(name, now)
+            status = compute(name, now)
             probe.compute_ms.append((time.perf_counter() - t) * 1e3)
             return status
 
-        async def write_due(self, now: datetime) -> None:
+        async def timed_write_due(now: datetime) -> None:
             t, wall, before = time.perf_counter(), time.time(), len(probe.patches)
-            await super().write_due(now)
+            await write_due(now)
             probe.write_round_ms.append((time.perf_counter() - t) * 1e3)
             probe.rounds.append((wall, len(probe.patches) - before))
+
+        runtime.ingest.on_report = observed_report
+        runtime.status.compute = timed_compute  # type: ignore[method-assign]
+        runtime.status.write_due = timed_write_due  # type: ignore[method-assign]
+        return runtime
 
     password_file = workdir / "operator-password"
     password_file.write_text(cfg["password"] + "\n")
@@ -513,7 +521,8 @@ def make_runtime(cfg: dict[str, Any], probe: Probe, workdir: Path) -> Any:
     }
     settings = operator_settings_from_env(env)
     provider = make_tracer_provider({}, default_service="netval-operator")  # not exported
-    return BenchRuntime(settings, RecordingKube(probe), provider)  # type: ignore[arg-type]
+    kube: Any = RecordingKube(probe)
+    return observe(OperatorRuntime(settings, kube, provider))
 
 
 async def operator_main(cfg: dict[str, Any]) -> None:
@@ -529,7 +538,7 @@ async def operator_main(cfg: dict[str, Any]) -> None:
     # validation yet, each on_node is O(1); the validation then retargets once.
     labels = dict([POOL_LABEL])
     for i in range(n):
-        runtime.on_node(node_name(i), labels)
+        runtime.store.on_node(node_name(i), labels)
     spec = NetworkValidationSpec.model_validate(
         {"nodeSelector": labels, "interval": f"{cfg['interval']:g}s"}
     )
@@ -538,8 +547,8 @@ async def operator_main(cfg: dict[str, Any]) -> None:
         "kind": "NetworkValidation",
         "metadata": {"name": VALIDATION, "uid": "00000000-0000-0000-0000-000000000001"},
     }
-    runtime.upsert_validation(VALIDATION, generation=1, spec=spec, body=ref, status=None)
-    runtime.agents_applied(VALIDATION)
+    runtime.store.upsert_validation(VALIDATION, generation=1, spec=spec, body=ref, status=None)
+    runtime.store.agents_applied(VALIDATION)
 
     # One Node event at steady state (a kubelet status update, a label change by someone
     # else): the runtime retargets every validation over all nodes. Timed here because a
@@ -547,7 +556,7 @@ async def operator_main(cfg: dict[str, Any]) -> None:
     node_event_ms = []
     for i in range(0, n, max(1, n // 50)):
         t = time.perf_counter()
-        runtime.on_node(node_name(i), labels)
+        runtime.store.on_node(node_name(i), labels)
         node_event_ms.append((time.perf_counter() - t) * 1e3)
 
     stdin = await stdin_reader()

@@ -80,8 +80,8 @@ from netval.agent.peers import (
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.model.spec import PeerChecks
-from netval.operator.east_west import east_west
 from netval.operator.settings import DEFAULT_STATUS_WINDOW
+from netval.operator.state.east_west_matrix import east_west
 
 SCALES = ((100, 4), (1000, 16))  # (nodes, domains)
 SAMPLES = 2  # samplesPerDomain (the default)
@@ -813,11 +813,16 @@ def main() -> None:
 
 
 def load_baseline(rev: str) -> Any:
-    """`netval.operator.east_west` as of git revision `rev`, as a separate module."""
-    source = subprocess.run(
-        ["git", "show", f"{rev}:src/netval/operator/east_west.py"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+    """`netval.operator.state.east_west_matrix` as of git revision `rev` (before the layout
+    of issue 10: `netval.operator.east_west`), as a separate module."""
+    for path in ("state/east_west_matrix.py", "east_west.py"):
+        found = subprocess.run(
+            ["git", "show", f"{rev}:src/netval/operator/{path}"], capture_output=True, text=True
+        )  # fmt: skip
+        if found.returncode == 0:
+            break
+    found.check_returncode()
+    source = found.stdout
     spec = importlib.util.spec_from_loader("east_west_baseline", loader=None)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)

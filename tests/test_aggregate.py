@@ -14,11 +14,11 @@ from netval.model.status import (
     ConditionType,
     NetworkValidationStatus,
 )
-from netval.operator.aggregate import (
+from netval.operator.state.aggregation import compute_status
+from netval.operator.state.validation import (
     IngestResult,
     ValidationState,
     agent_pods_detail,
-    compute_status,
     forget_node,
     ingest_report,
     is_fresh,

@@ -52,8 +52,8 @@ from netval.cli import build_parser
 from netval.infra import mqtt_settings
 from netval.model.spec import NetworkValidationSpec
 from netval.operator import main as operator_main
-from netval.operator import manifests
 from netval.operator import settings as operator_settings
+from netval.operator.agents import manifests
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "netval"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from netval.operator import manifests
+from netval.operator.agents import manifests
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"

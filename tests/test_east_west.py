@@ -11,7 +11,7 @@ from typing import Any
 from netval.model.east_west import MAX_FLAGGED, MAX_SUSPECT_CHECKS, MAX_SUSPECTS
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
-from netval.operator.east_west import MAX_CELLS, UNASSIGNED, east_west
+from netval.operator.state.east_west_matrix import MAX_CELLS, UNASSIGNED, east_west
 
 RACK_A = ["a1", "a2", "a3"]
 RACK_B = ["b1", "b2", "b3"]

@@ -11,10 +11,8 @@ import pytest
 from kube import KubeCluster, wait_for
 from mosquitto import MosquittoBroker
 from netval.model import Status
-from netval.operator.gating import (
-    FABRIC_LABEL,
-    TAINT_KEY,
-    FabricHealth,
+from netval.model.keys import FabricHealth, LabelKey, TaintKey
+from netval.operator.gating.decisions import (
     GatingInput,
     decide_taints,
     desired_labels,
@@ -90,7 +88,7 @@ def test_plan_removes_what_nobody_wants_and_leaves_the_rest() -> None:
 def test_foreign_taints_survive() -> None:
     foreign = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
     added = with_fabric_taint(foreign, True)
-    assert added[0] == foreign[0] and added[1]["key"] == TAINT_KEY
+    assert added[0] == foreign[0] and added[1]["key"] == TaintKey.FABRIC_UNHEALTHY
     assert with_fabric_taint(added, False) == foreign
 
 
@@ -100,7 +98,7 @@ def test_foreign_taints_survive() -> None:
 def node_state(kube: KubeCluster, name: str) -> tuple[str | None, list[str]]:
     node = kube.get("v1", "nodes", name)
     taints = [t["key"] for t in node.get("spec", {}).get("taints") or []]
-    return node["metadata"].get("labels", {}).get(FABRIC_LABEL), taints
+    return node["metadata"].get("labels", {}).get(LabelKey.FABRIC), taints
 
 
 def wait_node(kube: KubeCluster, name: str, label: str | None, tainted: bool,
@@ -109,7 +107,7 @@ def wait_node(kube: KubeCluster, name: str, label: str | None, tainted: bool,
         have_label, taints = node_state(kube, name)
         return (
             have_label == label
-            and (TAINT_KEY in taints) == tainted
+            and (TaintKey.FABRIC_UNHEALTHY in taints) == tainted
             and ("example.com/maintenance" in taints if foreign else True)
         )
 
@@ -149,7 +147,7 @@ def test_labels_and_taints_follow_health(
         timeout=30, what="Gating=False BreakerTripped",
     )  # fmt: skip
     assert gate["status"] == "False" and "gpu-b" in gate["message"]
-    assert TAINT_KEY in node_state(cluster, "gpu-a")[1]  # existing taint kept
+    assert TaintKey.FABRIC_UNHEALTHY in node_state(cluster, "gpu-a")[1]  # existing taint kept
     events = wait_for(
         lambda: [e for e in cluster.list("v1", "events", "default")
                  if e.get("reason") == "BreakerTripped"], what="BreakerTripped event",

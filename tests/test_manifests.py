@@ -14,8 +14,8 @@ from netval.agent import agent_config  # the test only: the operator must not im
 from netval.agent.agent_config import AgentConfig
 from netval.infra.mqtt_settings import mqtt_settings_from_env
 from netval.model.spec import NetworkValidationSpec
-from netval.operator import manifests as m
-from netval.operator.manifests import (
+from netval.operator.agents import manifests as m
+from netval.operator.agents.manifests import (
     AgentMqttWiring,
     agent_config_document,
     agent_object_name,
@@ -25,7 +25,7 @@ from netval.operator.manifests import (
     validation_label_value,
 )
 
-OPERATOR_PACKAGE = Path(m.__file__).resolve().parent
+OPERATOR_PACKAGE = Path(m.__file__).resolve().parent.parent
 
 OWNER: dict[str, Any] = {
     "apiVersion": "netval.io/v1alpha1",
@@ -509,7 +509,7 @@ def _imports(path: Path) -> list[str]:
 
 def test_operator_package_never_imports_the_agent() -> None:
     files = sorted(OPERATOR_PACKAGE.rglob("*.py"))
-    assert OPERATOR_PACKAGE / "manifests.py" in files
+    assert OPERATOR_PACKAGE / "agents" / "manifests.py" in files
     offenders = {
         str(path.relative_to(OPERATOR_PACKAGE)): name
         for path in files

@@ -21,7 +21,8 @@ from kopf_harness import kopf_operator
 from kube import KubeCluster, wait_for
 from mosquitto import MosquittoBroker
 from netval.model import Status
-from netval.operator import manifests
+from netval.model.keys import AnnotationKey
+from netval.operator.agents import manifests
 from netval.operator.runtime import OperatorRuntime
 from operator_env import (
     GPU,
@@ -205,7 +206,7 @@ def test_status_writes_are_coalesced(
     runtime, _ = operator
     cluster.create(validation())
     wait_status(cluster, lambda s: s.get("nodes", {}).get("targeted") == 4, "targeted")
-    writes_before = runtime.status_writes
+    writes_before = runtime.status.writes
     base = datetime.now(UTC)
     burst = [
         report_msg(report(NODES[i % 4], started=base + timedelta(milliseconds=i)))
@@ -217,8 +218,8 @@ def test_status_writes_are_coalesced(
         (m, p) for m, p in cluster.requests() if m == "PATCH" and p.endswith("pool-a/status")
     ]
     # 40 reports within a fraction of a second: a handful of windows, not 40 writes
-    assert runtime.status_writes - writes_before <= 5
-    assert len(status_patches) <= runtime.status_writes + 1
+    assert runtime.status.writes - writes_before <= 5
+    assert len(status_patches) <= runtime.status.writes + 1
 
 
 @pytest.mark.handler_errors_expected
@@ -230,14 +231,13 @@ def test_spec_update_rolls_agents_and_invalid_spec_is_reported(
     cluster.create(validation())
     name = manifests.agent_object_name("pool-a")
     ds = wait_for(lambda: cluster.stored("apps/v1", "daemonsets", name, NS), what="DaemonSet")
-    hash1 = ds["spec"]["template"]["metadata"]["annotations"][manifests.ANNOTATION_CONFIG_HASH]
+    hash1 = ds["spec"]["template"]["metadata"]["annotations"][AnnotationKey.CONFIG_HASH]
 
     cluster.patch(NV, "networkvalidations", "pool-a", {"spec": {"interval": "10s"}})
     ds = wait_for(
         lambda: (
             (d := cluster.stored("apps/v1", "daemonsets", name, NS))
-            and d["spec"]["template"]["metadata"]["annotations"][manifests.ANNOTATION_CONFIG_HASH]
-            != hash1
+            and d["spec"]["template"]["metadata"]["annotations"][AnnotationKey.CONFIG_HASH] != hash1
             and d
         ),
         what="DaemonSet rolled",
@@ -269,9 +269,7 @@ def test_spec_update_rolls_agents_and_invalid_spec_is_reported(
     assert ready["observedGeneration"] == 3
     # the agents keep the last good rendering
     ds = cluster.get("apps/v1", "daemonsets", name, NS)
-    assert (
-        ds["spec"]["template"]["metadata"]["annotations"][manifests.ANNOTATION_CONFIG_HASH] != hash1
-    )
+    assert ds["spec"]["template"]["metadata"]["annotations"][AnnotationKey.CONFIG_HASH] != hash1
 
 
 def test_node_labels_change_the_targeted_set(
@@ -295,7 +293,7 @@ def test_ready_says_what_the_agent_daemonset_says_while_nodes_are_missing(
     mosquitto_broker: MosquittoBroker,
 ) -> None:
     runtime, _ = operator
-    runtime.agent_pods_every = 0.2  # the DaemonSet's status is read every 10 s by default
+    runtime.status.agent_pods_every = 0.2  # the DaemonSet's status is read every 10 s by default
     cluster.create(validation())
     name = manifests.agent_object_name("pool-a")
     wait_for(lambda: cluster.stored("apps/v1", "daemonsets", name, NS), what="DaemonSet")
@@ -347,7 +345,7 @@ def test_two_validations_sharing_a_peers_port_on_a_node_are_told(
     cluster.create(validation("infer", checks=peers, nodeSelector={"pool": "infer"}))
     cluster.create(validation("apart", checks={"peers": {"enabled": True, "port": 7500}}))
     wait_for(lambda: {"train", "infer", "apart"} <= set(runtime.states), what="all loaded")
-    assert not runtime.peer_port_conflicts  # infer targets no node yet
+    assert not runtime.peer_ports.conflicts  # infer targets no node yet
 
     # gpu-c joins the infer pool too: both would listen on 7471 there
     cluster.patch("v1", "nodes", "gpu-c", {"metadata": {"labels": {"pool": "infer"}}})
@@ -362,11 +360,11 @@ def test_two_validations_sharing_a_peers_port_on_a_node_are_told(
     assert all(e["type"] == "Warning" for e in events)
     assert "NetworkValidation 'infer' on 1 shared node(s) (gpu-c)" in by_object["train"]["message"]
     assert "NetworkValidation 'train'" in by_object["infer"]["message"]
-    assert runtime.peer_port_conflicts == {("infer", "train"): ["gpu-c"]}
+    assert runtime.peer_ports.conflicts == {("infer", "train"): ["gpu-c"]}
 
     # the overlap ends: nothing more is said, and the conflict is forgotten
     cluster.patch("v1", "nodes", "gpu-c", {"metadata": {"labels": {"pool": None}}})
-    wait_for(lambda: not runtime.peer_port_conflicts, what="conflict gone")
+    wait_for(lambda: not runtime.peer_ports.conflicts, what="conflict gone")
     assert len(conflict_events()) == 2
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from netval.operator.peer_ports import PeerListener, conflict_message, peer_port_conflicts
+from netval.operator.state.peer_ports import PeerListener, conflict_message, peer_port_conflicts
 
 
 def test_same_port_and_interface_on_shared_nodes_conflict() -> None:

@@ -59,9 +59,10 @@ from kube import KubeCluster, wait_for
 from netns import Namespace, namespace, netval_script
 from netval.agent.peer_selection import rotation_length, throughput_schedule
 from netval.model.ids import CheckId, Status
+from netval.model.keys import LabelKey
 from netval.model.results import CheckResult, Report
-from netval.operator.east_west import EastWest, east_west
-from netval.operator.manifests import AGENT_CONFIG_KEY, LABEL_VALIDATION
+from netval.operator.agents.manifests import AGENT_CONFIG_KEY
+from netval.operator.state.east_west_matrix import EastWest, east_west
 from operator_env import GPU, NS, add_node, condition, settings_for, status_of
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(90)]
@@ -907,7 +908,7 @@ def test_six_agents_and_the_operator_report_oversubscription_and_name_a_dead_nod
         # the agents run the config the operator rendered into their ConfigMap
         def rendered() -> str | None:
             for cm in kube.list("v1", "configmaps", NS):
-                if cm["metadata"].get("labels", {}).get(LABEL_VALIDATION) == name:
+                if cm["metadata"].get("labels", {}).get(LabelKey.VALIDATION) == name:
                     return str(cm["data"][AGENT_CONFIG_KEY])
             return None
 

@@ -21,7 +21,7 @@ from netval.cli.status_view import MATRIX_COLUMNS, NO_SUMMARY_YET, NOT_ENABLED, 
 from netval.model.east_west import EastWest
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
-from netval.operator.east_west import east_west
+from netval.operator.state.east_west_matrix import east_west
 
 NV = "netval.io/v1alpha1"
 NOW = datetime.now(UTC)

@@ -10,7 +10,7 @@ import pytest
 
 from mosquitto import MosquittoBroker
 from netval.infra.task_stop import cancel_and_wait
-from netval.operator.ingest import ReportIngest
+from netval.operator.ingest.subscriber import ReportIngest
 from operator_env import settings_for
 
 pytestmark = pytest.mark.asyncio

@@ -1,7 +1,7 @@
 """The east-west summary in the NetworkValidation status (`status.eastWest`).
 
-Computed by the operator (`netval.operator.east_west`) from the agents' ``peer.*`` results;
-read by `netval status`. Bounded: at most `MAX_CELLS` domain-pair cells (flagged and failing
+Computed by the operator (`netval.operator.state.east_west_matrix`) from the agents'
+``peer.*`` results; read by `netval status`. Bounded: at most `MAX_CELLS` domain-pair cells (flagged and failing
 cells kept first), `MAX_FLAGGED` flagged pairs and `MAX_SUSPECTS` suspects.
 """
 

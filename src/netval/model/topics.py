@@ -12,6 +12,21 @@ OFFLINE: Final = b"offline"
 _MAX_LEVEL: Final = 253
 
 
+class DropReason(StrEnum):
+    """Why a message on a netval topic was dropped unread (every payload is untrusted)."""
+
+    BAD_TOPIC = "bad_topic"  # not a netval topic, or not one the reader consumes
+    TOO_LARGE = "too_large"
+    NOT_UTF8 = "not_utf8"  # operator: a report
+    INVALID_REPORT = "invalid_report"  # operator
+    NODE_MISMATCH = "node_mismatch"  # operator: a report speaks for another node
+    VALIDATION_MISMATCH = "validation_mismatch"  # operator
+    BAD_STATE = "bad_state"  # operator: neither online nor offline
+    INVALID_ENDPOINT = "invalid_endpoint"  # agent: a peer's responder announcement
+    INVALID_ASSIGNMENT = "invalid_assignment"  # agent: the operator's assignment
+    TABLE_FULL = "table_full"  # agent: too many peer endpoints
+
+
 class TopicKind(StrEnum):
     REPORT = "report"  # agent -> operator, retained JSON report
     STATE = "state"  # agent -> operator, retained online/offline (last will)

@@ -51,13 +51,14 @@ from kubernetes.client.exceptions import ApiException
 
 from netval.infra.metrics_server import parse_host_port
 from netval.infra.task_stop import cancel_and_wait
+from netval.model.keys import LabelKey
 from netval.model.manifest import API_GROUP
 from netval.model.spec import AdmissionMode
-from netval.operator import webhook_certs
-from netval.operator.gating import FABRIC_LABEL
-from netval.operator.kube_api import PLURAL, VERSION
+from netval.operator.kube import certs as webhook_certs
+from netval.operator.kube.api import PLURAL, VERSION, load_kube_client
 from netval.operator.runtime import OperatorRuntime, ValidationView
-from netval.operator.startup import load_kube_client
+
+FABRIC_LABEL = LabelKey.FABRIC.value  # import shim (layout-operator); the lead rewires this
 
 log = logging.getLogger("netval.operator.admission")
 

@@ -44,7 +44,7 @@ from kubernetes.client.exceptions import ApiException
 
 from netval.infra.task_stop import cancel_and_wait
 from netval.model.manifest import API_GROUP, KIND
-from netval.operator.kube_api import PLURAL, VERSION
+from netval.operator.kube.api import PLURAL, VERSION
 from netval.operator.runtime import OperatorRuntime, ValidationView
 
 log = logging.getLogger("netval.operator.kueue")

@@ -4,13 +4,16 @@ gating writes, validations and nodes by health."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from netval.operator.ingest import DropReason
-from netval.operator.runtime import OperatorRuntime
+from netval.operator.ingest.decode import INGEST_DROP_REASONS
+
+if TYPE_CHECKING:
+    from netval.operator.runtime import OperatorRuntime
 
 
 class _RuntimeCollector(Collector):
@@ -28,7 +31,7 @@ class _RuntimeCollector(Collector):
             "MQTT messages dropped as invalid, by reason",
             labels=["reason"],
         )
-        for reason in DropReason:
+        for reason in INGEST_DROP_REASONS:
             dropped.add_metric([reason.value], stats.dropped.get(reason, 0))
         yield dropped
         yield GaugeMetricFamily(
@@ -38,22 +41,22 @@ class _RuntimeCollector(Collector):
             "netval_operator_mqtt_reconnects", "MQTT reconnections", value=stats.reconnects
         )
         yield CounterMetricFamily(
-            "netval_operator_status_writes", "Status patches written", value=rt.status_writes
+            "netval_operator_status_writes", "Status patches written", value=rt.status.writes
         )
         yield CounterMetricFamily(
             "netval_operator_status_write_failures",
             "Status patches that failed",
-            value=rt.status_write_failures,
+            value=rt.status.write_failures,
         )
         yield CounterMetricFamily(
-            "netval_operator_gating_writes", "Node label/taint writes", value=rt.gating_writes
+            "netval_operator_gating_writes", "Node label/taint writes", value=rt.gating.writes
         )
         nodes = GaugeMetricFamily(
             "netval_operator_nodes",
             "Targeted nodes per validation and state",
             labels=["validation", "state"],
         )
-        for name, status in rt.previous.items():
+        for name, status in rt.store.previous.items():
             counts = status.nodes
             for state in ("targeted", "reporting", "passing", "warning", "failing", "stale"):
                 nodes.add_metric([name, state], getattr(counts, state))

@@ -1,8 +1,8 @@
 """MQTT ingest: one subscription for every agent's report and state topics.
 
-Every payload is untrusted: decoded and validated with pydantic; a bad one is dropped,
-counted by reason and logged (rate-limited), and never disturbs other data. A report whose
-node differs from its topic's node is rejected (an agent may only speak for itself).
+Messages are decoded by `netval.operator.ingest.decode`; a dropped one is counted by reason
+and logged (rate-limited). The same connection keeps the operator's own retained messages
+(agent assignments) on the broker.
 """
 
 from __future__ import annotations
@@ -13,100 +13,24 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Final
 
 import aiomqtt
 from aiomqtt import MqttError
-from pydantic import ValidationError
 
 from netval.infra.mqtt_client import backoff_delay, make_client
 from netval.infra.mqtt_settings import MqttSettings
 from netval.model.results import Report
-from netval.model.topics import OFFLINE, ONLINE, ParsedTopic, TopicKind, parse_topic, subscription
+from netval.model.topics import DropReason, TopicKind, subscription
+from netval.operator.ingest.decode import Dropped, StateChange, decode_message
 
 log = logging.getLogger("netval.operator.ingest")
 
-MAX_PAYLOAD: Final = 1 << 20
 LOG_EVERY_SECONDS: Final = 60.0
 # Retained messages arrive right after SUBACK; once none came for this long the initial
 # state is complete and status may be written without flipping conditions.
 SYNC_QUIET_SECONDS: Final = 0.5
 SYNC_MAX_SECONDS: Final = 5.0
-
-
-class DropReason(StrEnum):
-    BAD_TOPIC = "bad_topic"
-    TOO_LARGE = "too_large"
-    NOT_UTF8 = "not_utf8"
-    INVALID_REPORT = "invalid_report"
-    NODE_MISMATCH = "node_mismatch"
-    VALIDATION_MISMATCH = "validation_mismatch"
-    BAD_STATE = "bad_state"
-
-
-@dataclass(frozen=True, slots=True)
-class Dropped:
-    reason: DropReason
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class StateChange:
-    validation: str
-    node: str
-    online: bool
-
-
-Decoded = Report | StateChange | Dropped | None
-
-
-def decode_message(topic_name: str, payload: bytes) -> Decoded:
-    """Pure: what a message means, or why it is dropped (None: a topic we don't consume)."""
-    parsed = parse_topic(topic_name)
-    if parsed is None:
-        return Dropped(DropReason.BAD_TOPIC, f"unexpected topic {topic_name[:200]!r}")
-    if parsed.kind is TopicKind.STATE:
-        return _decode_state(parsed, payload)
-    if parsed.kind is not TopicKind.REPORT:
-        return None
-    if not payload:
-        # an empty retained payload clears the retained report (agent removed): not an error
-        return None
-    if len(payload) > MAX_PAYLOAD:
-        return Dropped(DropReason.TOO_LARGE, f"{len(payload)} bytes from {parsed.node}")
-    try:
-        text = payload.decode("utf-8")
-    except UnicodeDecodeError:
-        return Dropped(DropReason.NOT_UTF8, f"report from {parsed.node} is not UTF-8")
-    try:
-        report = Report.model_validate_json(text)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "(payload)"
-        return Dropped(
-            DropReason.INVALID_REPORT, f"report from {parsed.node}: {where}: {err['msg']}"
-        )
-    if report.node != parsed.node:
-        return Dropped(
-            DropReason.NODE_MISMATCH,
-            f"report on {parsed.node}'s topic claims node {report.node!r}",
-        )
-    if report.validation != parsed.validation:
-        return Dropped(
-            DropReason.VALIDATION_MISMATCH,
-            f"report on validation {parsed.validation}'s topic claims {report.validation!r}",
-        )
-    return report
-
-
-def _decode_state(parsed: ParsedTopic, payload: bytes) -> Decoded:
-    if payload == ONLINE:
-        return StateChange(parsed.validation, parsed.node, True)
-    if payload in (OFFLINE, b""):
-        return StateChange(parsed.validation, parsed.node, False)
-    return Dropped(DropReason.BAD_STATE, f"state of {parsed.node} is {payload[:40]!r}")
 
 
 class IngestStats:

@@ -1,10 +1,10 @@
-"""Per-validation aggregation of agent reports into the NetworkValidation status.
+"""One NetworkValidation in memory (`ValidationState`) and how agent reports change it.
 
 Pure and in memory: no I/O, no Kopf, no asyncio, no clock. Every function that depends on
 time takes ``now`` (timezone-aware) explicitly, so the operator, tests and benchmarks drive
 time themselves. The operator owns one `ValidationState` per NetworkValidation, feeds it
 reports and online/offline state from MQTT and the targeted node set from its Node watch,
-and calls `compute_status` once per write window.
+and calls `compute_status` (`netval.operator.state.aggregation`) once per write window.
 
 Semantics (the contract the operator and the tests rely on):
 
@@ -53,8 +53,6 @@ Semantics (the contract the operator and the tests rely on):
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -63,24 +61,12 @@ from typing import Final, Literal
 
 from netval.model.ids import CheckGroup, Status, worst
 from netval.model.results import CheckResult, Report
-from netval.model.status import (
-    MAX_FAILURES,
-    CheckCounts,
-    Condition,
-    ConditionType,
-    Failure,
-    NetworkValidationStatus,
-    NodeCounts,
-    Reason,
-)
+from netval.model.status import NetworkValidationStatus
 
 STALE_AFTER_INTERVALS: Final = 3
-MAX_NAMES_IN_MESSAGE: Final = 5
-MAX_CHECKS_PER_NODE_IN_MESSAGE: Final = 3
 MAX_FAILURE_MESSAGE: Final = 256
 
 NodeHealth = Literal["healthy", "degraded", "unhealthy", "unknown"]
-ConditionStatus = Literal["True", "False", "Unknown"]
 
 # Index of a status in a node's per-check bucket: pass, warn, fail (error counts as fail).
 _BUCKET: Final[dict[Status, int]] = {
@@ -183,7 +169,7 @@ def set_spec(
 
 def set_targeted(state: ValidationState, nodes: Iterable[str], now: datetime) -> None:
     """The nodes that match the nodeSelector (from the operator's Node watch)."""
-    _require_aware(now)
+    require_aware(now)
     new = set(nodes)
     if new == state.targeted:
         return
@@ -197,7 +183,7 @@ def set_targeted(state: ValidationState, nodes: Iterable[str], now: datetime) ->
 
 def set_node_targeted(state: ValidationState, node: str, targeted: bool, now: datetime) -> None:
     """One node entered or left the selector (a Node event): O(1) instead of a full rescan."""
-    _require_aware(now)
+    require_aware(now)
     if targeted == (node in state.targeted):
         return
     if targeted:
@@ -213,7 +199,7 @@ def set_agents_ready(
     state: ValidationState, ready: bool, now: datetime, *, detail: str = ""
 ) -> None:
     """Whether the agent DaemonSet exists and has rolled out (detail: shown while pending)."""
-    _require_aware(now)
+    require_aware(now)
     if ready and not state.agents_ready:
         state.agents_ready_since = now
     if (ready, detail) != (state.agents_ready, state.agents_detail):
@@ -247,7 +233,7 @@ def ingest_report(
 ) -> IngestResult:
     """Fold one validated report in. ``retained``: the MQTT message had the retain flag
     (a replay on subscribe, not a live publish); see the module docstring."""
-    _require_aware(now)
+    require_aware(now)
     if report.validation != state.name:
         return IngestResult.WRONG_VALIDATION
     node = report.node
@@ -281,14 +267,14 @@ def ingest_report(
 
 def node_online(state: ValidationState, node: str, now: datetime) -> None:
     """Retained ``online`` state: the agent is connected (freshness still needs reports)."""
-    _require_aware(now)
+    require_aware(now)
     if state.offline.pop(node, None) is not None and node in state.targeted:
         state.dirty = True
 
 
 def node_offline(state: ValidationState, node: str, now: datetime) -> None:
     """Retained ``offline`` state (the agent's last will): the node is stale at once."""
-    _require_aware(now)
+    require_aware(now)
     if node not in state.offline:
         state.offline[node] = now
         if node in state.targeted:
@@ -325,7 +311,7 @@ def is_fresh(state: ValidationState, node: str, now: datetime) -> bool:
 def node_health(state: ValidationState, node: str, now: datetime) -> NodeHealth:
     """The node's fabric label value for this validation: from its fresh report; ``unknown``
     when it is stale, never reported or not targeted by this validation."""
-    _require_aware(now)
+    require_aware(now)
     rec = state.nodes.get(node)
     if node not in state.targeted or rec is None or not _fresh(state, node, rec, now):
         return "unknown"
@@ -335,107 +321,18 @@ def node_health(state: ValidationState, node: str, now: datetime) -> NodeHealth:
 def next_deadline(state: ValidationState, now: datetime) -> datetime | None:
     """The earliest future time at which time alone changes the status (a fresh node turns
     stale, an awaiting node's grace ends); None when nothing is pending."""
-    _require_aware(now)
+    require_aware(now)
     window = state.stale_after
     best: datetime | None = None
     for node in state.targeted:
         if node in state.offline:
             continue
         rec = state.nodes.get(node)
-        start = rec.reported_at if rec is not None else _grace_start(state, node)
+        start = rec.reported_at if rec is not None else grace_start(state, node)
         at = start + window
         if at >= now and (best is None or at < best):
             best = at
     return best + timedelta(microseconds=1) if best is not None else None
-
-
-def compute_status(
-    state: ValidationState, now: datetime, *, previous: NetworkValidationStatus | None
-) -> NetworkValidationStatus:
-    """The status to write. ``previous`` (the status last written) keeps lastTransitionTime
-    of conditions whose status did not change, and its conditions of other types (Gating)."""
-    _require_aware(now)
-    window = state.stale_after
-    fresh: list[tuple[str, NodeRecord]] = []
-    stale: list[tuple[str, str]] = []  # (node, why)
-    awaiting: list[str] = []
-    ever_reported = 0
-    last_report: datetime | None = None
-    for node in state.targeted:
-        rec = state.nodes.get(node)
-        if rec is not None:
-            ever_reported += 1
-            if last_report is None or rec.reported_at > last_report:
-                last_report = rec.reported_at
-            if node in state.offline:
-                stale.append((node, "offline"))
-            elif now - rec.reported_at > window:
-                stale.append((node, f"last report {_ago(now - rec.reported_at)} ago"))
-            else:
-                fresh.append((node, rec))
-        elif node in state.offline:
-            stale.append((node, "offline"))
-        elif now - _grace_start(state, node) > window:
-            stale.append((node, "never reported"))
-        else:
-            awaiting.append(node)
-
-    passing = warning = 0
-    failing: list[tuple[str, NodeRecord]] = []
-    older_generation = 0
-    totals: dict[str, list[int]] = {}
-    failure_lists: list[tuple[FailureKey, ...]] = []
-    for node, rec in fresh:
-        severity = rec.status.severity
-        if severity >= Status.FAIL.severity:
-            failing.append((node, rec))
-            if rec.failures:
-                failure_lists.append(rec.failures)
-        elif severity == Status.WARN.severity:
-            warning += 1
-        else:
-            passing += 1
-        if rec.generation < state.generation:
-            older_generation += 1
-        for check, bucket in rec.check_buckets:
-            counts = totals.get(check)
-            if counts is None:
-                counts = totals[check] = [0, 0, 0]
-            counts[bucket] += 1
-
-    failures = [
-        Failure(node=n, check=c, subject=s, message=m, since=t)
-        for t, n, c, s, m in itertools.islice(heapq.merge(*failure_lists), MAX_FAILURES)
-    ]
-    targeted = len(state.targeted)
-    node_counts = NodeCounts(
-        targeted=targeted,
-        reporting=len(fresh),
-        passing=passing,
-        warning=warning,
-        failing=len(failing),
-        stale=targeted - len(fresh),
-    )
-    ready = _ready(state, fresh, stale, awaiting, older_generation)
-    healthy = _healthy(state, fresh, failing, warning, len(stale) + len(awaiting), ever_reported)
-    conditions = [
-        _condition(ConditionType.READY, *ready, state=state, now=now, previous=previous),
-        _condition(ConditionType.HEALTHY, *healthy, state=state, now=now, previous=previous),
-    ]
-    if previous is not None:
-        ours = (ConditionType.READY, ConditionType.HEALTHY)
-        conditions.extend(c for c in previous.conditions if c.type not in ours)
-    return NetworkValidationStatus(
-        observed_generation=state.generation,
-        conditions=conditions,
-        nodes=node_counts,
-        checks={
-            check: CheckCounts(pass_=c[0], warn=c[1], fail=c[2])
-            for check, c in sorted(totals.items())
-        },
-        failures=failures,
-        last_report_time=last_report,
-    )
 
 
 # -- internals --------------------------------------------------------------------------
@@ -497,138 +394,12 @@ def _fresh(state: ValidationState, node: str, rec: NodeRecord, now: datetime) ->
     return node not in state.offline and now - rec.reported_at <= state.stale_after
 
 
-def _grace_start(state: ValidationState, node: str) -> datetime:
+def grace_start(state: ValidationState, node: str) -> datetime:
     start = state.targeted_since.get(node)
     ready = state.agents_ready_since
     if start is None:
         return ready if ready is not None else datetime.min.replace(tzinfo=UTC)
     return max(start, ready) if ready is not None else start
-
-
-_Verdict = tuple[ConditionStatus, Reason, str]
-
-
-def _ready(
-    state: ValidationState,
-    fresh: list[tuple[str, NodeRecord]],
-    stale: list[tuple[str, str]],
-    awaiting: list[str],
-    older_generation: int,
-) -> _Verdict:
-    targeted = len(state.targeted)
-    if state.spec_error is not None:
-        return "False", Reason.INVALID_SPEC, _clip(f"invalid spec: {state.spec_error}")
-    if not state.agents_ready:
-        detail = f": {state.agents_detail}" if state.agents_detail else ""
-        return "False", Reason.AGENTS_PENDING, f"agent DaemonSet not rolled out yet{detail}"
-    if targeted == 0:
-        return (
-            "False",
-            Reason.NO_TARGETED_NODES,
-            "nodeSelector matches no node: nothing to validate",
-        )
-    reporting = f"{len(fresh)} of {targeted} targeted nodes reporting"
-    if stale:
-        stale.sort()
-        names = _names([f"{n} ({why})" for n, why in stale], len(stale))
-        msg = f"{len(stale)} of {targeted} targeted nodes stale: {names}"
-        if awaiting:
-            msg += f"; {len(awaiting)} awaiting a first report"
-        return "False", Reason.NODES_STALE, _clip(_with_agent_pods(state, msg))
-    if awaiting:
-        awaiting.sort()
-        msg = f"{reporting}; awaiting a first report from {_names(awaiting, len(awaiting))}"
-        return "False", Reason.AWAITING_REPORTS, _clip(_with_agent_pods(state, msg))
-    msg = f"all {targeted} targeted nodes reporting"
-    if older_generation:
-        msg += (
-            f"; {older_generation} still on a generation older than {state.generation}"
-            " (agents rolling out)"
-        )
-    return "True", Reason.AGENTS_REPORTING, msg
-
-
-def _with_agent_pods(state: ValidationState, message: str) -> str:
-    return f"{message}; {state.agent_pods}" if state.agent_pods else message
-
-
-def _healthy(
-    state: ValidationState,
-    fresh: list[tuple[str, NodeRecord]],
-    failing: list[tuple[str, NodeRecord]],
-    warning: int,
-    not_judged: int,
-    ever_reported: int,
-) -> _Verdict:
-    targeted = len(state.targeted)
-    if targeted == 0:
-        return "Unknown", Reason.NO_TARGETED_NODES, "nodeSelector matches no node"
-    if not fresh:
-        if ever_reported == 0:
-            return "Unknown", Reason.AWAITING_REPORTS, "no targeted node has reported yet"
-        return (
-            "Unknown",
-            Reason.NODES_STALE,
-            f"no fresh report from any of the {targeted} targeted nodes",
-        )
-    if failing:
-        failing.sort(key=lambda item: item[0])
-        shown = [f"{n} ({_checks(rec.failing_checks)})" for n, rec in failing]
-        names = _names(shown, len(failing))
-        msg = f"{len(failing)} of {len(fresh)} reporting nodes failing: {names}"
-        return "False", Reason.CHECKS_FAILING, msg
-    msg = f"no failing checks on {len(fresh)} reporting nodes"
-    if warning:
-        warn_nodes = sorted(n for n, rec in fresh if rec.status is Status.WARN)
-        msg += f"; {warning} warning: {_names(warn_nodes, warning)}"
-    if not_judged:
-        msg += f"; {not_judged} targeted nodes without a fresh report not judged (see Ready)"
-    return "True", Reason.ALL_CHECKS_PASSING, msg
-
-
-def _condition(
-    kind: ConditionType,
-    status: ConditionStatus,
-    reason: Reason,
-    message: str,
-    *,
-    state: ValidationState,
-    now: datetime,
-    previous: NetworkValidationStatus | None,
-) -> Condition:
-    before = previous.condition(kind) if previous is not None else None
-    since = before.last_transition_time if before is not None and before.status == status else now
-    return Condition(
-        type=kind,
-        status=status,
-        reason=reason.value,
-        message=message,
-        last_transition_time=since,
-        observed_generation=state.generation,
-    )
-
-
-def _checks(ids: tuple[str, ...]) -> str:
-    if not ids:
-        return "status fail"
-    head = ", ".join(ids[:MAX_CHECKS_PER_NODE_IN_MESSAGE])
-    more = len(ids) - MAX_CHECKS_PER_NODE_IN_MESSAGE
-    return f"{head}, +{more} more" if more > 0 else head
-
-
-def _names(items: list[str], total: int) -> str:
-    head = ", ".join(items[:MAX_NAMES_IN_MESSAGE])
-    more = total - MAX_NAMES_IN_MESSAGE
-    return f"{head} and {more} more" if more > 0 else head
-
-
-def _ago(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h"
 
 
 def _truncate(message: str) -> str:
@@ -637,11 +408,7 @@ def _truncate(message: str) -> str:
     return message[: MAX_FAILURE_MESSAGE - 1] + "\u2026"
 
 
-def _clip(message: str, limit: int = 1024) -> str:
-    return message if len(message) <= limit else message[: limit - 1] + "\u2026"
-
-
-def _require_aware(now: datetime) -> None:
+def require_aware(now: datetime) -> None:
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
 

@@ -14,20 +14,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, Final
 
-FABRIC_LABEL: Final = "netval.io/fabric"
-TAINT_KEY: Final = "netval.io/fabric-unhealthy"
-TAINT_EFFECT: Final = "NoSchedule"
+from netval.model.keys import TAINT_EFFECT, FabricHealth, TaintKey
+from netval.model.status import Reason
 
-
-class FabricHealth(StrEnum):
-    HEALTHY = "healthy"
-    DEGRADED = "degraded"
-    UNHEALTHY = "unhealthy"
-    UNKNOWN = "unknown"
-
+# What the Gating condition says: (status True, reason, message).
+GatingCondition = tuple[bool, str, str]
 
 # "worst" for the label: no data ranks above healthy, a known warning above no data.
 _RANK: Final = {
@@ -138,17 +131,42 @@ def plan_changes(
     return changes
 
 
+def gating_condition(v: GatingInput, decision: TaintDecision) -> GatingCondition:
+    """The Gating condition of validation `v` after this round's `decision`."""
+    if not v.taint:
+        message = "node labels only (gating.taint is false)" if v.node_label else "off"
+        return (True, Reason.GATING_ACTIVE.value, message)
+    if decision.tripped:
+        return (
+            False,
+            Reason.BREAKER_TRIPPED.value,
+            f"{decision.unhealthy} of {len(v.targeted)} targeted nodes failing, more than "
+            f"maxUnhealthyPercent {v.max_unhealthy_percent:g}% allows ({decision.cap}); "
+            f"not tainting {len(decision.withheld)} node(s) "
+            f"({', '.join(decision.withheld[:5])}{', ...' if len(decision.withheld) > 5 else ''}): "
+            "a mass failure is more likely a probe or config fault; labels still follow health",
+        )
+    return (
+        True,
+        Reason.GATING_ACTIVE.value,
+        f"{len(decision.tainted)} node(s) tainted of {len(v.targeted)} targeted "
+        f"(cap {decision.cap})",
+    )
+
+
+def _is_ours(taint: Mapping[str, Any]) -> bool:
+    return taint.get("key") == TaintKey.FABRIC_UNHEALTHY and taint.get("effect") == TAINT_EFFECT
+
+
 def has_fabric_taint(taints: Iterable[Mapping[str, Any]] | None) -> bool:
-    return any(t.get("key") == TAINT_KEY and t.get("effect") == TAINT_EFFECT for t in taints or ())
+    return any(_is_ours(t) for t in taints or ())
 
 
 def with_fabric_taint(taints: list[dict[str, Any]] | None, present: bool) -> list[dict[str, Any]]:
     """The node's taint list with ours added or removed; taints of other owners untouched."""
-    others = [
-        t
-        for t in taints or []
-        if not (t.get("key") == TAINT_KEY and t.get("effect") == TAINT_EFFECT)
-    ]
+    others = [t for t in taints or [] if not _is_ours(t)]
     if present:
-        others.append({"key": TAINT_KEY, "value": "true", "effect": TAINT_EFFECT})
+        others.append(
+            {"key": TaintKey.FABRIC_UNHEALTHY.value, "value": "true", "effect": TAINT_EFFECT}
+        )
     return others

@@ -9,10 +9,15 @@ validations, naming the other one and the shared nodes.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Final
+
+from netval.operator.state.store import Store
+
+log = logging.getLogger("netval.operator")
 
 MAX_NODES_NAMED: Final = 5
 
@@ -52,3 +57,33 @@ def conflict_message(other: str, port: int, nodes: list[str]) -> str:
         f" node(s) ({shown}): only one of their agents can listen there; give one of them"
         " another peers.port"
     )
+
+
+@dataclass(slots=True)
+class PeerPortCheck:
+    """The conflicts seen last time, so each one is announced once (again after the overlap
+    went away and came back)."""
+
+    conflicts: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+
+    def update(self, store: Store) -> list[tuple[str, str]]:
+        """(validation, message) for both validations of every new conflict."""
+        listeners = {
+            name: PeerListener(
+                spec.checks.peers.port, spec.checks.peers.interface, frozenset(state.targeted)
+            )
+            for name, spec in store.specs.items()
+            if spec.checks.peers.enabled and (state := store.states.get(name)) is not None
+        }
+        conflicts = peer_port_conflicts(listeners)
+        new: list[tuple[str, str]] = []
+        for (a, b), nodes in conflicts.items():
+            if (a, b) in self.conflicts:
+                continue
+            port = listeners[a].port
+            for name, other in ((a, b), (b, a)):
+                message = conflict_message(other, port, nodes)
+                new.append((name, message))
+                log.warning("NetworkValidation %s: %s", name, message)
+        self.conflicts = conflicts
+        return new

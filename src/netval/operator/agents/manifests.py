@@ -1,17 +1,17 @@
 """Render the agent objects of one NetworkValidation: its ConfigMap and its DaemonSet.
 
-Pure functions: no I/O, no clock, no environment. The handlers apply what these return.
+Pure functions: no I/O, no clock, no environment. `agents.rollout` applies what these return.
 
-- The ConfigMap holds the agent config file (`{validation, generation, spec}`, DESIGN.md
-  "Processes and configuration") under `AGENT_CONFIG_KEY`, as YAML written by PyYAML, which
-  the agent reads back with `yaml.safe_load` exactly (JSON text read as YAML is not always:
-  `1e-05` would come back as a string).
+- The ConfigMap holds the agent config file (`{validation, generation, spec}`, see
+  docs/architecture.md "Processes and environment") under `AGENT_CONFIG_KEY`, as YAML
+  written by PyYAML, which the agent reads back with `yaml.safe_load` exactly (JSON text
+  read as YAML is not always: `1e-05` would come back as a string).
 - The DaemonSet runs `netval agent` on every node the spec selects, on the host network, as a
   non-root user with no capabilities and a read-only root filesystem; the agent never talks to
   the Kubernetes API, so its ServiceAccount has no token and no bindings.
 - The pod template carries `netval.io/config-hash`, the hash of the config document, so any
   spec change (which bumps the generation) rolls the agents; status writes and node label
-  changes never do (DESIGN.md "MQTT": the domain travels in the assignment topic).
+  changes never do (docs/architecture.md "MQTT": the domain travels in the assignment topic).
 """
 
 from __future__ import annotations
@@ -32,27 +32,24 @@ from netval.infra.mqtt_settings import (
     ENV_USERNAME,
     parse_mqtt_url,
 )
+from netval.model.keys import (
+    MANAGED_BY_OPERATOR,
+    TAINT_EFFECT,
+    AnnotationKey,
+    LabelKey,
+    TaintKey,
+)
 from netval.model.spec import NetworkValidationSpec
 
 # --- names, labels, annotations -------------------------------------------------------------
 
-AGENT_APP_NAME: Final = "netval-agent"
-MANAGED_BY: Final = "netval-operator"
-LABEL_NAME: Final = "app.kubernetes.io/name"
-LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
-LABEL_VALIDATION: Final = "netval.io/validation"
-ANNOTATION_CONFIG_HASH: Final = "netval.io/config-hash"
-ANNOTATION_GENERATION: Final = "netval.io/generation"  # on the DaemonSet: what it deploys
+# Label and annotation keys: `netval.model.keys` (LabelKey, AnnotationKey).
+AGENT_APP_NAME: Final = "netval-agent"  # value of app.kubernetes.io/name
 
 AGENT_OBJECT_PREFIX: Final = "netval-agent-"
 MAX_NAME_LENGTH: Final = 63  # DNS label: DaemonSet names end up in pod names and labels
 MAX_LABEL_VALUE_LENGTH: Final = 63
 _HASH_SUFFIX_LENGTH: Final = 8
-
-# netval's own taint (DESIGN.md "Node gating"). The agents must tolerate it: a tainted node
-# recovers only through its agent's passing reports, and a rolled agent pod would otherwise
-# not be scheduled back onto the very node it has to clear.
-FABRIC_TAINT_KEY: Final = "netval.io/fabric-unhealthy"
 
 # --- the agent container --------------------------------------------------------------------
 
@@ -157,11 +154,14 @@ def validation_label_value(validation: str) -> str:
 
 def selector_labels(validation: str) -> dict[str, str]:
     """The DaemonSet's selector (immutable once created: never add to it)."""
-    return {LABEL_NAME: AGENT_APP_NAME, LABEL_VALIDATION: validation_label_value(validation)}
+    return {
+        LabelKey.NAME.value: AGENT_APP_NAME,
+        LabelKey.VALIDATION.value: validation_label_value(validation),
+    }
 
 
 def agent_labels(validation: str) -> dict[str, str]:
-    return {**selector_labels(validation), LABEL_MANAGED_BY: MANAGED_BY}
+    return {**selector_labels(validation), LabelKey.MANAGED_BY.value: MANAGED_BY_OPERATOR}
 
 
 def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
@@ -205,14 +205,25 @@ def config_hash(doc: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def _metadata(
-    name: str, namespace: str, validation: str, owner: Mapping[str, Any]
+def _agent_object(
+    api_version: str,
+    kind: str,
+    validation: str,
+    namespace: str,
+    owner: Mapping[str, Any],
+    annotations: dict[str, str],
 ) -> dict[str, Any]:
+    """apiVersion, kind and metadata of one of the agent objects of `validation`."""
     return {
-        "name": name,
-        "namespace": namespace,
-        "labels": agent_labels(validation),
-        "ownerReferences": [owner_reference(owner)],
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {
+            "name": agent_object_name(validation),
+            "namespace": namespace,
+            "labels": agent_labels(validation),
+            "ownerReferences": [owner_reference(owner)],
+            "annotations": annotations,
+        },
     }
 
 
@@ -226,12 +237,9 @@ def render_configmap(
 ) -> dict[str, Any]:
     """The agent ConfigMap of validation `name` (annotated with the config hash too)."""
     doc = agent_config_document(name, generation, spec)
-    metadata = _metadata(agent_object_name(name), namespace, name, owner)
-    metadata["annotations"] = {ANNOTATION_CONFIG_HASH: config_hash(doc)}
+    annotations = {AnnotationKey.CONFIG_HASH.value: config_hash(doc)}
     return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": metadata,
+        **_agent_object("v1", "ConfigMap", name, namespace, owner, annotations),
         "data": {
             AGENT_CONFIG_KEY: yaml.safe_dump(
                 doc, sort_keys=True, default_flow_style=False, allow_unicode=True
@@ -352,7 +360,10 @@ def _tolerations(
     tolerations: list[dict[str, Any]] = spec.model_dump(mode="json", include={"tolerations"})[
         "tolerations"
     ]
-    own = {"key": FABRIC_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+    # netval's own taint (docs/gating.md, "Node taints and labels"). The agents must tolerate
+    # it: a tainted node recovers only through its agent's passing reports, and a rolled
+    # agent pod would otherwise not be scheduled back onto the very node it has to clear.
+    own = {"key": TaintKey.FABRIC_UNHEALTHY.value, "operator": "Exists", "effect": TAINT_EFFECT}
     merged = [*tolerations, *(dict(t) for t in extra), own]
     return [t for i, t in enumerate(merged) if t not in merged[:i]]
 
@@ -442,12 +453,9 @@ def render_daemonset(
     }
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
-    metadata = _metadata(agent_object_name(name), namespace, name, owner)
-    metadata["annotations"] = {ANNOTATION_GENERATION: str(generation)}
+    annotations = {AnnotationKey.GENERATION.value: str(generation)}
     return {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": metadata,
+        **_agent_object("apps/v1", "DaemonSet", name, namespace, owner, annotations),
         "spec": {
             "selector": {"matchLabels": selector_labels(name)},
             "updateStrategy": {
@@ -458,7 +466,7 @@ def render_daemonset(
                 "metadata": {
                     "labels": agent_labels(name),
                     "annotations": {
-                        ANNOTATION_CONFIG_HASH: config_hash,
+                        AnnotationKey.CONFIG_HASH.value: config_hash,
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(metrics_port),
                         "prometheus.io/path": "/metrics",

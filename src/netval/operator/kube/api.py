@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from datetime import UTC, datetime
 from typing import Any, Final, cast
 
-from kubernetes import client
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from netval.model.keys import LabelKey
 from netval.model.manifest import API_GROUP
-from netval.operator.gating import FABRIC_LABEL, with_fabric_taint
+from netval.operator.gating.decisions import with_fabric_taint
 
 log = logging.getLogger("netval.operator.kube")
 
@@ -24,6 +26,15 @@ PLURAL: Final = "networkvalidations"
 EVENT_NAMESPACE: Final = "default"
 MAX_EVENT_MESSAGE: Final = 1024
 NODE_WRITE_ATTEMPTS: Final = 5
+
+
+def load_kube_client() -> client.ApiClient:
+    """In-cluster configuration inside a pod, else KUBECONFIG (development, tests)."""
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
+    return client.ApiClient()
 
 
 class KubeApi:
@@ -126,7 +137,7 @@ class KubeApi:
             patch = {
                 "metadata": {
                     "resourceVersion": metadata.get("resourceVersion"),
-                    "labels": {FABRIC_LABEL: label},
+                    "labels": {LabelKey.FABRIC.value: label},
                 },
                 "spec": {"taints": with_fabric_taint(taints, taint)},
             }
@@ -148,7 +159,7 @@ class KubeApi:
         try:
             self.core.patch_node(
                 node,
-                {"metadata": {"labels": {FABRIC_LABEL: label}}},
+                {"metadata": {"labels": {LabelKey.FABRIC.value: label}}},
                 _content_type="application/merge-patch+json",
             )
         except ApiException as exc:

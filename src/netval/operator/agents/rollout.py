@@ -1,0 +1,63 @@
+"""The agent objects of one NetworkValidation in the cluster: rendered from the operator's
+settings (`netval.operator.agents.manifests`) and applied, or deleted."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from netval.model.spec import NetworkValidationSpec
+from netval.operator.agents import manifests
+from netval.operator.kube.api import KubeApi
+from netval.operator.settings import OperatorSettings
+
+
+def render_agents(
+    settings: OperatorSettings,
+    owner: Mapping[str, Any],
+    generation: int,
+    spec: NetworkValidationSpec,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(ConfigMap, DaemonSet) of the validation `owner` (its object, as Kopf gives it)."""
+    name = owner["metadata"]["name"]
+    configmap = manifests.render_configmap(
+        name, generation, spec, namespace=settings.namespace, owner=owner
+    )
+    daemonset = manifests.render_daemonset(
+        name,
+        generation,
+        spec,
+        namespace=settings.namespace,
+        owner=owner,
+        image=settings.agent_image,
+        mqtt=manifests.AgentMqttWiring(
+            url=settings.agent_mqtt_url,
+            username=settings.agent_mqtt_username,
+            # an anonymous broker: no password to mount
+            password_secret=settings.agent_mqtt_secret if settings.agent_mqtt_username else None,
+            ca_secret=settings.agent_mqtt_ca_secret,
+        ),
+        config_hash=manifests.config_hash(manifests.agent_config_document(name, generation, spec)),
+        metrics_port=manifests.metrics_port_for(name),
+        resources=settings.agent_resources,
+        extra_tolerations=settings.agent_tolerations,
+    )
+    return configmap, daemonset
+
+
+async def apply_agents(
+    kube: KubeApi,
+    settings: OperatorSettings,
+    owner: Mapping[str, Any],
+    generation: int,
+    spec: NetworkValidationSpec,
+) -> None:
+    configmap, daemonset = render_agents(settings, owner, generation, spec)
+    await kube.apply_configmap(configmap)
+    await kube.apply_daemonset(daemonset)
+
+
+async def delete_agents(kube: KubeApi, settings: OperatorSettings, validation: str) -> None:
+    # Owner references would let the garbage collector do this; deleting explicitly makes
+    # removal immediate and independent of GC.
+    await kube.delete_agent_objects(settings.namespace, manifests.agent_object_name(validation))

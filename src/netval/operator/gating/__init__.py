@@ -1,0 +1,1 @@
+"""Node gating: pure decisions (labels, taints, breaker) and the writer that applies them."""

@@ -1,0 +1,131 @@
+"""Node gating, applied: once per status window, the `netval.io/fabric` label and netval's
+taint are written to the Nodes whose health asks for a change (decisions in
+`netval.operator.gating.decisions`), and each validation's Gating condition is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime
+from typing import Final
+
+from netval.model.keys import FabricHealth
+from netval.operator.gating import decisions as gating
+from netval.operator.gating.decisions import GatingCondition
+from netval.operator.kube.api import KubeApi
+from netval.operator.rounds import every_window
+from netval.operator.settings import OperatorSettings
+from netval.operator.state import validation as vs
+from netval.operator.state.store import Store, utcnow
+from netval.operator.status.events import Events
+
+log = logging.getLogger("netval.operator")
+
+# Node writes per gating round and in flight: a fresh deploy on 10,000 nodes must not hold
+# one round (and the API server) for minutes.
+MAX_GATING_WRITES_PER_ROUND: Final = 500
+GATING_CONCURRENCY: Final = 16
+
+
+class NodeGating:
+    def __init__(
+        self, settings: OperatorSettings, kube: KubeApi, store: Store, events: Events
+    ) -> None:
+        self.settings = settings
+        self.kube = kube
+        self.store = store
+        self.events = events
+        self.conditions: dict[str, GatingCondition] = {}  # validation -> its Gating condition
+        self.breaker_tripped: dict[str, bool] = {}
+        self.writes = 0
+
+    async def loop(self, synced: asyncio.Event) -> None:
+        await synced.wait()
+        await every_window(
+            lambda: self.settings.status_window,
+            lambda: self.apply(utcnow()),
+            "node gating failed; retrying next window",
+        )
+
+    def forget(self, name: str) -> None:
+        self.conditions.pop(name, None)
+        self.breaker_tripped.pop(name, None)
+
+    def inputs(self, now: datetime) -> list[gating.GatingInput]:
+        inputs: list[gating.GatingInput] = []
+        for name, state in self.store.states.items():
+            spec = self.store.specs.get(name)
+            if spec is None:
+                continue
+            inputs.append(
+                gating.GatingInput(
+                    name=name,
+                    targeted=frozenset(state.targeted),
+                    node_label=spec.gating.node_label,
+                    taint=spec.gating.taint,
+                    max_unhealthy_percent=spec.gating.max_unhealthy_percent,
+                    recovery_reports=spec.gating.recovery_reports,
+                    health={n: FabricHealth(vs.node_health(state, n, now)) for n in state.targeted},
+                    ok_streak={n: rec.ok_streak for n, rec in state.nodes.items()},
+                )
+            )
+        return inputs
+
+    async def validations_loaded(self) -> bool:
+        """Whether every validation that existed at start has been loaded: before that, a
+        validation missing from memory may exist all the same."""
+        store = self.store
+        if store.expected_validations is None:
+            try:
+                store.expected_validations = set(await self.kube.list_validation_names())
+            except Exception as exc:
+                log.warning("cannot list validations yet (%s); gating waits", exc)
+                return False
+        return store.expected_validations <= set(store.states)
+
+    async def apply(self, now: datetime) -> None:
+        if not await self.validations_loaded():
+            return
+        node_fabric = self.store.node_fabric
+        inputs = self.inputs(now)
+        currently_tainted = [n for n, (_, tainted) in node_fabric.items() if tainted]
+        decisions = [gating.decide_taints(v, currently_tainted) for v in inputs]
+        for v, decision in zip(inputs, decisions, strict=True):
+            self._record(v, decision)
+        labels = gating.desired_labels(inputs)
+        taints = set().union(*(d.tainted for d in decisions)) if decisions else set()
+        changes = gating.plan_changes(node_fabric, labels, taints)
+        limit = asyncio.Semaphore(GATING_CONCURRENCY)
+
+        async def write(change: gating.NodeChange) -> None:
+            label = change.label.value if change.label is not None else None
+            _, had_taint = node_fabric.get(change.node, (None, False))
+            async with limit:
+                try:
+                    if change.taint == had_taint:
+                        # label only: one merge patch, no read-modify-write needed
+                        done = await self.kube.set_node_label(change.node, label)
+                    else:
+                        done = await self.kube.set_node_gating(change.node, label, change.taint)
+                except Exception as exc:
+                    log.warning("gating write to node %s failed: %s", change.node, exc)
+                    return
+            if done:
+                self.writes += 1
+                # the watch will confirm; until then do not write the same change again
+                node_fabric[change.node] = (label, change.taint)
+
+        await asyncio.gather(*(write(c) for c in changes[:MAX_GATING_WRITES_PER_ROUND]))
+
+    def _record(self, v: gating.GatingInput, decision: gating.TaintDecision) -> None:
+        new = gating.gating_condition(v, decision)
+        if self.conditions.get(v.name) != new:
+            self.conditions[v.name] = new
+            state = self.store.states.get(v.name)
+            if state is not None:
+                state.dirty = True
+        was_tripped = self.breaker_tripped.get(v.name, False)
+        self.breaker_tripped[v.name] = decision.tripped
+        if decision.tripped and not was_tripped:
+            self.events.queue(v.name, "Warning", "BreakerTripped", new[2])

@@ -1,0 +1,22 @@
+"""The Node watch: labels select the targeted nodes, our label and taint feed gating."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from netval.operator.main import started_runtime
+
+
+@kopf.on.event("", "v1", "nodes")
+async def node_event(
+    type: str | None, name: str, labels: kopf.Labels, spec: kopf.Spec, memo: kopf.Memo, **_: Any
+) -> None:
+    runtime = started_runtime(memo)
+    if runtime is None:
+        return  # the initial listing is replayed to handlers once the runtime exists
+    if type == "DELETED":
+        runtime.store.on_node(name, None)
+    else:
+        runtime.store.on_node(name, dict(labels), list(spec.get("taints") or []))

@@ -1,0 +1,52 @@
+"""NetworkValidation handlers: read the spec, hand it to the runtime (which owns status),
+apply the agent objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from netval.model.manifest import API_GROUP, describe_validation_error
+from netval.model.spec import NetworkValidationSpec
+from netval.operator.agents.rollout import apply_agents, delete_agents
+from netval.operator.kube.api import PLURAL, VERSION
+from netval.operator.main import started_runtime
+from netval.operator.runtime import OperatorRuntime
+
+
+def _runtime(memo: kopf.Memo) -> OperatorRuntime:
+    runtime = started_runtime(memo)
+    if runtime is None:
+        raise kopf.TemporaryError("operator runtime not started yet", delay=1)
+    return runtime
+
+
+@kopf.on.create(API_GROUP, VERSION, PLURAL)
+@kopf.on.update(API_GROUP, VERSION, PLURAL, field="spec")
+@kopf.on.resume(API_GROUP, VERSION, PLURAL)
+async def networkvalidation_apply(
+    name: str, spec: kopf.Spec, meta: kopf.Meta, body: kopf.Body, memo: kopf.Memo,
+    status: kopf.Status, **_: Any,
+) -> None:  # fmt: skip
+    runtime = _runtime(memo)
+    generation = int(meta.get("generation") or 1)
+    try:
+        parsed = NetworkValidationSpec.model_validate(dict(spec))
+    except ValidationError as exc:
+        message = describe_validation_error(exc, "spec")
+        await runtime.invalid_spec(name, generation=generation, message=message, body=body)
+        raise kopf.PermanentError(f"invalid spec: {message}") from None
+    runtime.store.upsert_validation(
+        name, generation=generation, spec=parsed, body=body, status=dict(status) if status else None
+    )
+    await apply_agents(runtime.kube, runtime.settings, body, generation, parsed)
+    runtime.store.agents_applied(name)
+
+
+@kopf.on.delete(API_GROUP, VERSION, PLURAL)
+async def networkvalidation_delete(name: str, memo: kopf.Memo, **_: Any) -> None:
+    runtime = _runtime(memo)
+    await delete_agents(runtime.kube, runtime.settings, name)
+    runtime.remove_validation(name)

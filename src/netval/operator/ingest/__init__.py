@@ -1,0 +1,1 @@
+"""From the broker: decoding untrusted messages, the subscription, the retained assignments."""

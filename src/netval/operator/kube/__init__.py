@@ -1,0 +1,1 @@
+"""The Kubernetes API: the operator's reads and writes, and the webhook TLS certificates."""

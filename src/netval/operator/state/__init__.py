@@ -1,0 +1,1 @@
+"""In memory: validations and their reports, aggregation into status, east-west, peer ports."""

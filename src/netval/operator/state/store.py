@@ -1,0 +1,207 @@
+"""Everything the operator knows, in memory: validations (state, spec, last written status),
+Nodes (labels, what netval has on them) and reports that arrived before their validation.
+
+Kopf handlers tell the store what exists (validations, their specs, Nodes and labels); MQTT
+tells it what agents report. No I/O: the status writer and node gating read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from netval.model.keys import LabelKey
+from netval.model.results import Report
+from netval.model.spec import AdmissionMode, NetworkValidationSpec
+from netval.model.status import ConditionType, NetworkValidationStatus
+from netval.operator.gating.decisions import has_fabric_taint
+from netval.operator.ingest.decode import StateChange
+from netval.operator.state import validation as vs
+from netval.operator.state.validation import IngestResult, NodeHealth, ValidationState
+
+_PENDING_LIMIT: Final = 100_000
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def selector_matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationView:
+    name: str
+    healthy: bool  # the Healthy condition is True
+    healthy_message: str
+    admission: AdmissionMode
+    node_health: dict[str, NodeHealth]  # targeted nodes only
+    failures: tuple[tuple[str, str], ...]  # (node, check), worst first, at most 50
+
+    @property
+    def unhealthy_nodes(self) -> list[str]:
+        return [n for n, h in self.node_health.items() if h == "unhealthy"]
+
+
+@dataclass(slots=True)
+class _Pending:
+    report: Report
+    retained: bool
+
+
+class Store:
+    def __init__(self, on_targets_changed: Callable[[], None] = lambda: None) -> None:
+        # called when a validation's spec or targeted nodes may have changed
+        self.on_targets_changed = on_targets_changed
+        self.states: dict[str, ValidationState] = {}
+        self.selectors: dict[str, dict[str, str]] = {}
+        self.specs: dict[str, NetworkValidationSpec] = {}
+        # the object Events are about: {apiVersion, kind, metadata: {name, uid}}
+        self.bodies: dict[str, Mapping[str, Any]] = {}
+        self.previous: dict[str, NetworkValidationStatus] = {}  # the status last written
+        self.node_labels: dict[str, dict[str, str]] = {}
+        # what netval has on each node: (netval.io/fabric label, our taint present)
+        self.node_fabric: dict[str, tuple[str | None, bool]] = {}
+        # Validations that existed at start: gating waits until all are loaded, so that a
+        # half-loaded operator never strips labels or taints that another validation owns.
+        self.expected_validations: set[str] | None = None
+        # Reports for validations the operator has not seen yet (retained messages can
+        # arrive before Kopf resumes the CRs after a restart).
+        self.pending: dict[tuple[str, str], _Pending] = {}
+        self.offline_pending: dict[tuple[str, str], bool] = {}
+
+    # -- what MQTT tells us -----------------------------------------------------------------
+
+    def ingest_report(self, report: Report, retained: bool) -> IngestResult | None:
+        """None: kept pending until the validation is known."""
+        state = self.states.get(report.validation)
+        if state is None:
+            if len(self.pending) < _PENDING_LIMIT:
+                self.pending[(report.validation, report.node)] = _Pending(report, retained)
+            return None
+        return vs.ingest_report(state, report, utcnow(), retained=retained)
+
+    def on_state(self, change: StateChange) -> None:
+        state = self.states.get(change.validation)
+        if state is None:
+            self.offline_pending[(change.validation, change.node)] = change.online
+            return
+        if change.online:
+            vs.node_online(state, change.node, utcnow())
+        else:
+            vs.node_offline(state, change.node, utcnow())
+
+    # -- what Kopf tells us -----------------------------------------------------------------
+
+    def upsert_validation(
+        self,
+        name: str,
+        *,
+        generation: int,
+        spec: NetworkValidationSpec,
+        body: Mapping[str, Any],
+        status: Mapping[str, Any] | None,
+    ) -> ValidationState:
+        now = utcnow()
+        state = self.states.get(name)
+        if state is None:
+            state = ValidationState(name=name)
+            self.states[name] = state
+            previous = NetworkValidationStatus.from_api(status)
+            if previous is not None:
+                self.previous[name] = previous
+                vs.restore_since(state, previous)
+        vs.set_spec(state, generation=generation, interval_seconds=spec.interval_seconds)
+        self.selectors[name] = dict(spec.node_selector)
+        self.specs[name] = spec
+        self.bodies[name] = body
+        self._retarget(name, now)
+        for key in [k for k in self.pending if k[0] == name]:
+            pending = self.pending.pop(key)
+            vs.ingest_report(state, pending.report, now, retained=pending.retained)
+        for key in [k for k in self.offline_pending if k[0] == name]:
+            online = self.offline_pending.pop(key)
+            (vs.node_online if online else vs.node_offline)(state, key[1], now)
+        self.on_targets_changed()
+        return state
+
+    def invalid_spec(
+        self, name: str, *, generation: int, message: str, body: Mapping[str, Any]
+    ) -> None:
+        state = self.states.setdefault(name, ValidationState(name=name))
+        interval = state.interval_seconds
+        vs.set_spec(state, generation=generation, interval_seconds=interval, spec_error=message)
+        self.bodies[name] = body
+
+    def agents_applied(self, name: str) -> None:
+        state = self.states.get(name)
+        if state is not None:
+            vs.set_agents_ready(state, True, utcnow())
+
+    def remove_validation(self, name: str) -> None:
+        if self.expected_validations is not None:
+            self.expected_validations.discard(name)
+        for table in (self.states, self.selectors, self.specs, self.bodies, self.previous):
+            table.pop(name, None)
+        self.on_targets_changed()
+
+    def on_node(
+        self,
+        name: str,
+        labels: Mapping[str, str] | None,
+        taints: list[dict[str, Any]] | None = None,
+    ) -> None:
+        now = utcnow()
+        if labels is None:
+            self.node_labels.pop(name, None)
+            self.node_fabric.pop(name, None)
+            for state in self.states.values():
+                vs.forget_node(state, name)
+                vs.set_node_targeted(state, name, False, now)
+            return
+        self.node_fabric[name] = (labels.get(LabelKey.FABRIC), has_fabric_taint(taints))
+        # Our own label writes and kubelet status updates come back as Node events: only a
+        # change of the other labels can change what a selector matches.
+        selectable = {k: v for k, v in labels.items() if k != LabelKey.FABRIC}
+        if self.node_labels.get(name) == selectable:
+            return
+        self.node_labels[name] = selectable
+        for validation, selector in self.selectors.items():
+            vs.set_node_targeted(
+                self.states[validation], name, selector_matches(selector, selectable), now
+            )
+        self.on_targets_changed()
+
+    def _retarget(self, name: str, now: datetime) -> None:
+        selector = self.selectors.get(name)
+        if selector is None:
+            return
+        targeted = {
+            n for n, labels in self.node_labels.items() if selector_matches(selector, labels)
+        }
+        vs.set_targeted(self.states[name], targeted, now)
+
+    # -- what admission and Kueue ask --------------------------------------------------------
+
+    def validation_view(self, name: str) -> ValidationView | None:
+        """The validation as admission decisions see it, or None if the operator knows no
+        validation of that name."""
+        state = self.states.get(name)
+        spec = self.specs.get(name)
+        if state is None or spec is None:
+            return None
+        status = self.previous.get(name)
+        healthy = status.condition(ConditionType.HEALTHY) if status is not None else None
+        now = utcnow()
+        health = {node: vs.node_health(state, node, now) for node in sorted(state.targeted)}
+        return ValidationView(
+            name=name,
+            healthy=healthy is not None and healthy.status == "True",
+            healthy_message=healthy.message if healthy is not None else "no status yet",
+            admission=spec.gating.admission,
+            node_health=health,
+            failures=tuple((f.node, f.check) for f in (status.failures if status else [])),
+        )

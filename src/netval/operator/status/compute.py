@@ -1,0 +1,58 @@
+"""The status one write would carry (pure): the aggregated conditions and counts, the
+east-west summary of peers-enabled validations, and the Gating condition node gating set."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Literal
+
+from netval.model.spec import NetworkValidationSpec
+from netval.model.status import Condition, ConditionType, NetworkValidationStatus
+from netval.operator.gating.decisions import GatingCondition
+from netval.operator.state import validation as vs
+from netval.operator.state.aggregation import compute_status
+from netval.operator.state.east_west_matrix import east_west
+from netval.operator.state.validation import ValidationState
+
+
+def validation_status(
+    state: ValidationState,
+    spec: NetworkValidationSpec | None,
+    *,
+    node_labels: Mapping[str, Mapping[str, str]],
+    previous: NetworkValidationStatus | None,
+    gate: GatingCondition | None,
+    now: datetime,
+) -> NetworkValidationStatus:
+    status = compute_status(state, now, previous=previous)
+    if spec is not None and spec.checks.peers.enabled:
+        key = spec.checks.peers.topology_key
+        fresh = {
+            n: rec.peer_results
+            for n, rec in state.nodes.items()
+            if n in state.targeted and vs.is_fresh(state, n, now)
+        }
+        # every targeted node's domain, so a silent node still counts in its domain
+        domains = {n: node_labels.get(n, {}).get(key) for n in state.targeted}
+        summary = east_west(
+            fresh, domains, min_throughput_ratio=spec.checks.peers.min_throughput_ratio
+        )
+        status = status.model_copy(update={"east_west": summary})
+    if gate is None:
+        return status
+    ok, reason, message = gate
+    value: Literal["True", "False"] = "True" if ok else "False"
+    before = previous.condition(ConditionType.GATING) if previous is not None else None
+    condition = Condition(
+        type=ConditionType.GATING,
+        status=value,
+        reason=reason,
+        message=message,
+        last_transition_time=before.last_transition_time
+        if before is not None and before.status == value
+        else now,
+        observed_generation=state.generation,
+    )
+    others = [c for c in status.conditions if c.type != ConditionType.GATING]
+    return status.model_copy(update={"conditions": [*others, condition]})
