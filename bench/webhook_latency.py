@@ -172,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
     from kopf_harness import fast_settings, kopf_operator
     from kube import KubeCluster, wait_for
     from netval.model import Status
-    from netval.operator.admission import MUTATE_PODS, VALIDATE_PODS, WebhookOptions
+    from netval.operator.admission.configurations import MUTATE_PODS, VALIDATE_PODS
+    from netval.operator.admission.options import WebhookOptions
     from netval.operator.runtime import OperatorRuntime
     from operator_env import publish, report, report_msg, settings_for, validation
 
@@ -195,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
                          webhook=options)  # fmt: skip
         settings = fast_settings()
         settings.posting.level = logging.WARNING
-        modules = ["netval.operator.handlers", "netval.operator.admission"]
+        modules = ["netval.operator.handlers", "netval.operator.admission.handlers"]
         with kopf_operator(kube, modules=modules, memo=memo, settings=settings,
                            fail_level=None):  # fmt: skip
             runtime = wait_for(lambda: memo.get("runtime"), timeout=10, what="runtime")

@@ -32,26 +32,32 @@ from kopf_harness import kopf_operator
 from kube import KubeCluster, wait_for
 from mosquitto import MosquittoBroker
 from netval.model import Status
-from netval.operator import admission
-from netval.operator.admission import (
-    GATE_MESSAGE_ANNOTATION,
-    GATE_NAME,
-    GATED_BY_LABEL,
+from netval.model.keys import AnnotationKey, LabelKey, SchedulingGate
+from netval.operator.admission import mutate
+from netval.operator.admission.configurations import (
     MUTATE_JOBS,
     MUTATE_PODS,
-    RELEASER_MEMO_KEY,
-    REQUIRE_ANNOTATION,
     VALIDATE_JOBS,
     VALIDATE_PODS,
-    GateReleaser,
+)
+from netval.operator.admission.gate_release import RELEASER_MEMO_KEY, GateReleaser
+from netval.operator.admission.options import (
     ServiceRef,
     WebhookOptions,
+    parse_addr,
+    parse_service,
+    webhook_options,
 )
+from netval.operator.admission.reviewer import Reviewer
 from netval.operator.runtime import OperatorRuntime
 from operator_env import NODES, NS, NV, publish, report, report_msg, settings_for, validation
 
 ADMISSIONREG = "admissionregistration.k8s.io/v1"
-MODULES = ["netval.operator.handlers", "netval.operator.admission", "netval.operator.kueue"]
+MODULES = [
+    "netval.operator.handlers",
+    "netval.operator.admission.handlers",
+    "netval.operator.kueue.handlers",
+]
 FABRIC = {"key": "netval.io/fabric", "operator": "NotIn", "values": ["unhealthy"]}
 
 
@@ -129,7 +135,7 @@ def admission_review(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def pod(name: str, validation_name: str | None = "pool-a", **spec: Any) -> dict[str, Any]:
-    annotations = {REQUIRE_ANNOTATION: validation_name} if validation_name else {}
+    annotations = {AnnotationKey.REQUIRE_HEALTHY: validation_name} if validation_name else {}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -145,7 +151,7 @@ def job(name: str, validation_name: str = "pool-a") -> dict[str, Any]:
         "metadata": {
             "name": name,
             "namespace": "default",
-            "annotations": {REQUIRE_ANNOTATION: validation_name},
+            "annotations": {AnnotationKey.REQUIRE_HEALTHY: validation_name},
         },
         "spec": {
             "template": {
@@ -259,7 +265,7 @@ def test_configurations_point_at_the_server_and_carry_its_ca(webhook: Webhook) -
             assert rule["resources"] == (["pods"] if "pods" in handler_id else ["jobs"])
             assert rule["apiGroups"] == ([""] if "pods" in handler_id else ["batch"])
             (cond,) = hook["matchConditions"]
-            assert REQUIRE_ANNOTATION in cond["expression"]
+            assert AnnotationKey.REQUIRE_HEALTHY in cond["expression"]
             (expr,) = hook["namespaceSelector"]["matchExpressions"]
             assert expr["operator"] == "NotIn" and set(expr["values"]) == {"kube-system", NS}
             assert ("reinvocationPolicy" in hook) == (config is webhook.mutating)
@@ -353,9 +359,9 @@ def test_gated_while_unhealthy_and_released_when_healthy(
     admitted = patched(original, response)
     assert admitted["spec"]["schedulingGates"] == [
         {"name": "example.com/other"},
-        {"name": GATE_NAME},
+        {"name": SchedulingGate.FABRIC},
     ]
-    assert admitted["metadata"]["labels"][GATED_BY_LABEL] == "pool-a"
+    assert admitted["metadata"]["labels"][LabelKey.GATED_BY] == "pool-a"
     first, second = required_terms(admitted["spec"])
     assert first["matchExpressions"] == [{"key": "pool", "operator": "In", "values": ["a"]},
                                          FABRIC]  # fmt: skip
@@ -369,14 +375,14 @@ def test_gated_while_unhealthy_and_released_when_healthy(
     kube.create(admitted)
     other = patched(pod("trainer-1"), webhook.review(MUTATE_PODS, pod("trainer-1")))
     kube.create(other)
-    bystander = pod("bystander", None, schedulingGates=[{"name": GATE_NAME}])
+    bystander = pod("bystander", None, schedulingGates=[{"name": SchedulingGate.FABRIC}])
     kube.create(bystander)  # not labelled by netval: never touched
 
     healthy_reports(mosquitto_broker)
 
     def released() -> dict[str, Any] | None:
         stored = kube.get("v1", "pods", "trainer-0", "default")
-        return stored if GATED_BY_LABEL not in stored["metadata"].get("labels", {}) else None
+        return stored if LabelKey.GATED_BY not in stored["metadata"].get("labels", {}) else None
 
     stored = wait_for(released, timeout=30, what="trainer-0 released")
     assert stored["spec"]["schedulingGates"] == [{"name": "example.com/other"}]
@@ -384,19 +390,19 @@ def test_gated_while_unhealthy_and_released_when_healthy(
     stored = wait_for(
         lambda: (
             (p := kube.get("v1", "pods", "trainer-1", "default"))
-            and GATED_BY_LABEL not in (p["metadata"].get("labels") or {})
+            and LabelKey.GATED_BY not in (p["metadata"].get("labels") or {})
             and p
         ),
         what="trainer-1 released",
     )
     assert not stored["spec"].get("schedulingGates")
     assert kube.get("v1", "pods", "bystander", "default")["spec"]["schedulingGates"] == [
-        {"name": GATE_NAME}
+        {"name": SchedulingGate.FABRIC}
     ]
 
     # Healthy now: a new pod gets the affinity only -- and loses a gate from its template
-    inherited = pod("trainer-2", schedulingGates=[{"name": GATE_NAME}])
-    inherited["metadata"]["labels"] = {GATED_BY_LABEL: "pool-a", "app": "t"}
+    inherited = pod("trainer-2", schedulingGates=[{"name": SchedulingGate.FABRIC}])
+    inherited["metadata"]["labels"] = {LabelKey.GATED_BY: "pool-a", "app": "t"}
     response = webhook.review(MUTATE_PODS, inherited)
     assert response["response"]["allowed"] is True and not response["response"].get("warnings")
     admitted = patched(inherited, response)
@@ -413,7 +419,7 @@ def test_pod_gated_for_a_deleted_validation_says_so_and_stays_gated(
     kube.create(validation())
     webhook.wait_known()
     gated = patched(pod("trainer-0"), webhook.review(MUTATE_PODS, pod("trainer-0")))
-    assert gated["spec"]["schedulingGates"] == [{"name": GATE_NAME}]
+    assert gated["spec"]["schedulingGates"] == [{"name": SchedulingGate.FABRIC}]
     kube.create(gated)
 
     def annotations() -> dict[str, str]:
@@ -423,15 +429,17 @@ def test_pod_gated_for_a_deleted_validation_says_so_and_stays_gated(
     # pool-a exists (not Healthy yet): the pod waits, unannotated
     checks = webhook.releaser.orphan_checks
     wait_for(lambda: webhook.releaser.orphan_checks >= checks + 2, what="two orphan checks")
-    assert GATE_MESSAGE_ANNOTATION not in annotations()
+    assert AnnotationKey.GATE_MESSAGE not in annotations()
     assert webhook.releaser.orphans_marked == 0
 
     kube.delete(NV, "networkvalidations", "pool-a")
-    message = wait_for(lambda: annotations().get(GATE_MESSAGE_ANNOTATION), what="the gate message")
+    message = wait_for(
+        lambda: annotations().get(AnnotationKey.GATE_MESSAGE), what="the gate message"
+    )
     assert "NetworkValidation 'pool-a' does not exist" in message
     assert "'netval.io/fabric' scheduling gate" in message
     stored = kube.get("v1", "pods", "trainer-0", "default")
-    assert stored["spec"]["schedulingGates"] == [{"name": GATE_NAME}]  # still gated
+    assert stored["spec"]["schedulingGates"] == [{"name": SchedulingGate.FABRIC}]  # still gated
     assert webhook.releaser.orphans_marked == 1
 
     # recreated and Healthy: released, and the message goes with the gate
@@ -446,8 +454,8 @@ def test_pod_gated_for_a_deleted_validation_says_so_and_stays_gated(
         ),
         what="trainer-0 released",
     )
-    assert GATE_MESSAGE_ANNOTATION not in (stored["metadata"].get("annotations") or {})
-    assert GATED_BY_LABEL not in (stored["metadata"].get("labels") or {})
+    assert AnnotationKey.GATE_MESSAGE not in (stored["metadata"].get("annotations") or {})
+    assert LabelKey.GATED_BY not in (stored["metadata"].get("labels") or {})
     assert webhook.releaser.orphans_marked == 1
 
 
@@ -458,9 +466,9 @@ def test_job_template_is_gated_and_annotated(webhook: Webhook) -> None:
     response = webhook.review(MUTATE_JOBS, original)
     assert response["response"]["allowed"] is True
     template = patched(original, response)["spec"]["template"]
-    assert template["metadata"]["annotations"] == {REQUIRE_ANNOTATION: "pool-a"}
-    assert template["metadata"]["labels"] == {"app": "allreduce", GATED_BY_LABEL: "pool-a"}
-    assert template["spec"]["schedulingGates"] == [{"name": GATE_NAME}]
+    assert template["metadata"]["annotations"] == {AnnotationKey.REQUIRE_HEALTHY: "pool-a"}
+    assert template["metadata"]["labels"] == {"app": "allreduce", LabelKey.GATED_BY: "pool-a"}
+    assert template["spec"]["schedulingGates"] == [{"name": SchedulingGate.FABRIC}]
     assert required_terms(template["spec"]) == [{"matchExpressions": [FABRIC]}]
     assert webhook.review(VALIDATE_JOBS, original)["response"]["allowed"] is True
 
@@ -493,7 +501,7 @@ def test_deny_mode_refuses_with_failing_nodes_and_checks(
     # the mutating webhook in deny mode: the affinity, never a gate
     admitted = patched(pod("p"), webhook.review(MUTATE_PODS, pod("p")))
     assert "schedulingGates" not in admitted["spec"]
-    assert GATED_BY_LABEL not in (admitted["metadata"].get("labels") or {})
+    assert LabelKey.GATED_BY not in (admitted["metadata"].get("labels") or {})
     assert required_terms(admitted["spec"]) == [{"matchExpressions": [FABRIC]}]
 
     healthy_reports(mosquitto_broker)
@@ -541,7 +549,7 @@ def test_validation_not_loaded_is_judged_by_its_object(kube: KubeCluster) -> Non
         "failures": [{"node": "gpu-c", "check": "rdma.port_state", "subject": "mlx5_0/1",
                       "message": "port DOWN", "since": "2026-01-01T00:00:00Z"}]}},
         subresource="status")  # fmt: skip
-    reviewer = admission.Reviewer({})
+    reviewer = Reviewer({})
 
     async def reviews() -> list[dict[str, Any]]:
         out = []
@@ -572,11 +580,11 @@ def test_json_patch_adds_missing_parents_and_replaces_subtrees() -> None:
     original = job("j")
     del original["spec"]["template"]["metadata"]
     original["spec"]["template"]["spec"]["affinity"] = None
-    paths = admission._JOB_PATHS
-    new = admission._detached(original, paths)
-    admission.mutate_job(new, gate=True, validation="pool-a")
+    paths = mutate.JOB_PATHS
+    new = mutate.detached(original, paths)
+    mutate.mutate_job(new, gate=True, validation="pool-a")
     assert "metadata" not in original["spec"]["template"]  # the original is left alone
-    ops = admission.json_patch(original, new, paths)
+    ops = mutate.json_patch(original, new, paths)
     assert [(op["op"], op["path"]) for op in ops] == [
         ("add", "/spec/template/metadata"),
         ("replace", "/spec/template/spec/affinity"),
@@ -587,9 +595,9 @@ def test_json_patch_adds_missing_parents_and_replaces_subtrees() -> None:
     nulls = pod("p")
     nulls["metadata"]["labels"] = None
     nulls["spec"]["affinity"] = {"nodeAffinity": None}
-    new = admission._detached(nulls, admission._POD_PATHS)
-    admission.mutate_pod(new, gate=True, validation="pool-a")
-    ops = admission.json_patch(nulls, new, admission._POD_PATHS)
+    new = mutate.detached(nulls, mutate.POD_PATHS)
+    mutate.mutate_pod(new, gate=True, validation="pool-a")
+    ops = mutate.json_patch(nulls, new, mutate.POD_PATHS)
     assert [op["op"] for op in ops] == ["replace", "replace", "add"]
     patched_pod = jsonpatch.apply_patch(nulls, ops)
     assert patched_pod == new and required_terms(patched_pod["spec"]) == [
@@ -597,22 +605,22 @@ def test_json_patch_adds_missing_parents_and_replaces_subtrees() -> None:
     ]
     job_with_null_meta = job("j")
     job_with_null_meta["spec"]["template"]["metadata"] = None
-    new = admission._detached(job_with_null_meta, admission._JOB_PATHS)
-    admission.mutate_job(new, gate=False, validation="pool-a")
-    ops = admission.json_patch(job_with_null_meta, new, admission._JOB_PATHS)
+    new = mutate.detached(job_with_null_meta, mutate.JOB_PATHS)
+    mutate.mutate_job(new, gate=False, validation="pool-a")
+    ops = mutate.json_patch(job_with_null_meta, new, mutate.JOB_PATHS)
     assert ops[0]["op"] == "replace" and ops[0]["path"] == "/spec/template/metadata"
     assert jsonpatch.apply_patch(job_with_null_meta, ops) == new
 
 
 def test_options_from_flags() -> None:
-    assert admission.webhook_options(None) is None
+    assert webhook_options(None) is None
     with pytest.raises(ValueError, match="--webhook-cert needs --webhook-addr"):
-        admission.webhook_options(None, cert=Path("c"))
+        webhook_options(None, cert=Path("c"))
     with pytest.raises(ValueError, match="go together"):
-        admission.webhook_options("0.0.0.0:9443", cert=Path("/etc/hostname"))
+        webhook_options("0.0.0.0:9443", cert=Path("/etc/hostname"))
     with pytest.raises(ValueError, match=r"1\.\.30"):
-        admission.webhook_options("0.0.0.0:9443", timeout_seconds=31)
-    options = admission.webhook_options(
+        webhook_options("0.0.0.0:9443", timeout_seconds=31)
+    options = webhook_options(
         "[::]:9443", service="netval-system/netval-webhook:8443", failure_policy="Ignore"
     )
     assert options == replace(
@@ -621,21 +629,21 @@ def test_options_from_flags() -> None:
         failure_policy="Ignore",
     )
     with pytest.raises(ValueError, match="NAMESPACE/NAME"):
-        admission.parse_service("just-a-name")
+        parse_service("just-a-name")
     with pytest.raises(ValueError, match="HOST:PORT"):
-        admission.parse_addr("9443")
-    assert admission.parse_addr(":9443") == ("0.0.0.0", 9443)
+        parse_addr("9443")
+    assert parse_addr(":9443") == ("0.0.0.0", 9443)
 
 
 def test_affinity_merge_is_idempotent_and_label_values_fit() -> None:
     spec: dict[str, Any] = {"affinity": None}
-    admission.add_fabric_affinity(spec)
-    admission.add_fabric_affinity(spec)
+    mutate.add_fabric_affinity(spec)
+    mutate.add_fabric_affinity(spec)
     assert required_terms(spec) == [{"matchExpressions": [FABRIC]}]
     long_name = "a" * 70 + ".example"
-    value = admission.validation_label(long_name)
+    value = mutate.validation_label(long_name)
     assert len(value) <= 63 and value[0].isalnum() and value[-1].isalnum()
-    assert admission.validation_label("pool-a") == "pool-a"
+    assert mutate.validation_label("pool-a") == "pool-a"
 
 
 def test_cli_refuses_inconsistent_webhook_flags(

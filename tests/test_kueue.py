@@ -17,12 +17,17 @@ from kopf_harness import kopf_operator
 from kube import KubeCluster, wait_for
 from mosquitto import MosquittoBroker
 from netval.model import Status
-from netval.operator import kueue
-from netval.operator.kueue import CONTROLLER_NAME, KueueController
+from netval.operator.kueue import decisions, topology
+from netval.operator.kueue.admission_checks import CONTROLLER_NAME
+from netval.operator.kueue.controller import KueueController
 from netval.operator.runtime import OperatorRuntime, ValidationView
 from operator_env import NODES, publish, report, report_msg, settings_for, validation
 
-MODULES = ["netval.operator.handlers", "netval.operator.admission", "netval.operator.kueue"]
+MODULES = [
+    "netval.operator.handlers",
+    "netval.operator.admission.handlers",
+    "netval.operator.kueue.handlers",
+]
 KUEUE_KINDS = ("workloads", "localqueues", "clusterqueues", "admissionchecks", "resourceflavors")
 FOREIGN = "kueue.x-k8s.io/provisioning-request"
 
@@ -342,37 +347,37 @@ def test_topology_assignment_forms() -> None:
          "podCounts": [4, 2]},
         {"domainCount": 1, "valuesPerLevel": [{"universalValue": "rack-9"}],
          "universalPodCount": 1}]}}  # fmt: skip
-    assert kueue.topology_domains(v1beta1) == (
+    assert topology.topology_domains(v1beta1) == (
         ["rack", "kubernetes.io/hostname"],
         [["r1", "n1"], ["r1", "n2"]],
     )
-    assert kueue.topology_domains(v1beta2) == (["rack"], [["rack-1"], ["rack-2"], ["rack-9"]])
+    assert topology.topology_domains(v1beta2) == (["rack"], [["rack-1"], ["rack-2"], ["rack-9"]])
     labels = {
         "node-1": {"rack": "rack-1", "kubernetes.io/hostname": "n1"},
         "node-2": {"rack": "rack-2", "kubernetes.io/hostname": "n2"},
         "node-3": {"rack": "rack-3"},
     }
-    assert kueue.assigned_nodes({"podSetAssignments": [v1beta1]}, labels) == ["node-1", "node-2"]
-    assert kueue.assigned_nodes({"podSetAssignments": [v1beta2]}, labels) == ["node-1", "node-2"]
+    assert topology.assigned_nodes({"podSetAssignments": [v1beta1]}, labels) == ["node-1", "node-2"]
+    assert topology.assigned_nodes({"podSetAssignments": [v1beta2]}, labels) == ["node-1", "node-2"]
     flavors_only = {"podSetAssignments": [{"name": "main", "flavors": {"cpu": "default"}}]}
-    assert kueue.assigned_nodes(flavors_only, labels) == []
+    assert topology.assigned_nodes(flavors_only, labels) == []
 
 
 def test_only_our_entries_change() -> None:
     checks = [pending("fabric"), {"name": "prov", "state": "Ready", "message": "booked",
                                   "lastTransitionTime": "2026-01-01T00:00:00Z"}]  # fmt: skip
-    verdict = kueue.Verdict("Ready", "ok")
+    verdict = decisions.Verdict("Ready", "ok")
     at = datetime(2026, 2, 3, 4, 5, 6, tzinfo=UTC)
-    out = kueue.updated_checks(checks, {"fabric": verdict}, at)
+    out = decisions.updated_checks(checks, {"fabric": verdict}, at)
     assert out is not None
     assert out[0] == {"name": "fabric", "state": "Ready", "message": "ok",
                       "lastTransitionTime": "2026-02-03T04:05:06Z"}  # fmt: skip
     assert out[1] == checks[1]
-    assert kueue.updated_checks(out, {"fabric": verdict}, at) is None
+    assert decisions.updated_checks(out, {"fabric": verdict}, at) is None
 
 
 def test_parameters() -> None:
-    assert kueue.check_parameters({"parameters": {"apiGroup": "netval.io",
+    assert decisions.check_parameters({"parameters": {"apiGroup": "netval.io",
                                    "kind": "NetworkValidation", "name": "a"}}) == ("a", None)  # fmt: skip
-    name, error = kueue.check_parameters({})
+    name, error = decisions.check_parameters({})
     assert name is None and error is not None and "spec.parameters" in error

@@ -213,6 +213,6 @@ topic read netval/v1/+/+/assignment
 
 {{/*
 Name of both webhook configurations, which the operator writes itself
-(netval.operator.admission.CONFIGURATION_NAME); the RBAC restricts the operator to it.
+(netval.operator.admission.configurations.CONFIGURATION_NAME); the RBAC restricts the operator to it.
 */}}
 {{- define "netval.webhookConfigurationName" -}}netval.io{{- end -}}

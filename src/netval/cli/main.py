@@ -453,7 +453,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     import asyncio
 
     from netval.infra.metrics_server import parse_host_port
-    from netval.operator.admission import webhook_options
+    from netval.operator.admission.options import webhook_options
     from netval.operator.main import run_operator
     from netval.operator.settings import OperatorConfigError, operator_settings_from_env
 

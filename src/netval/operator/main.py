@@ -22,7 +22,7 @@ from netval.operator.runtime import OperatorRuntime
 from netval.operator.settings import OperatorSettings
 
 if TYPE_CHECKING:
-    from netval.operator.admission import WebhookOptions
+    from netval.operator.admission.options import WebhookOptions
 
 PEERING_NAME: Final = "netval"
 RUNTIME_KEY: Final = "runtime"  # Kopf memo: the started OperatorRuntime
@@ -39,11 +39,12 @@ async def run_operator(
 ) -> None:
     """With peering (not standalone), several replicas run and one is active at a time.
     Without `webhook` no admission webhook is served."""
-    import netval.operator.handlers  # noqa: F401  (registers the handlers with Kopf)
-    from netval.operator import admission  # noqa: F401  (admission webhooks, gate release)
+    # importing them registers the handlers with Kopf
+    import netval.operator.admission.handlers  # admission webhooks, gate release
+    import netval.operator.handlers
 
     if settings.kueue_enabled:  # Kopf watches Kueue objects only then (it needs their RBAC)
-        from netval.operator import kueue  # noqa: F401  (Kueue AdmissionCheck controller)
+        import netval.operator.kueue.handlers  # noqa: F401  (Kueue AdmissionCheck controller)
 
     await kopf.operator(
         clusterwide=True,

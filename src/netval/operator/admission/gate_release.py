@@ -1,0 +1,219 @@
+"""Removing the scheduling gate from gated Pods once their validation is Healthy."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any, Final, cast
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from netval.infra.task_stop import cancel_and_wait
+from netval.model.keys import AnnotationKey, LabelKey
+from netval.operator.admission.mutate import (
+    has_fabric_gate,
+    orphan_message,
+    set_fabric_gate,
+    validation_label,
+)
+from netval.operator.runtime import OperatorRuntime
+
+log = logging.getLogger("netval.operator.admission")
+
+RELEASER_MEMO_KEY: Final = "gate_releaser"
+RUNTIME_MEMO_KEY: Final = "runtime"
+WARN_EVERY: Final = 30.0  # seconds between warnings about the same repeated failure
+
+
+class GateReleaser:
+    """Removes `netval.io/fabric` from gated Pods (found by their `netval.io/gated-by` label)
+    once their validation is Healthy.
+
+    Every `interval` it asks the runtime (in memory) which validations are Healthy; it lists
+    the gated Pods of one (a label-selected list) when the validation has just turned
+    Healthy, when the webhook gated a Pod for it in the last `dirty_grace` seconds (a Pod
+    gated just before the turn), or every `resync` seconds. Each Pod is patched with its
+    resourceVersion (a 409 re-reads and retries); other gates and labels stay.
+
+    Every `resync` seconds, once all validations are loaded, Pods gated for a validation that
+    no longer exists get the annotation `netval.io/gate-message` saying so: they stay gated
+    (releasing them would admit them onto fabric nobody judged), and the annotation tells
+    their owner why and what to do. It is removed when the Pod is released."""
+
+    def __init__(
+        self,
+        memo: Mapping[str, Any],
+        *,
+        interval: float = 1.0,
+        resync: float = 15.0,
+        dirty_grace: float = 5.0,
+    ) -> None:
+        self.memo = memo
+        self.interval = interval
+        self.resync = resync
+        self.dirty_grace = dirty_grace
+        self.released = 0
+        self._healthy: dict[str, bool] = {}
+        self._listed: dict[str, float] = {}
+        self._dirty: dict[str, float] = {}
+        self._warned = -WARN_EVERY
+        self._orphans_checked = -1e9
+        self.orphans_marked = 0
+        self.orphan_checks = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def note_gated(self, validation: str) -> None:
+        self._dirty[validation] = time.monotonic()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.run(), name="netval-gate-releaser")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait([self._task])
+
+    async def run(self) -> None:
+        while True:
+            runtime = self.memo.get(RUNTIME_MEMO_KEY)
+            if isinstance(runtime, OperatorRuntime):
+                try:
+                    await self.pass_once(runtime)
+                except Exception:  # a bug, not the API: pass_once handles API failures
+                    log.exception("releasing gated pods failed; retrying")
+            await asyncio.sleep(self.interval)
+
+    async def pass_once(self, runtime: OperatorRuntime) -> None:
+        for name in list(runtime.specs):
+            view = runtime.validation_view(name)
+            healthy = view is not None and view.healthy
+            turned = healthy and not self._healthy.get(name, False)
+            self._healthy[name] = healthy
+            if not healthy:
+                continue
+            now = time.monotonic()
+            if not (
+                turned or name in self._dirty or now - self._listed.get(name, -1e9) >= self.resync
+            ):
+                continue
+            try:
+                count = await asyncio.to_thread(self._release_all, runtime.kube.core, name)
+            except Exception as exc:
+                self._healthy[name] = False  # a turn not handled yet: try again next tick
+                if now - self._warned >= WARN_EVERY:
+                    self._warned = now
+                    log.warning("releasing the gated pods of %s failed (retrying): %s", name, exc)
+                continue
+            self._listed[name] = now
+            if (dirty := self._dirty.get(name)) is not None and dirty < now - self.dirty_grace:
+                del self._dirty[name]
+            if count:
+                self.released += count
+                log.info("NetworkValidation %s is Healthy: released %d gated pod(s)", name, count)
+        for name in set(self._healthy) - set(runtime.specs):
+            self._healthy.pop(name, None)
+            self._listed.pop(name, None)
+        now = time.monotonic()
+        if now - self._orphans_checked >= self.resync and await runtime.validations_loaded():
+            self._orphans_checked = now
+            try:
+                marked = await asyncio.to_thread(
+                    self._mark_orphans, runtime.kube.core, set(runtime.states)
+                )
+            except Exception as exc:
+                self._orphans_checked = now - self.resync + self.interval  # retry soon
+                log.warning("checking gated pods for deleted validations failed: %s", exc)
+                return
+            self.orphan_checks += 1
+            if marked:
+                self.orphans_marked += marked
+                log.warning(
+                    "%d pod(s) gated for a NetworkValidation that does not exist: annotated %s",
+                    marked,
+                    AnnotationKey.GATE_MESSAGE.value,
+                )
+
+    def _release_all(self, core: client.CoreV1Api, validation: str) -> int:
+        response = core.list_pod_for_all_namespaces(
+            label_selector=f"{LabelKey.GATED_BY}={validation_label(validation)}",
+            _preload_content=False,
+        )
+        pods = json.loads(cast(Any, response).data).get("items") or []
+        released = 0
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            try:
+                if self._release_pod(core, meta["namespace"], meta["name"], pod):
+                    released += 1
+            except ApiException as exc:
+                log.warning("could not release pod %s/%s: %s", meta.get("namespace"),
+                            meta.get("name"), exc.reason)  # fmt: skip
+        return released
+
+    @staticmethod
+    def _mark_orphans(core: client.CoreV1Api, known: set[str]) -> int:
+        """Annotate (or, once the validation is back, un-annotate) Pods gated for a validation
+        not in `known`; the number newly annotated."""
+        response = core.list_pod_for_all_namespaces(
+            label_selector=LabelKey.GATED_BY.value, _preload_content=False
+        )
+        pods = json.loads(cast(Any, response).data).get("items") or []
+        marked = 0
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            annotations = meta.get("annotations") or {}
+            validation = annotations.get(AnnotationKey.REQUIRE_HEALTHY)
+            if not has_fabric_gate(pod.get("spec")) or not isinstance(validation, str):
+                continue
+            message = None if validation in known else orphan_message(validation)
+            if annotations.get(AnnotationKey.GATE_MESSAGE) == message:
+                continue
+            patch = {"metadata": {"annotations": {AnnotationKey.GATE_MESSAGE.value: message}}}
+            try:
+                core.patch_namespaced_pod(
+                    meta["name"], meta["namespace"], patch,
+                    _content_type="application/merge-patch+json",
+                )  # fmt: skip
+            except ApiException as exc:
+                if exc.status != 404:
+                    log.warning("could not annotate pod %s/%s: %s", meta.get("namespace"),
+                                meta.get("name"), exc.reason)  # fmt: skip
+                continue
+            if message is not None:
+                marked += 1
+        return marked
+
+    @staticmethod
+    def _release_pod(
+        core: client.CoreV1Api, namespace: str, name: str, pod: dict[str, Any]
+    ) -> bool:
+        for _ in range(5):
+            gated = has_fabric_gate(pod.get("spec"))
+            patch: dict[str, Any] = {
+                "metadata": {
+                    "resourceVersion": pod["metadata"]["resourceVersion"],
+                    "labels": {LabelKey.GATED_BY.value: None},
+                    "annotations": {AnnotationKey.GATE_MESSAGE.value: None},
+                }
+            }
+            if gated:
+                spec = copy.deepcopy(pod.get("spec") or {})
+                set_fabric_gate(spec, False)
+                patch["spec"] = {"schedulingGates": spec.get("schedulingGates")}
+            try:
+                core.patch_namespaced_pod(
+                    name, namespace, patch, _content_type="application/merge-patch+json"
+                )
+                return gated
+            except ApiException as exc:
+                if exc.status == 404:
+                    return False
+                if exc.status != 409:
+                    raise
+            response = core.read_namespaced_pod(name, namespace, _preload_content=False)
+            pod = json.loads(cast(Any, response).data)
+        raise ApiException(status=409, reason="Conflict: the pod kept changing")

@@ -1,0 +1,150 @@
+"""The Workloads, cached from the watch (trimmed to what the controller reads), and the
+entries of our AdmissionChecks in their `status.admissionChecks`."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from kubernetes.client.exceptions import ApiException
+
+from netval.operator.kueue.admission_checks import AdmissionCheck
+from netval.operator.kueue.decisions import (
+    Verdict,
+    condition_true,
+    decide,
+    rv_older,
+    updated_checks,
+)
+from netval.operator.kueue.topology import assigned_nodes
+from netval.operator.runtime import OperatorRuntime, ValidationView
+
+log = logging.getLogger("netval.operator.kueue")
+
+MAX_ATTEMPTS: Final = 5
+
+
+class Workloads:
+    """The Workloads by (namespace, name), fed by watch events (`wake` is called when one
+    changes); judged by the AdmissionChecks of ours in `checks`."""
+
+    def __init__(self, checks: Mapping[str, AdmissionCheck], wake: Callable[[], None]) -> None:
+        self.checks = checks
+        self.workloads: dict[tuple[str, str], dict[str, Any]] = {}
+        self.patches = 0
+        self._wake = wake
+
+    def on_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        if event_type == "DELETED":
+            self.workloads.pop(key, None)
+            return
+        known = self.workloads.get(key)
+        if known is not None and rv_older(
+            meta.get("resourceVersion"), known["metadata"].get("resourceVersion")
+        ):
+            return
+        self.workloads[key] = _trim(body)
+        self._wake()
+
+    def relevant(self, workload: Mapping[str, Any]) -> bool:
+        status = workload.get("status") or {}
+        if not condition_true(status, "QuotaReserved") or condition_true(status, "Finished"):
+            return False
+        return any(c.get("name") in self.checks for c in status.get("admissionChecks") or [])
+
+    def verdicts(
+        self,
+        runtime: OperatorRuntime,
+        workload: Mapping[str, Any],
+        views: dict[str, ValidationView | None] | None = None,
+    ) -> dict[str, Verdict]:
+        status = workload.get("status") or {}
+        admitted = condition_true(status, "Admitted")
+        nodes: list[str] | None = None
+        views = {} if views is None else views
+        out: dict[str, Verdict] = {}
+        for entry in status.get("admissionChecks") or []:
+            check = self.checks.get(str(entry.get("name")))
+            if check is None or check.validation is None:
+                continue  # not ours, or ours but misconfigured (Active=False says why)
+            if nodes is None:
+                nodes = assigned_nodes(status.get("admission"), runtime.node_labels)
+            if check.validation not in views:
+                views[check.validation] = runtime.validation_view(check.validation)
+            view = views[check.validation]
+            verdict = decide(
+                entry, view, validation=check.validation, admitted=admitted, assigned_nodes=nodes
+            )
+            if verdict is not None:
+                out[check.name] = verdict
+        return out
+
+    async def sync(
+        self,
+        runtime: OperatorRuntime,
+        workload: dict[str, Any],
+        views: dict[str, ValidationView | None] | None = None,
+    ) -> None:
+        custom = runtime.kube.custom
+        for _ in range(MAX_ATTEMPTS):
+            meta = workload["metadata"]
+            status = workload.get("status") or {}
+            if not self.relevant(workload):
+                return
+            checks = updated_checks(
+                status.get("admissionChecks") or [],
+                self.verdicts(runtime, workload, views),
+                datetime.now(UTC),
+            )
+            if checks is None:
+                return
+            group, version = str(workload["apiVersion"]).split("/", 1)
+            args = (group, version, meta["namespace"], "workloads", meta["name"])
+            patch = {
+                "metadata": {"resourceVersion": meta.get("resourceVersion")},
+                "status": {"admissionChecks": checks},
+            }
+            try:
+                result = await asyncio.to_thread(
+                    custom.patch_namespaced_custom_object_status, *args, patch
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    self.workloads.pop((meta["namespace"], meta["name"]), None)
+                    return
+                if exc.status != 409:
+                    raise
+                fresh = await asyncio.to_thread(custom.get_namespaced_custom_object, *args)
+                if not isinstance(fresh, dict):
+                    return
+                workload = _trim(fresh)
+                self.workloads[(meta["namespace"], meta["name"])] = workload
+                continue
+            self.patches += 1
+            states = {c["name"]: c["state"] for c in checks if c.get("name") in self.checks}
+            log.info("Workload %s/%s: admission checks %s", meta["namespace"], meta["name"], states)
+            if isinstance(result, dict):
+                self.on_event("MODIFIED", result)
+            return
+        log.warning("Workload %s/%s kept changing; deciding again next round",
+                    workload["metadata"]["namespace"], workload["metadata"]["name"])  # fmt: skip
+
+
+def _trim(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What the controller needs of a Workload (not its pod templates)."""
+    meta = body.get("metadata") or {}
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "metadata": {
+            "namespace": meta.get("namespace"),
+            "name": meta.get("name"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "status": copy.deepcopy(dict(body.get("status") or {})),
+    }
