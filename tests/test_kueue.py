@@ -5,12 +5,18 @@ test plays Kueue's part (reserving quota, admitting); health comes from MQTT rep
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import time
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import kopf
+import pytest
+from jsonschema import Draft4Validator, ValidationError
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from kopf_harness import kopf_operator
@@ -34,6 +40,98 @@ FOREIGN = "kueue.x-k8s.io/provisioning-request"
 
 def kueue_version(version: str) -> str:
     return f"kueue.x-k8s.io/{version}"
+
+
+# -- Kueue's own Workload schema (tests/data/kueue, vendored from the Kueue CRD) -----------------
+
+SCHEMAS = Path(__file__).resolve().parent / "data" / "kueue"
+HOSTNAME = "kubernetes.io/hostname"
+
+# The CEL rules (x-kubernetes-validations) under topologyAssignment in Kueue's schema, each with
+# its Python equivalent, applied to the object at the rule's place. A rule not listed here fails
+# `validate_status`: someone has to read it first.
+Rule = Callable[[dict[str, Any]], bool]
+_EXACTLY_ONE: Rule = lambda o: ("universal" in o) != ("individual" in o)  # noqa: E731
+CEL_RULES: dict[str, Rule] = {
+    "self.slices.all(x, size(x.valuesPerLevel) == size(self.levels))": lambda ta: all(
+        len(s["valuesPerLevel"]) == len(ta["levels"]) for s in ta["slices"]
+    ),
+    "!has(self.podCounts.individual) || size(self.podCounts.individual) == self.domainCount": (
+        lambda s: (
+            "individual" not in s["podCounts"]
+            or len(s["podCounts"]["individual"]) == s["domainCount"]
+        )
+    ),
+    "self.valuesPerLevel.all(x, !has(x.individual) || size(x.individual.roots) == "
+    "self.domainCount)": lambda s: all(
+        "individual" not in v or len(v["individual"]["roots"]) == s["domainCount"]
+        for v in s["valuesPerLevel"]
+    ),
+    "has(self.universal) != has(self.individual)": _EXACTLY_ONE,
+    "[has(self.universal),has(self.individual)].filter(x,x==true).size() == 1": _EXACTLY_ONE,
+}
+
+
+@functools.cache
+def status_schema(version: str) -> dict[str, Any]:
+    schema: dict[str, Any] = json.loads(
+        (SCHEMAS / f"workload-status.{version}.schema.json").read_text()
+    )
+    return schema
+
+
+def _schema_errors(schema: dict[str, Any], value: Any, path: str, *, cel: bool) -> Iterator[str]:
+    """What the API server adds to the JSON schema: unknown fields (a structural schema prunes
+    them: a fixture carrying one is not what Kueue stores) and, where `cel`, the CEL rules."""
+    if cel:
+        for validation in schema.get("x-kubernetes-validations") or []:
+            rule = CEL_RULES.get(validation["rule"])
+            if rule is None:
+                yield f"{path}: CEL rule without a Python equivalent: {validation['rule']!r}"
+            elif not rule(value):
+                yield f"{path}: {validation['message']}"
+    if isinstance(value, dict) and "properties" in schema:
+        known = schema["properties"]
+        if not schema.get("x-kubernetes-preserve-unknown-fields"):
+            yield from (f"{path}.{k}: unknown field" for k in value if k not in known)
+        for key, sub in value.items():
+            if key in known:
+                inner = cel or key == "topologyAssignment"
+                yield from _schema_errors(known[key], sub, f"{path}.{key}", cel=inner)
+    elif isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            yield from _schema_errors(schema["items"], item, f"{path}[{i}]", cel=cel)
+
+
+def validate_status(status: dict[str, Any], version: str = "v1beta2") -> dict[str, Any]:
+    """`status` as Kueue's Workload CRD of `version` would take it, or AssertionError."""
+    schema = status_schema(version)
+    try:
+        Draft4Validator(schema).validate(status)
+    except ValidationError as exc:
+        raise AssertionError(
+            f"Workload status ({version}): {exc.message} at {exc.json_path}"
+        ) from None
+    errors = list(_schema_errors(schema, status, "status", cel=False))
+    assert not errors, f"Workload status ({version}): {errors}"
+    return status
+
+
+def tas_admission(*assignments: dict[str, Any]) -> dict[str, Any]:
+    """status.admission with one podSetAssignment per topologyAssignment."""
+    return {"clusterQueue": "cq", "podSetAssignments": [
+        {"name": f"ps-{i}", "flavors": {"nvidia.com/gpu": "h100"}, "count": 1,
+         "topologyAssignment": ta} for i, ta in enumerate(assignments)]}  # fmt: skip
+
+
+def individual(roots: list[str], prefix: str | None = None, suffix: str | None = None
+               ) -> dict[str, Any]:  # fmt: skip
+    values: dict[str, Any] = {"roots": roots}
+    if prefix is not None:
+        values["prefix"] = prefix
+    if suffix is not None:
+        values["suffix"] = suffix
+    return {"individual": values}
 
 
 def admission_check(
@@ -113,7 +211,7 @@ class Kueue:
         return self.kube.get(self.api, "workloads", name, "default")
 
     def checks(self, name: str) -> dict[str, dict[str, Any]]:
-        status = self.wl(name).get("status") or {}
+        status = validate_status(self.wl(name).get("status") or {}, self.version)
         return {c["name"]: c for c in status.get("admissionChecks") or []}
 
     def queue(self, name: str, checks: list[str], admission: dict[str, Any] | None = None) -> None:
@@ -122,6 +220,7 @@ class Kueue:
         status: dict[str, Any] = {"admissionChecks": [pending(c, "queued") for c in checks]}
         if admission is not None:
             status["admission"] = admission
+        validate_status(status, self.version)
         self.kube.patch(self.api, "workloads", name, {"status": status}, "default",
                         subresource="status")  # fmt: skip
 
@@ -133,6 +232,7 @@ class Kueue:
         status["conditions"] = conditions
         status.setdefault("admission", {"clusterQueue": "cq", "podSetAssignments": [
             {"name": "main", "flavors": {"nvidia.com/gpu": "h100"}, "count": 2}]})  # fmt: skip
+        validate_status(status, self.version)
         self.kube.patch(self.api, "workloads", name, {"status": status}, "default",
                         subresource="status")  # fmt: skip
 
@@ -265,25 +365,21 @@ def test_assigned_unhealthy_node_asks_for_retry(
     k = Kueue(cluster, "v1beta2")
     cluster.create(validation())
     cluster.create(admission_check("fabric"))
-
-    def on_hosts(*hosts: str) -> dict[str, Any]:
-        ta = {
-            "levels": ["kubernetes.io/hostname"],
-            "slices": [
-                {
-                    "domainCount": len(hosts),
-                    "valuesPerLevel": [
-                        {"prefix": "gpu-", "roots": [h.removeprefix("gpu-") for h in hosts]}
-                    ],
-                    "universalPodCount": 1,
-                }
-            ],
-        }
-        return {"clusterQueue": "cq", "podSetAssignments": [
-            {"name": "main", "count": len(hosts), "topologyAssignment": ta}]}  # fmt: skip
-
-    k.queue("on-b", ["fabric"], admission=on_hosts("gpu-a", "gpu-b"))
-    k.queue("on-cd", ["fabric"], admission=on_hosts("gpu-c", "gpu-d"))
+    for node in NODES:  # hostnames other than the node names: found by the label
+        cluster.patch("v1", "nodes", node, {"metadata": {"labels": {HOSTNAME: f"{node}.dc1"}}})
+    levels = ["topology.kubernetes.io/zone", HOSTNAME]
+    rack = {"universal": "rack-1"}
+    # gpu-a and gpu-b, in two slices (universal values, an individual one with prefix+suffix)
+    on_b = {"levels": levels, "slices": [
+        {"domainCount": 1, "valuesPerLevel": [rack, {"universal": "gpu-a.dc1"}],
+         "podCounts": {"universal": 1}},
+        {"domainCount": 1, "valuesPerLevel": [rack, individual(["b"], "gpu-", ".dc1")],
+         "podCounts": {"individual": [2]}}]}  # fmt: skip
+    on_cd = {"levels": levels, "slices": [
+        {"domainCount": 2, "valuesPerLevel": [rack, individual(["c", "d"], "gpu-", ".dc1")],
+         "podCounts": {"universal": 1}}]}  # fmt: skip
+    k.queue("on-b", ["fabric"], admission=tas_admission(on_b))
+    k.queue("on-cd", ["fabric"], admission=tas_admission(on_cd))
     memo, operator = operator_for(cluster, mosquitto_broker)
     with operator:
         runtime, _ = started(memo)
@@ -293,13 +389,14 @@ def test_assigned_unhealthy_node_asks_for_retry(
         k.reserve("on-b")
         k.reserve("on-cd")
         retry = k.wait_state("on-b", "fabric", "Retry")
-        assert "gpu-b" in retry["message"] and "other nodes" in retry["message"]
+        assert "unhealthy fabric: gpu-b (" in retry["message"]  # the node, by its hostname
+        assert "other nodes" in retry["message"]
         wait_for(lambda: "waiting for" in k.checks("on-cd")["fabric"]["message"],
                  timeout=30, what="on-cd Pending")  # fmt: skip
         assert k.checks("on-cd")["fabric"]["state"] == "Pending"
         healthy(mosquitto_broker)
         ready = k.wait_state("on-cd", "fabric", "Ready")
-        assert "gpu-c, gpu-d" in ready["message"]
+        assert "assigned nodes (gpu-c, gpu-d)" in ready["message"]
 
 
 # -- v1beta1 only (an older Kueue) ----------------------------------------------------------------
@@ -320,14 +417,24 @@ def test_v1beta1_when_v1beta2_is_not_served(
     cluster.create(validation())
     cluster.create(admission_check("fabric", version="v1beta1"))
     k.queue("wl", ["fabric"])
+    # v1beta1's topology shape: one domain per node (nodes without a hostname label: by name)
+    on_b = {"levels": ["topology.kubernetes.io/zone", HOSTNAME], "domains": [
+        {"values": ["rack-1", "gpu-a"], "count": 1},
+        {"values": ["rack-1", "gpu-b"], "count": 2}]}  # fmt: skip
+    k.queue("on-b", ["fabric"], admission=tas_admission(on_b))
     memo, operator = operator_for(cluster, mosquitto_broker)
     with operator:
-        started(memo)
+        runtime, _ = started(memo)
         active = wait_for(lambda: k.active("fabric"), timeout=30, what="Active (v1beta1)")
         assert active["status"] == "True"
         k.reserve("wl")
         healthy(mosquitto_broker)
         k.wait_state("wl", "fabric", "Ready")
+        failing(mosquitto_broker)
+        wait_view(runtime, lambda v: v.unhealthy_nodes == ["gpu-b"], "gpu-b unhealthy")
+        k.reserve("on-b")
+        retry = k.wait_state("on-b", "fabric", "Retry")
+        assert "unhealthy fabric: gpu-b (" in retry["message"]
     writes = [p for m, p in cluster.requests() if m == "PATCH" and "kueue.x-k8s.io" in p]
     assert writes and all("/v1beta1/" in p for p in writes)
 
@@ -335,32 +442,118 @@ def test_v1beta1_when_v1beta2_is_not_served(
 # -- pure parts ----------------------------------------------------------------------------------
 
 
-def test_topology_assignment_forms() -> None:
-    v1beta1 = {
-        "topologyAssignment": {
-            "levels": ["rack", "kubernetes.io/hostname"],
-            "domains": [{"values": ["r1", "n1"], "count": 2}, {"values": ["r1", "n2"], "count": 1}],
-        }
-    }
-    v1beta2 = {"topologyAssignment": {"levels": ["rack"], "slices": [
-        {"domainCount": 2, "valuesPerLevel": [{"prefix": "rack-", "roots": ["1", "2"]}],
-         "podCounts": [4, 2]},
-        {"domainCount": 1, "valuesPerLevel": [{"universalValue": "rack-9"}],
-         "universalPodCount": 1}]}}  # fmt: skip
-    assert topology.topology_domains(v1beta1) == (
-        ["rack", "kubernetes.io/hostname"],
-        [["r1", "n1"], ["r1", "n2"]],
-    )
-    assert topology.topology_domains(v1beta2) == (["rack"], [["rack-1"], ["rack-2"], ["rack-9"]])
-    labels = {
-        "node-1": {"rack": "rack-1", "kubernetes.io/hostname": "n1"},
-        "node-2": {"rack": "rack-2", "kubernetes.io/hostname": "n2"},
-        "node-3": {"rack": "rack-3"},
-    }
-    assert topology.assigned_nodes({"podSetAssignments": [v1beta1]}, labels) == ["node-1", "node-2"]
-    assert topology.assigned_nodes({"podSetAssignments": [v1beta2]}, labels) == ["node-1", "node-2"]
-    flavors_only = {"podSetAssignments": [{"name": "main", "flavors": {"cpu": "default"}}]}
-    assert topology.assigned_nodes(flavors_only, labels) == []
+BLOCK, RACK = "cloud.example.com/block", "cloud.example.com/rack"
+# One placement in Kueue's two shapes: v1beta2 slices (universal values, individual ones with
+# prefix, suffix or both, universal and individual pod counts) and v1beta1 domains.
+V1BETA2_TA: dict[str, Any] = {"levels": [BLOCK, RACK, HOSTNAME], "slices": [
+    {"domainCount": 2,
+     "valuesPerLevel": [{"universal": "block-1"}, {"universal": "rack-1"},
+                        individual(["a", "b"], prefix="gpu-", suffix=".dc1")],
+     "podCounts": {"individual": [4, 2]}},
+    {"domainCount": 1,
+     "valuesPerLevel": [{"universal": "block-1"}, individual(["rack-2"]),
+                        individual(["c"], prefix="gpu-")],
+     "podCounts": {"universal": 1}},
+    {"domainCount": 2,
+     "valuesPerLevel": [{"universal": "block-2"}, {"universal": "rack-9"},
+                        individual(["n1", "n2"], suffix="-x")],
+     "podCounts": {"universal": 3}}]}  # fmt: skip
+V1BETA1_TA: dict[str, Any] = {"levels": [BLOCK, RACK, HOSTNAME], "domains": [
+    {"values": ["block-1", "rack-1", "gpu-a.dc1"], "count": 4},
+    {"values": ["block-1", "rack-1", "gpu-b.dc1"], "count": 2},
+    {"values": ["block-1", "rack-2", "gpu-c"], "count": 1},
+    {"values": ["block-2", "rack-9", "n1-x"], "count": 3},
+    {"values": ["block-2", "rack-9", "n2-x"], "count": 3}]}  # fmt: skip
+NODE_LABELS = {
+    "node-a": {BLOCK: "block-1", RACK: "rack-1", HOSTNAME: "gpu-a.dc1"},
+    "node-b": {BLOCK: "block-1", RACK: "rack-1", HOSTNAME: "gpu-b.dc1"},
+    "gpu-c": {BLOCK: "block-1", RACK: "rack-2"},  # no hostname label: the node of that name
+    "node-d": {BLOCK: "block-1", RACK: "rack-2", HOSTNAME: "gpu-d"},
+    "node-e": {BLOCK: "block-2", RACK: "rack-9", HOSTNAME: "n1-x"},
+}
+
+
+def test_topology_assignment_both_shapes() -> None:
+    for ta, version in ((V1BETA2_TA, "v1beta2"), (V1BETA1_TA, "v1beta1")):
+        validate_status({"admission": tas_admission(ta)}, version)
+        levels, domains = topology.topology_domains({"topologyAssignment": ta})
+        assert levels == [BLOCK, RACK, HOSTNAME]
+        assert [(d.values, d.count) for d in domains] == [
+            (("block-1", "rack-1", "gpu-a.dc1"), 4),
+            (("block-1", "rack-1", "gpu-b.dc1"), 2),
+            (("block-1", "rack-2", "gpu-c"), 1),
+            (("block-2", "rack-9", "n1-x"), 3),
+            (("block-2", "rack-9", "n2-x"), 3),
+        ], version
+        # by hostname label, else the node of that name (n2-x: not known, named as Kueue does)
+        nodes = topology.assigned_nodes(tas_admission(ta), NODE_LABELS)
+        assert nodes == ["gpu-c", "n2-x", "node-a", "node-b", "node-e"], version
+
+
+def test_topology_assignment_above_nodes_and_flavors_only() -> None:
+    """A lowest level above nodes (a rack) names every node of the domain by its labels."""
+    racks = {"levels": [BLOCK, RACK], "slices": [
+        {"domainCount": 2, "valuesPerLevel": [{"universal": "block-1"},
+                                              individual(["1", "2"], prefix="rack-")],
+         "podCounts": {"individual": [2, 1]}}]}  # fmt: skip
+    two_psas = tas_admission(racks, {"levels": [HOSTNAME], "slices": [
+        {"domainCount": 1, "valuesPerLevel": [{"universal": "n1-x"}],
+         "podCounts": {"universal": 1}}]})  # fmt: skip
+    validate_status({"admission": two_psas})
+    assert topology.assigned_nodes(two_psas, NODE_LABELS) == [
+        "gpu-c",
+        "node-a",
+        "node-b",
+        "node-d",
+        "node-e",
+    ]
+    flavors_only = {"clusterQueue": "cq", "podSetAssignments": [
+        {"name": "main", "flavors": {"cpu": "default"}, "count": 1}]}  # fmt: skip
+    validate_status({"admission": flavors_only})
+    assert topology.assigned_nodes(flavors_only, NODE_LABELS) == []
+
+
+@pytest.mark.parametrize(
+    ("slice_", "why"),
+    [
+        # a shape no Kueue release writes (values and counts outside universal/individual)
+        ({"domainCount": 1, "valuesPerLevel": [{"universalValue": "rack-9"}],
+          "universalPodCount": 1}, "'podCounts' is a required property"),
+        ({"domainCount": 2, "valuesPerLevel": [{"prefix": "rack-", "roots": ["1", "2"]}],
+          "podCounts": {"universal": 1}}, "unknown field"),
+        ({"domainCount": 1, "valuesPerLevel": [{"universal": "r", **individual(["r"])}],
+          "podCounts": {"universal": 1}}, "exactly one of"),
+        ({"domainCount": 2, "valuesPerLevel": [individual(["1"])],
+          "podCounts": {"universal": 1}}, "roots of length"),
+        ({"domainCount": 2, "valuesPerLevel": [{"universal": "r"}],
+          "podCounts": {"individual": [1]}}, "podCounts.individual must have length"),
+        ({"domainCount": 1, "valuesPerLevel": [{"universal": "r"}, {"universal": "h"}],
+          "podCounts": {"universal": 1}}, "same length as the number of levels"),
+        ({"domainCount": 1, "valuesPerLevel": [{"universal": "r"}], "podCounts": {}},
+         "exactly one of"),
+    ],
+)  # fmt: skip
+def test_kueue_schema_refuses_other_shapes(slice_: dict[str, Any], why: str) -> None:
+    """The schema checks have teeth: what Kueue's API server would refuse (or prune)."""
+    admission = tas_admission({"levels": [RACK], "slices": [slice_]})
+    with pytest.raises(AssertionError, match=why):
+        validate_status({"admission": admission})
+
+
+def test_every_topology_cel_rule_has_an_equivalent() -> None:
+    for version in ("v1beta2", "v1beta1"):
+        schema = status_schema(version)["properties"]["admission"]["properties"]
+        ta = schema["podSetAssignments"]["items"]["properties"]["topologyAssignment"]
+
+        def rules(node: Any) -> Iterator[str]:
+            if isinstance(node, dict):
+                yield from (v["rule"] for v in node.get("x-kubernetes-validations") or [])
+                for value in node.values():
+                    yield from rules(value)
+
+        found = set(rules(ta))
+        assert found <= set(CEL_RULES), found - set(CEL_RULES)
+        assert found or version == "v1beta1"  # v1beta1's shape has no CEL rules
 
 
 def test_only_our_entries_change() -> None:

@@ -31,7 +31,8 @@ Modules, split as Kueue's own check controllers are:
 
 - `decisions`: pure -- the AdmissionCheck parameters and Active condition, a check entry's
   next state (`decide`), the admissionChecks list with the verdicts applied.
-- `topology`: the nodes a Workload's topology assignment names.
+- `topology`: the nodes a Workload's topology assignment names (Kueue's v1beta2 slices and
+  v1beta1 domains).
 - `admission_checks`: our AdmissionChecks as the watch delivers them, and their Active
   condition.
 - `workloads`: the Workloads as the watch delivers them (trimmed), and their check entries.
