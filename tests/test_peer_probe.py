@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import mosquitto
-from netval.agent.peer_probe import (
+from netval.agent.peers.echo import (
     PeerTarget,
     ProbeSettings,
     jitter,
@@ -23,7 +23,7 @@ from netval.agent.peer_probe import (
     percentile,
     probe_peer,
 )
-from netval.agent.peer_responder import (
+from netval.agent.peers.responder import (
     TCP_HEADER,
     TCP_HELLO,
     TCP_MAGIC,
@@ -32,7 +32,7 @@ from netval.agent.peer_responder import (
     PeerResponder,
     ResponderLimits,
 )
-from netval.agent.peers import DropReason, PeerService
+from netval.agent.peers.service import DropReason, PeerService
 from netval.model.ids import CheckId, Status
 from netval.model.spec import NetworkValidationSpec, PeerChecks
 
@@ -371,8 +371,8 @@ def test_statistics_helpers() -> None:
 def test_the_runner_adds_peer_results_in_their_own_span_and_reuses_them_for_events() -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from netval.agent.agent_config import AgentConfig
-    from netval.agent.collect_live import LiveCollector
+    from netval.agent.collect.live import LiveCollector
+    from netval.agent.config import AgentConfig
     from netval.agent.runner import REASON_LINK_EVENT, ProbeRunner
     from netval.infra.telemetry import make_tracer_provider
     from netval.model.results import Report

@@ -57,7 +57,7 @@ import mosquitto
 from kopf_harness import kopf_operator
 from kube import KubeCluster, wait_for
 from netns import Namespace, namespace, netval_script
-from netval.agent.peer_selection import rotation_length, throughput_schedule
+from netval.agent.peers.selection import rotation_length, throughput_schedule
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult, Report
 from netval.operator.east_west import EastWest, east_west
@@ -162,8 +162,8 @@ def start_agent(
 WORKER = textwrap.dedent(
     """
     import asyncio, json, sys
-    from netval.agent.peer_responder import PeerResponder
-    from netval.agent.peer_probe import PeerTarget, ProbeSettings, measure_throughput, probe_peer
+    from netval.agent.peers.responder import PeerResponder
+    from netval.agent.peers.echo import PeerTarget, ProbeSettings, measure_throughput, probe_peer
     from netval.model.spec import PeerChecks
 
     async def main():
@@ -692,7 +692,7 @@ class Messages:
 ROUTED_PROBE = textwrap.dedent(
     """
     import asyncio, json, sys
-    from netval.agent.peer_probe import PeerTarget, ProbeSettings, probe_peer
+    from netval.agent.peers.echo import PeerTarget, ProbeSettings, probe_peer
     from netval.model.spec import PeerChecks
 
     async def main():
@@ -710,7 +710,7 @@ ROUTED_PROBE = textwrap.dedent(
 RESPONDER = textwrap.dedent(
     """
     import asyncio, sys
-    from netval.agent.peer_responder import PeerResponder
+    from netval.agent.peers.responder import PeerResponder
 
     async def main():
         async with PeerResponder(sys.argv[1], int(sys.argv[2])):

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from netval.agent import storage_probe
-from netval.agent.storage_probe import (
+from netval.agent.storage import probe as storage_probe
+from netval.agent.storage.probe import (
     CEPH_MSGR2_PREFIX,
     THROUGHPUT_MAX_BYTES,
     AcceptStat,

@@ -20,12 +20,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span
 from opentelemetry.util.types import AttributeValue
 
-from netval.agent.agent_config import AgentConfig
 from netval.agent.checks import make_context, node_check_groups
-from netval.agent.link_events import LinkState, LinkWatcher
+from netval.agent.collect.link_events import LinkState, LinkWatcher
+from netval.agent.config import AgentConfig
 from netval.agent.metrics import AgentMetrics
-from netval.agent.peers import PeerService
-from netval.agent.storage_probe import probe_storage, throughput_due
+from netval.agent.peers.service import PeerService
+from netval.agent.storage.probe import probe_storage, throughput_due
 from netval.infra.telemetry import traceparent_of
 from netval.model.ids import CheckGroup, CheckId
 from netval.model.results import CheckResult, Report, node_status

@@ -1,6 +1,6 @@
 """The east-west responder: a UDP echo and a TCP sink on `peers.port` of the fabric address.
 
-Peers probe it (`netval.agent.peer_probe`): UDP echoes for latency, jitter and loss, DF-set
+Peers probe it (`netval.agent.peers.echo`): UDP echoes for latency, jitter and loss, DF-set
 UDP probes of the fabric MTU for the path MTU, and a short TCP stream for throughput.
 
 It binds to the address of `peers.interface` (by default the first RDMA netdev), never to a

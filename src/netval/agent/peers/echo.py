@@ -1,4 +1,4 @@
-"""Probes from this node to one peer's responder (`netval.agent.peer_responder`).
+"""Probes from this node to one peer's responder (`netval.agent.peers.responder`).
 
 - `probe_peer`: N UDP echoes (round-trip latency p50/p99, jitter, loss) and the path MTU,
   as `peer.latency`, `peer.loss` and `peer.path_mtu` results.
@@ -43,7 +43,7 @@ from typing import Final
 
 from pydantic import JsonValue
 
-from netval.agent.peer_responder import (
+from netval.agent.peers.responder import (
     KIND_MTU,
     KIND_MTU_ACK,
     KIND_PING,

@@ -40,9 +40,9 @@ import aiomqtt
 from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, JsonValue, ValidationError
 
 from netval.agent.checks.judged import judged_subjects
-from netval.agent.peer_probe import PeerTarget, ProbeSettings, measure_throughput, probe_peer
-from netval.agent.peer_responder import PeerResponder, ResponderLimits
-from netval.agent.peer_selection import (
+from netval.agent.peers.echo import PeerTarget, ProbeSettings, measure_throughput, probe_peer
+from netval.agent.peers.responder import PeerResponder, ResponderLimits
+from netval.agent.peers.selection import (
     PeerPlan,
     my_throughput_target,
     peers_for_cycle,
