@@ -61,8 +61,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from netval.agent.peers.echo import IPV4_UDP_OVERHEAD, PeerTarget, ProbeSettings, probe_peer
-from netval.agent.peers.responder import UDP_HEADER, PeerResponder
+from netval.agent.peers.echo import probe_peer
+from netval.agent.peers.responder import PeerResponder
 from netval.agent.peers.selection import (
     PeerPlan,
     peers_for_cycle,
@@ -77,6 +77,9 @@ from netval.agent.peers.service import (
     THROUGHPUT_KEEP,
     TTL_ROTATIONS,
 )
+from netval.agent.peers.session import IPV4_UDP_OVERHEAD
+from netval.agent.peers.target import PeerTarget, ProbeSettings
+from netval.agent.peers.wire import UDP_HEADER
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.model.spec import PeerChecks

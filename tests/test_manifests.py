@@ -10,9 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from netval.agent import (
-    config as agent_config,  # the test only: the operator must not import the agent
-)
+from netval.agent import config as agent_config  # test only: operator never imports agent
 from netval.agent.config import AgentConfig
 from netval.infra.mqtt_settings import mqtt_settings_from_env
 from netval.model.spec import NetworkValidationSpec

@@ -15,24 +15,13 @@ from typing import Any
 import pytest
 
 import mosquitto
-from netval.agent.peers.echo import (
-    PeerTarget,
-    ProbeSettings,
-    jitter,
-    measure_throughput,
-    percentile,
-    probe_peer,
-)
-from netval.agent.peers.responder import (
-    TCP_HEADER,
-    TCP_HELLO,
-    TCP_MAGIC,
-    UDP_HEADER,
-    UDP_MAGIC,
-    PeerResponder,
-    ResponderLimits,
-)
-from netval.agent.peers.service import DropReason, PeerService
+from netval.agent.peers.echo import jitter, percentile, probe_peer
+from netval.agent.peers.endpoints import DropReason
+from netval.agent.peers.responder import PeerResponder, ResponderLimits
+from netval.agent.peers.service import PeerService
+from netval.agent.peers.target import PeerTarget, ProbeSettings
+from netval.agent.peers.throughput import measure_throughput
+from netval.agent.peers.wire import TCP_HEADER, TCP_HELLO, TCP_MAGIC, UDP_HEADER, UDP_MAGIC
 from netval.model.ids import CheckId, Status
 from netval.model.spec import NetworkValidationSpec, PeerChecks
 

@@ -19,7 +19,7 @@ the suspect.
 
 Scenarios (each restores the fabric afterwards):
 (a) the inter-rack link shaped by htb to a quarter of the node links: the throughput slots
-    of `peer_selection` run for two rotations, `east_west` reports rack-a x rack-b
+    of `peers.selection` run for two rotations, `east_west` reports rack-a x rack-b
     oversubscribed ~4:1;
 (b) the inter-rack link at MTU 1500 on a 9000 fabric (a bridge drops the jumbo frames
     silently, no ICMP): peer.path_mtu fails for cross-rack pairs only, pathMTU found 1500;
@@ -163,7 +163,9 @@ WORKER = textwrap.dedent(
     """
     import asyncio, json, sys
     from netval.agent.peers.responder import PeerResponder
-    from netval.agent.peers.echo import PeerTarget, ProbeSettings, measure_throughput, probe_peer
+    from netval.agent.peers.echo import probe_peer
+    from netval.agent.peers.target import PeerTarget, ProbeSettings
+    from netval.agent.peers.throughput import measure_throughput
     from netval.model.spec import PeerChecks
 
     async def main():
@@ -692,7 +694,8 @@ class Messages:
 ROUTED_PROBE = textwrap.dedent(
     """
     import asyncio, json, sys
-    from netval.agent.peers.echo import PeerTarget, ProbeSettings, probe_peer
+    from netval.agent.peers.echo import probe_peer
+    from netval.agent.peers.target import PeerTarget, ProbeSettings
     from netval.model.spec import PeerChecks
 
     async def main():
