@@ -47,6 +47,7 @@ from netval.model.spec import StorageChecks, StorageEndpoint
 
 __all__ = [
     "DEFAULT_TIMEOUT_SECONDS",
+    "StorageProber",
     "probe_endpoint",
     "probe_storage",
     "throughput_due",
@@ -125,3 +126,36 @@ async def probe_storage(
         )
     )
     return [result for results in per_endpoint for result in results]
+
+
+class StorageProber:
+    """`probe_storage` cycle after cycle, keeping the last throughput measurements.
+
+    Throughput is measured every N cycles; between measurements the last measured result
+    stands, so a slow path does not vanish from N-1 reports out of N.
+    """
+
+    def __init__(self) -> None:
+        self._throughput: dict[str, tuple[CheckResult, int]] = {}
+
+    async def probe(
+        self,
+        checks: StorageChecks,
+        *,
+        cycle: int,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,  # noqa: ASYNC109 - see probe_endpoint
+    ) -> list[CheckResult]:
+        results = await probe_storage(checks, cycle=cycle, timeout=timeout)
+        measured = throughput_due(cycle, checks.throughput_every_cycles)
+        out: list[CheckResult] = []
+        for r in results:
+            if r.check is CheckId.STORAGE_THROUGHPUT:
+                if measured:
+                    self._throughput[r.subject] = (r, cycle)
+                elif r.subject in self._throughput:
+                    kept, at = self._throughput[r.subject]
+                    r = kept.model_copy(
+                        update={"message": f"{kept.message} (measured {cycle - at} cycle(s) ago)"}
+                    )
+            out.append(r)
+        return out
