@@ -15,9 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiomqtt
 import pytest
-from aiomqtt import ProtocolVersion
 
 import mosquitto
 from netval.agent import report as report_builder
@@ -27,6 +25,7 @@ from netval.agent.config import AgentConfig
 from netval.agent.publish import ReportPublisher, topic_prefix
 from netval.agent.runner import ProbeRunner
 from netval.cli import main
+from netval.infra.mqtt_client import make_client
 from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.telemetry import make_tracer_provider
 from netval.model.manifest import DEFAULT_VALIDATION_NAME
@@ -86,14 +85,7 @@ async def published_json(
         host=broker.host, port=broker.port, username=broker.username, password=broker.password
     )
     provider = make_tracer_provider({}, default_service="netval-agent")
-    subscriber = aiomqtt.Client(
-        broker.host,
-        broker.port,
-        username=broker.username,
-        password=broker.password,
-        protocol=ProtocolVersion.V5,
-        timeout=5,
-    )
+    subscriber = make_client(settings, keepalive=60, timeout=5)
     prefix = topic_prefix(config.validation, snapshot.node)
     try:
         async with subscriber:

@@ -7,6 +7,7 @@ from typing import Final
 
 from pydantic import JsonValue
 
+from netval.agent.checks.context import result
 from netval.agent.peers.wire import UDP_HEADER
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
@@ -54,13 +55,8 @@ def peer_result(
     expected: dict[str, JsonValue] | None = None,
 ) -> CheckResult:
     base: dict[str, JsonValue] = {"domain": target.domain, "address": target.address}
-    return CheckResult(
-        check=check,
-        subject=target.node,
-        status=status,
-        message=message[:1024],
-        observed={**base, **(observed or {})},
-        expected=expected or {},
+    return result(
+        check, target.node, status, message[:1024], {**base, **(observed or {})}, expected
     )
 
 

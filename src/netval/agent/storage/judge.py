@@ -7,6 +7,7 @@ from typing import Final
 
 from pydantic import JsonValue
 
+from netval.agent.checks.context import result
 from netval.agent.storage.reach import Reach
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
@@ -33,14 +34,7 @@ def endpoint_result(
     observed: dict[str, JsonValue] | None = None,
     expected: dict[str, JsonValue] | None = None,
 ) -> CheckResult:
-    return CheckResult(
-        check=check,
-        subject=endpoint.name,
-        status=status,
-        message=_clip(message),
-        observed=observed or {},
-        expected=expected or {},
-    )
+    return result(check, endpoint.name, status, _clip(message), observed, expected)
 
 
 def unjudged(endpoint: StorageEndpoint, why: str) -> list[CheckResult]:
