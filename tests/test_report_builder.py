@@ -114,7 +114,7 @@ async def published_json(
 
 
 def test_the_runner_builds_its_report_with_the_shared_builder() -> None:
-    assert runner_module.node_results is report_builder.node_results
+    assert runner_module.run_node_checks is report_builder.run_node_checks
     assert runner_module.make_report is report_builder.make_report
 
 

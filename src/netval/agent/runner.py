@@ -23,11 +23,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span
 from opentelemetry.util.types import AttributeValue
 
+from netval.agent.checks import GroupRunner, run_node_checks
 from netval.agent.collect.link_events import LinkState, LinkWatcher
 from netval.agent.config import AgentConfig
 from netval.agent.metrics import AgentMetrics
 from netval.agent.peers.service import PeerService
-from netval.agent.report import GroupRunner, make_report, node_results
+from netval.agent.report import make_report
 from netval.agent.storage.probe import StorageProber
 from netval.infra.telemetry import traceparent_of
 from netval.model.ids import CheckGroup
@@ -194,7 +195,7 @@ class ProbeRunner:
                 interval_seconds=max(at - previous.at, 1e-6),
                 samples=(previous.sample, sample),
             )
-            results = node_results(snapshot, spec.checks, self._group_runner(attrs))
+            results = run_node_checks(snapshot, spec.checks, self._group_runner(attrs))
             fresh = reason == REASON_INTERVAL
             if spec.checks.storage.endpoints:
                 self._storage = await self._network_group(
