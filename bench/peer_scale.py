@@ -9,7 +9,7 @@ fabric MTU of 9000. Every simulated node has its own loopback address 127.10.x.y
 routes all of 127.0.0.0/8 to lo), the way agents bind their own fabric address. Runs in
 about a minute on 2 cores.
 
-1. Selection (pure `netval.agent.peer_selection`, every node of the fabric): the plan each
+1. Selection (pure `netval.agent.peers.selection`, every node of the fabric): the plan each
    agent computes, then cycles simulated from cycle 0 until every ordered pair (a probed b)
    has been probed: peers and probe datagrams per node per cycle, probers per target per
    cycle (mean / max over all cycles), the cycles until full coverage (against the
@@ -61,22 +61,25 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from netval.agent.peer_probe import IPV4_UDP_OVERHEAD, PeerTarget, ProbeSettings, probe_peer
-from netval.agent.peer_responder import UDP_HEADER, PeerResponder
-from netval.agent.peer_selection import (
+from netval.agent.peers.echo import probe_peer
+from netval.agent.peers.responder import PeerResponder
+from netval.agent.peers.selection import (
     PeerPlan,
     peers_for_cycle,
     plan_peers,
     rotation_length,
     throughput_schedule,
 )
-from netval.agent.peers import (
+from netval.agent.peers.service import (
     MAX_CONCURRENT_PEERS,
     MIN_SLOT_SECONDS,
     MIN_TTL_SLOTS,
     THROUGHPUT_KEEP,
     TTL_ROTATIONS,
 )
+from netval.agent.peers.session import IPV4_UDP_OVERHEAD
+from netval.agent.peers.target import PeerTarget, ProbeSettings
+from netval.agent.peers.wire import UDP_HEADER
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.model.spec import PeerChecks

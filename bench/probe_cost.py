@@ -81,7 +81,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     from pyroute2 import IPRoute
 
     from netval.agent.checks import run_node_checks
-    from netval.agent.collect_live import LiveCollector
+    from netval.agent.collect.live import LiveCollector
     from netval.cli import load_probe_config
     from netval.model.ids import Status
     from netval.model.snapshot import NodeSnapshot

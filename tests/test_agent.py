@@ -40,10 +40,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import mosquitto
 from netns import namespace, netval_script
-from netval.agent.agent_config import AgentConfig
-from netval.agent.collect_live import LiveCollector
+from netval.agent.collect.live import LiveCollector
+from netval.agent.config import AgentConfig
 from netval.agent.metrics import AgentMetrics, serve_agent_metrics
-from netval.agent.mqtt_publisher import ReportPublisher
+from netval.agent.publish import ReportPublisher
 from netval.agent.runner import REASON_LINK_EVENT, ProbeRunner
 from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.telemetry import make_tracer_provider

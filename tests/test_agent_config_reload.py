@@ -8,8 +8,8 @@ from pathlib import Path
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from netval.agent.agent_config import AgentConfig, load_agent_config
-from netval.agent.collect_live import LiveCollector
+from netval.agent.collect.live import LiveCollector
+from netval.agent.config import AgentConfig, load_agent_config
 from netval.agent.config_watch import ConfigWatcher
 from netval.agent.runner import ProbeRunner
 from netval.model import CheckId, Report, Status

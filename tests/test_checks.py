@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from netval.agent.checks import run_node_checks
 from netval.agent.checks.counters import delta
 from netval.agent.checks.mtu import active_roce_mtu
-from netval.agent.snapshot_dir import load_snapshot
+from netval.agent.collect.snapshot_dir import load_snapshot
 from netval.model import (
     CheckResult,
     Checks,

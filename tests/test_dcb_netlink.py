@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from netval.agent.dcb_netlink import (
+from netval.agent.collect.dcb_netlink import (
     IEEE_PFC,
     REASON_INVALID_NAME,
     DcbReader,
@@ -311,7 +311,7 @@ def test_read_needs_no_capability() -> None:
     if not IS_ROOT or shutil.which("setpriv") is None:
         pytest.skip("dropping capabilities with setpriv needs root and util-linux setpriv")
     code = (
-        "from netval.agent.dcb_netlink import DcbReader\n"
+        "from netval.agent.collect.dcb_netlink import DcbReader\n"
         "caps = [l for l in open('/proc/self/status') if l.startswith('CapEff')]\n"
         "r = DcbReader(); print(r.read('lo'), r.last_error, caps[0].split()[1])\n"
     )
@@ -367,7 +367,7 @@ def test_veth_in_namespace_has_no_dcb(netns_with_veth: str) -> None:
 @needs_root
 def test_reader_inside_namespace_process(netns_with_veth: str) -> None:
     code = (
-        "from netval.agent.dcb_netlink import DcbReader\n"
+        "from netval.agent.collect.dcb_netlink import DcbReader\n"
         "with DcbReader() as r:\n"
         "    for n in ('dcbv1', 'lo', 'eth0'):\n"
         "        print(n, r.read(n), r.last_error)\n"

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from netns import Flapper, Namespace, namespace, netval_script, unprivileged_argv
-from netval.agent.sysfs import NETDEV_FILES
+from netval.agent.collect.sysfs import NETDEV_FILES
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(60)]
 
@@ -362,7 +362,7 @@ def test_snapshot_replays_like_the_live_probe(
 
 _COLLECT = """
 import json, sys
-from netval.agent.collect_live import LiveCollector
+from netval.agent.collect.live import LiveCollector
 with LiveCollector(interfaces=sys.argv[1:]) as collector:
     collector.sample()
     sample = collector.sample()

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from netval.agent import agent_config  # the test only: the operator must not import the agent
-from netval.agent.agent_config import AgentConfig
+from netval.agent import config as agent_config  # test only: operator never imports agent
+from netval.agent.config import AgentConfig
 from netval.infra.mqtt_settings import mqtt_settings_from_env
 from netval.model.spec import NetworkValidationSpec
 from netval.operator.agents import manifests as m

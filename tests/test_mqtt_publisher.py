@@ -25,7 +25,7 @@ from aiomqtt import ProtocolVersion
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 import mosquitto
-from netval.agent.mqtt_publisher import ReportPublisher, check_topic_level
+from netval.agent.publish import ReportPublisher, check_topic_level
 from netval.infra.mqtt_settings import MqttSettings, mqtt_settings_from_env
 from netval.model import Report, Status
 
@@ -193,7 +193,7 @@ def test_wrong_password_keeps_retrying_without_crashing(
 _KILLED_AGENT = textwrap.dedent(
     """
     import asyncio, datetime as dt, os, sys
-    from netval.agent.mqtt_publisher import ReportPublisher
+    from netval.agent.publish import ReportPublisher
     from netval.model import Report, Status
     from netval.infra.mqtt_settings import mqtt_settings_from_env
 

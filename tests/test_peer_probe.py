@@ -15,24 +15,13 @@ from typing import Any
 import pytest
 
 import mosquitto
-from netval.agent.peer_probe import (
-    PeerTarget,
-    ProbeSettings,
-    jitter,
-    measure_throughput,
-    percentile,
-    probe_peer,
-)
-from netval.agent.peer_responder import (
-    TCP_HEADER,
-    TCP_HELLO,
-    TCP_MAGIC,
-    UDP_HEADER,
-    UDP_MAGIC,
-    PeerResponder,
-    ResponderLimits,
-)
-from netval.agent.peers import DropReason, PeerService
+from netval.agent.peers.echo import jitter, percentile, probe_peer
+from netval.agent.peers.endpoints import DropReason
+from netval.agent.peers.responder import PeerResponder, ResponderLimits
+from netval.agent.peers.service import PeerService
+from netval.agent.peers.target import PeerTarget, ProbeSettings
+from netval.agent.peers.throughput import measure_throughput
+from netval.agent.peers.wire import TCP_HEADER, TCP_HELLO, TCP_MAGIC, UDP_HEADER, UDP_MAGIC
 from netval.model.ids import CheckId, Status
 from netval.model.spec import NetworkValidationSpec, PeerChecks
 
@@ -371,8 +360,8 @@ def test_statistics_helpers() -> None:
 def test_the_runner_adds_peer_results_in_their_own_span_and_reuses_them_for_events() -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from netval.agent.agent_config import AgentConfig
-    from netval.agent.collect_live import LiveCollector
+    from netval.agent.collect.live import LiveCollector
+    from netval.agent.config import AgentConfig
     from netval.agent.runner import REASON_LINK_EVENT, ProbeRunner
     from netval.infra.telemetry import make_tracer_provider
     from netval.model.results import Report

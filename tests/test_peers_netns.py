@@ -19,7 +19,7 @@ the suspect.
 
 Scenarios (each restores the fabric afterwards):
 (a) the inter-rack link shaped by htb to a quarter of the node links: the throughput slots
-    of `peer_selection` run for two rotations, `east_west` reports rack-a x rack-b
+    of `peers.selection` run for two rotations, `east_west` reports rack-a x rack-b
     oversubscribed ~4:1;
 (b) the inter-rack link at MTU 1500 on a 9000 fabric (a bridge drops the jumbo frames
     silently, no ICMP): peer.path_mtu fails for cross-rack pairs only, pathMTU found 1500;
@@ -57,7 +57,7 @@ import mosquitto
 from kopf_harness import kopf_operator
 from kube import KubeCluster, wait_for
 from netns import Namespace, namespace, netval_script
-from netval.agent.peer_selection import rotation_length, throughput_schedule
+from netval.agent.peers.selection import rotation_length, throughput_schedule
 from netval.model.ids import CheckId, Status
 from netval.model.keys import LabelKey
 from netval.model.results import CheckResult, Report
@@ -163,8 +163,10 @@ def start_agent(
 WORKER = textwrap.dedent(
     """
     import asyncio, json, sys
-    from netval.agent.peer_responder import PeerResponder
-    from netval.agent.peer_probe import PeerTarget, ProbeSettings, measure_throughput, probe_peer
+    from netval.agent.peers.responder import PeerResponder
+    from netval.agent.peers.echo import probe_peer
+    from netval.agent.peers.target import PeerTarget, ProbeSettings
+    from netval.agent.peers.throughput import measure_throughput
     from netval.model.spec import PeerChecks
 
     async def main():
@@ -693,7 +695,8 @@ class Messages:
 ROUTED_PROBE = textwrap.dedent(
     """
     import asyncio, json, sys
-    from netval.agent.peer_probe import PeerTarget, ProbeSettings, probe_peer
+    from netval.agent.peers.echo import probe_peer
+    from netval.agent.peers.target import PeerTarget, ProbeSettings
     from netval.model.spec import PeerChecks
 
     async def main():
@@ -711,7 +714,7 @@ ROUTED_PROBE = textwrap.dedent(
 RESPONDER = textwrap.dedent(
     """
     import asyncio, sys
-    from netval.agent.peer_responder import PeerResponder
+    from netval.agent.peers.responder import PeerResponder
 
     async def main():
         async with PeerResponder(sys.argv[1], int(sys.argv[2])):

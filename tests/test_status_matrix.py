@@ -35,7 +35,7 @@ INTRA_MBPS, CROSS_MBPS = 400.0, 100.0  # the inter-rack uplink gives a quarter: 
 INTRA_MS, CROSS_MS = 0.05, 0.4
 
 
-# -- peer results as the agent publishes them (netval.agent.peer_probe) -----------------------
+# -- peer results as the agent publishes them (netval.agent.peers.echo, .throughput) --------
 
 
 def peer_results(prober: str, peer: str) -> list[CheckResult]:

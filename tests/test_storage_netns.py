@@ -91,7 +91,7 @@ server.serve_forever()
 # share the shaped link) and prints the results with the time each probe_endpoint call took.
 PROBE = r"""
 import asyncio, json, sys, time
-from netval.agent.storage_probe import probe_endpoint
+from netval.agent.storage.probe import probe_endpoint
 from netval.model.spec import StorageEndpoint
 
 out = []

@@ -19,20 +19,17 @@ from typing import Any
 
 import pytest
 
-from netval.agent import storage_probe
-from netval.agent.storage_probe import (
-    CEPH_MSGR2_PREFIX,
-    THROUGHPUT_MAX_BYTES,
+from netval.agent.storage import reach as storage_reach
+from netval.agent.storage.ceph import CEPH_MSGR2_PREFIX
+from netval.agent.storage.nfs import (
     AcceptStat,
     decode_record_mark,
     decode_rpc_reply,
     encode_rpc_null_call,
-    http_request_target,
-    probe_endpoint,
-    probe_storage,
-    throughput_due,
-    validate_host,
 )
+from netval.agent.storage.probe import probe_endpoint, probe_storage, throughput_due
+from netval.agent.storage.target import http_request_target, validate_host
+from netval.agent.storage.throughput import THROUGHPUT_MAX_BYTES
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.model.spec import StorageChecks, StorageEndpoint
@@ -553,7 +550,7 @@ def test_an_unexpected_exception_becomes_an_error_result(monkeypatch: pytest.Mon
     async def broken(*_: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setitem(storage_probe._EXCHANGES, storage_probe.StorageProtocol.TCP, broken)
+    monkeypatch.setitem(storage_reach._EXCHANGES, storage_reach.StorageProtocol.TCP, broken)
 
     async def scenario() -> list[CheckResult]:
         async with serving(tcp_server) as port:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from netval.agent.agent_config import AgentConfig, AgentConfigError, load_agent_config
+from netval.agent.config import AgentConfig, AgentConfigError, load_agent_config
 
 log = logging.getLogger("netval.agent.config")
 POLL_SECONDS: Final = 5.0

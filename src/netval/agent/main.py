@@ -10,13 +10,13 @@ from collections.abc import Mapping
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from netval.agent.agent_config import AgentSettings
-from netval.agent.collect_live import LiveCollector
+from netval.agent.collect.link_events import LinkWatcher
+from netval.agent.collect.live import LiveCollector
+from netval.agent.config import AgentSettings
 from netval.agent.config_watch import ConfigWatcher
-from netval.agent.link_events import LinkWatcher
 from netval.agent.metrics import AgentMetrics, serve_agent_metrics
-from netval.agent.mqtt_publisher import ReportPublisher
-from netval.agent.peers import PeerService
+from netval.agent.peers.service import PeerService
+from netval.agent.publish import ReportPublisher
 from netval.agent.runner import ProbeRunner
 from netval.infra.telemetry import make_tracer_provider
 

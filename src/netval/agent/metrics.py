@@ -11,7 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from netval.agent.config_watch import ConfigWatcher
-from netval.agent.mqtt_publisher import PublisherStats
+from netval.agent.publish import PublisherStats
 from netval.infra.metrics_server import serve_metrics
 from netval.model.results import Report
 

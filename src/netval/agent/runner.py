@@ -4,6 +4,7 @@ Each cycle takes one sample and judges it against the previous one, so counter c
 true per-interval deltas. A link event (carrier or MTU change on a judged interface)
 triggers an extra probe, rate-limited so a flapping port cannot flood the broker; event
 probes skip the storage probes (reusing the last results) so they publish within a second.
+The report comes from `netval.agent.report`, the builder `netval probe` uses too.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final, Protocol
@@ -20,14 +23,15 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span
 from opentelemetry.util.types import AttributeValue
 
-from netval.agent.agent_config import AgentConfig
-from netval.agent.checks import make_context, node_check_groups
-from netval.agent.link_events import LinkState, LinkWatcher
+from netval.agent.checks import GroupRunner, run_node_checks
+from netval.agent.collect.link_events import LinkState, LinkWatcher
+from netval.agent.config import AgentConfig
 from netval.agent.metrics import AgentMetrics
-from netval.agent.peers import PeerService
-from netval.agent.storage_probe import probe_storage, throughput_due
+from netval.agent.peers.service import PeerService
+from netval.agent.report import make_report
+from netval.agent.storage.probe import StorageProber
 from netval.infra.telemetry import traceparent_of
-from netval.model.ids import CheckGroup, CheckId
+from netval.model.ids import CheckGroup
 from netval.model.results import CheckResult, Report, node_status
 from netval.model.snapshot import NodeSnapshot, Sample
 
@@ -86,7 +90,7 @@ class ProbeRunner:
         self._cycle = 0
         self._last_event_probe = float("-inf")
         self._storage: list[CheckResult] = []
-        self._throughput: dict[str, tuple[CheckResult, int]] = {}
+        self._storage_prober = StorageProber()
         self.peers = peers
         self._peer_results: list[CheckResult] = []
         self.reports = 0
@@ -191,45 +195,33 @@ class ProbeRunner:
                 interval_seconds=max(at - previous.at, 1e-6),
                 samples=(previous.sample, sample),
             )
-            ctx = make_context(snapshot, spec.checks)
-            results: list[CheckResult] = []
-            for group, fns in node_check_groups().items():
-                with self.tracer.start_as_current_span(
-                    f"netval.checks.{group.value}",
-                    attributes={**attrs, "netval.check_group": group.value},
-                ) as span:
-                    group_results = [r for fn in fns for r in fn(ctx)]
-                    _annotate(span, group_results)
-                    results.extend(group_results)
+            results = run_node_checks(snapshot, spec.checks, self._group_runner(attrs))
+            fresh = reason == REASON_INTERVAL
             if spec.checks.storage.endpoints:
-                with self.tracer.start_as_current_span(
-                    "netval.checks.storage", attributes={**attrs, "netval.check_group": "storage"}
-                ) as span:
-                    if reason == REASON_INTERVAL or not self._storage:
-                        self._storage = await self._probe_storage()
-                    _annotate(span, self._storage)
-                    results.extend(self._storage)
+                self._storage = await self._network_group(
+                    "storage", attrs, self._storage, self._probe_storage, fresh=fresh
+                )
+                results.extend(self._storage)
             if self.peers is not None and spec.checks.peers.enabled:
-                with self.tracer.start_as_current_span(
-                    "netval.checks.peer", attributes={**attrs, "netval.check_group": "peer"}
-                ) as span:
-                    if reason == REASON_INTERVAL or not self._peer_results:
-                        self._peer_results = await self.peers.probe_cycle(self._cycle, spec)
-                    _annotate(span, self._peer_results)
-                    results.extend(self._peer_results)
-            status = node_status(results)
-            cycle.set_attribute("netval.status", status.value)
-            traceparent = traceparent_of(cycle)
-        report = Report(
-            validation=self.config.validation,
-            generation=self.config.generation,
-            node=self.node,
-            started_at=started_at,
-            duration_ms=(time.perf_counter() - t0) * 1000,
-            status=status,
-            results=results,
-            traceparent=traceparent,
-        )
+                peers, cycle_no = self.peers, self._cycle
+                self._peer_results = await self._network_group(
+                    "peer",
+                    attrs,
+                    self._peer_results,
+                    lambda: peers.probe_cycle(cycle_no, spec),
+                    fresh=fresh,
+                )
+                results.extend(self._peer_results)
+            report = make_report(
+                validation=self.config.validation,
+                generation=self.config.generation,
+                node=self.node,
+                started_at=started_at,
+                duration_ms=(time.perf_counter() - t0) * 1000,
+                results=results,
+                traceparent=traceparent_of(cycle),
+            )
+            cycle.set_attribute("netval.status", report.status.value)
         if reason == REASON_LINK_EVENT:
             self._last_event_probe = time.monotonic()
         else:
@@ -240,28 +232,42 @@ class ProbeRunner:
             self.metrics.observe(report, reason)
         return report
 
+    @contextmanager
+    def _group_span(self, group: str, attrs: dict[str, AttributeValue]) -> Iterator[Span]:
+        with self.tracer.start_as_current_span(
+            f"netval.checks.{group}", attributes={**attrs, "netval.check_group": group}
+        ) as span:
+            yield span
+
+    def _group_runner(self, attrs: dict[str, AttributeValue]) -> GroupRunner:
+        def run(group: str, judge: Callable[[], list[CheckResult]]) -> list[CheckResult]:
+            with self._group_span(group, attrs) as span:
+                results = judge()
+                _annotate(span, results)
+            return results
+
+        return run
+
+    async def _network_group(
+        self,
+        group: str,
+        attrs: dict[str, AttributeValue],
+        last: list[CheckResult],
+        probe: Callable[[], Awaitable[list[CheckResult]]],
+        *,
+        fresh: bool,
+    ) -> list[CheckResult]:
+        """Storage or peer results: probed afresh on interval cycles (and when there are none
+        yet), reused on event probes so those publish within a second."""
+        with self._group_span(group, attrs) as span:
+            results = await probe() if fresh or not last else last
+            _annotate(span, results)
+        return results
+
     async def _probe_storage(self) -> list[CheckResult]:
-        results = await probe_storage(
+        return await self._storage_prober.probe(
             self.config.spec.checks.storage, cycle=self._cycle, timeout=self.storage_timeout
         )
-        # Throughput is measured every N cycles; between measurements the last measured
-        # result stands, so a slow path does not vanish from N-1 reports out of N.
-        storage = self.config.spec.checks.storage
-        measured = throughput_due(self._cycle, storage.throughput_every_cycles)
-        out: list[CheckResult] = []
-        for r in results:
-            if r.check is CheckId.STORAGE_THROUGHPUT:
-                if measured:
-                    self._throughput[r.subject] = (r, self._cycle)
-                elif r.subject in self._throughput:
-                    kept, cycle = self._throughput[r.subject]
-                    r = kept.model_copy(
-                        update={
-                            "message": f"{kept.message} (measured {self._cycle - cycle} cycle(s) ago)"
-                        }
-                    )
-            out.append(r)
-        return out
 
 
 def _annotate(span: Span, results: list[CheckResult]) -> None:

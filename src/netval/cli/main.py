@@ -228,8 +228,8 @@ def _node_name(explicit: str | None) -> str:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from netval.agent.report_builder import build_report
-    from netval.agent.snapshot_dir import SnapshotError, load_snapshot
+    from netval.agent.collect.snapshot_dir import SnapshotError, load_snapshot
+    from netval.agent.report import build_report
     from netval.cli.table import render_table, use_colour
 
     config = load_probe_config(args.config)
@@ -241,7 +241,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         except SnapshotError as exc:
             raise BadInput(str(exc)) from None
     else:
-        from netval.agent.collect_live import LiveCollector, collect
+        from netval.agent.collect.live import LiveCollector, collect
 
         with LiveCollector(interfaces=config.checks.named_interfaces) as collector:
             snapshot = collect(
@@ -266,13 +266,13 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from netval.agent.collect_live import (
+    from netval.agent.collect.live import (
         DEFAULT_RDMA_CM_ROOT,
         DEFAULT_SYS_ROOT,
         LiveCollector,
         collect,
     )
-    from netval.agent.snapshot_dir import (
+    from netval.agent.collect.snapshot_dir import (
         MIN_SAMPLES,
         SnapshotError,
         hardware_netdevs,
@@ -331,7 +331,7 @@ def _setup_logging() -> None:
 def cmd_agent(args: argparse.Namespace) -> int:
     import asyncio
 
-    from netval.agent.agent_config import AgentConfigError, agent_settings_from_env
+    from netval.agent.config import AgentConfigError, agent_settings_from_env
     from netval.agent.main import run_agent
 
     _setup_logging()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Final
 
 from netval.agent.checks import ecn, link, mtu, pfc, rdma
@@ -14,6 +15,8 @@ from netval.model.snapshot import NodeSnapshot
 from netval.model.spec import Checks
 
 CheckFn = Callable[[CheckContext], list[CheckResult]]
+# Runs one check group: (group name, the group's checks) -> its results.
+GroupRunner = Callable[[str, Callable[[], list[CheckResult]]], list[CheckResult]]
 
 # The node checks in report order. Storage and peer checks need the network and live with
 # the agent runtime, not here.
@@ -49,12 +52,32 @@ def node_check_groups() -> dict[CheckGroup, list[CheckFn]]:
     return groups
 
 
-def run_node_checks(snapshot: NodeSnapshot, checks: Checks) -> list[CheckResult]:
+def _run(_group: str, judge: Callable[[], list[CheckResult]]) -> list[CheckResult]:
+    return judge()
+
+
+def run_node_checks(
+    snapshot: NodeSnapshot, checks: Checks, run_group: GroupRunner = _run
+) -> list[CheckResult]:
+    """The node checks' results in report order, one check group at a time through
+    `run_group` (the agent's runner wraps each group in a span)."""
     ctx = make_context(snapshot, checks)
     results: list[CheckResult] = []
-    for fn in NODE_CHECKS.values():
-        results.extend(fn(ctx))
+    for group, fns in node_check_groups().items():
+        results.extend(run_group(group.value, partial(_judge, fns, ctx)))
     return results
 
 
-__all__ = ["NODE_CHECKS", "CheckContext", "make_context", "node_check_groups", "run_node_checks"]
+def _judge(fns: list[CheckFn], ctx: CheckContext) -> list[CheckResult]:
+    return [r for fn in fns for r in fn(ctx)]
+
+
+__all__ = [
+    "NODE_CHECKS",
+    "CheckContext",
+    "CheckFn",
+    "GroupRunner",
+    "make_context",
+    "node_check_groups",
+    "run_node_checks",
+]

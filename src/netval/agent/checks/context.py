@@ -8,8 +8,8 @@ from typing import cast
 
 from pydantic import JsonValue
 
+from netval.agent.checks.drivers import DriverCounters, counters_for_rdma_device
 from netval.agent.checks.judged import Judged
-from netval.agent.drivers import DriverCounters, counters_for_rdma_device
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.model.snapshot import Netdev, NodeSnapshot, RdmaPort

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from netval.agent.checks.context import NO_DELTAS, CheckContext, result, skipped
 from netval.agent.checks.counters import deltas
-from netval.agent.drivers import DriverCounters, counters_for_driver
+from netval.agent.checks.drivers import DriverCounters, counters_for_driver
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.model.snapshot import Netdev

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from netval.agent.drivers import all_hw_counter_names
-from netval.agent.sysfs import (
+from netval.agent.checks.drivers import all_hw_counter_names
+from netval.agent.collect.sysfs import (
     DEVICE_FILES,
     NETDEV_FILES,
     PORT_FILES,

@@ -1,6 +1,6 @@
 """The east-west responder: a UDP echo and a TCP sink on `peers.port` of the fabric address.
 
-Peers probe it (`netval.agent.peer_probe`): UDP echoes for latency, jitter and loss, DF-set
+Peers probe it (`netval.agent.peers.echo`): UDP echoes for latency, jitter and loss, DF-set
 UDP probes of the fabric MTU for the path MTU, and a short TCP stream for throughput.
 
 It binds to the address of `peers.interface` (by default the first RDMA netdev), never to a
@@ -13,15 +13,7 @@ wildcard address, so it is not offered on the management network. Everything is 
   source, per-source connection rate limit, a header deadline, an idle timeout, a hard
   per-stream duration and byte cap; data is read into one shared buffer and discarded.
 
-Wire format (network byte order), UDP request and reply alike::
-
-    magic "NVP1" | kind u8 | flags u8 | reserved u16 | seq u32 | token u64 |
-    size u32 (reply: bytes received) | turnaround_ns u64 (reply: rx->tx time in the responder)
-
-TCP: the sink greets first with ``TCP_HELLO`` (the client streams nothing to a port that is
-not a netval sink: an announced endpoint is untrusted); the client sends ``"NVT1" | token u64
-| reserved u32`` then data, then half-closes; the sink answers ``"NVT1" | token u64 | bytes u64 (after the header) | elapsed_ns u64`` (first
-byte to EOF, measured at the receiver) and closes.
+The wire format is in `netval.agent.peers.wire`.
 """
 
 from __future__ import annotations
@@ -31,29 +23,30 @@ import contextlib
 import errno
 import logging
 import socket
-import struct
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Final
 
+from netval.agent.peers.wire import (
+    KIND_MTU,
+    KIND_MTU_ACK,
+    KIND_PING,
+    KIND_PONG,
+    SO_TIMESTAMPNS,
+    TCP_HEADER,
+    TCP_HELLO,
+    TCP_MAGIC,
+    TCP_RESULT,
+    UDP_HEADER,
+    UDP_MAGIC,
+    family_of,
+    kernel_timestamp_ns,
+)
+
 log = logging.getLogger(__name__)
 
-UDP_MAGIC: Final = b"NVP1"
-TCP_MAGIC: Final = b"NVT1"
-KIND_PING: Final = 1
-KIND_PONG: Final = 2
-KIND_MTU: Final = 3
-KIND_MTU_ACK: Final = 4
-UDP_HEADER: Final = struct.Struct("!4sBBHIQIQ")  # 32 bytes
-TCP_HEADER: Final = struct.Struct("!4sQI")  # 16 bytes
-TCP_RESULT: Final = struct.Struct("!4sQQQ")  # 28 bytes
-TCP_HELLO: Final = TCP_HEADER.pack(TCP_MAGIC, 0, 1)  # the sink's greeting, 16 bytes
 _REPLY_KIND: Final = {KIND_PING: KIND_PONG, KIND_MTU: KIND_MTU_ACK}
-
-# Linux socket options the stdlib does not name (uapi asm-generic/socket.h, linux/in.h).
-SO_TIMESTAMPNS: Final = int(getattr(socket, "SO_TIMESTAMPNS", 35))
-_TIMESPEC: Final = struct.Struct("@qq")
 _MAX_UDP: Final = 65535
 _BATCH: Final = 64  # datagrams handled per wakeup before yielding to the loop
 
@@ -126,19 +119,6 @@ class _RateLimiter:
         if not bucket.take(self.rate, self.burst, now):
             return False
         return self._global.take(self.global_rate, self.global_burst, now)
-
-
-def kernel_timestamp_ns(ancdata: list[tuple[int, int, bytes]]) -> int | None:
-    """CLOCK_REALTIME receive time from an SCM_TIMESTAMPNS control message, if present."""
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
-            sec, nsec = _TIMESPEC.unpack_from(data)
-            return int(sec) * 1_000_000_000 + int(nsec)
-    return None
-
-
-def family_of(address: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in address else socket.AF_INET
 
 
 class PeerResponder:

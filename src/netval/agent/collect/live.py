@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-from netval.agent.dcb_netlink import DcbReader
-from netval.agent.drivers import all_hw_counter_names
-from netval.agent.ethtool_stats import EthtoolStats
-from netval.agent.sysfs import SysfsReader
+from netval.agent.checks.drivers import all_hw_counter_names
+from netval.agent.collect.dcb_netlink import DcbReader
+from netval.agent.collect.ethtool_stats import EthtoolStats
+from netval.agent.collect.sysfs import SysfsReader
 from netval.model.snapshot import Netdev, NodeSnapshot, RdmaDevice, Sample
 
 DEFAULT_SYS_ROOT: Final = Path("/sys")

@@ -10,7 +10,7 @@
   by the operator from the node label `peers.topologyKey`). Payloads are untrusted: validated
   with pydantic; bad ones are dropped and counted (`dropped`), never raise. A new domain is
   re-announced at once.
-- `probe_cycle(cycle, spec)` probes the peers `peer_selection` picks for the cycle
+- `probe_cycle(cycle, spec)` probes the peers `selection` picks for the cycle
   (latency, loss, path MTU) and appends the recent throughput samples.
 - `run(stop)` takes the throughput samples in their wall-clock slots; a sample stays in the
   reports (with its age) until it is older than four schedule rotations (at least 20
@@ -22,27 +22,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
-import ipaddress
 import json
 import logging
-import socket
-import struct
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from enum import StrEnum
-from pathlib import Path
-from typing import Annotated, Final, Protocol
+from dataclasses import replace
+from typing import Final, Protocol
 
 import aiomqtt
-from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, JsonValue, ValidationError
+from pydantic import JsonValue, ValidationError
 
-from netval.agent.checks.judged import judged_subjects
-from netval.agent.peer_probe import PeerTarget, ProbeSettings, measure_throughput, probe_peer
-from netval.agent.peer_responder import PeerResponder, ResponderLimits
-from netval.agent.peer_selection import (
+from netval.agent.peers.echo import probe_peer
+from netval.agent.peers.endpoints import (
+    AssignmentPayload,
+    DropReason,
+    Endpoint,
+    EndpointPayload,
+    first_error,
+    first_rdma_netdev,
+    interface_address,
+)
+from netval.agent.peers.responder import PeerResponder, ResponderLimits
+from netval.agent.peers.selection import (
     PeerPlan,
     my_throughput_target,
     peers_for_cycle,
@@ -50,10 +52,12 @@ from netval.agent.peer_selection import (
     rotation_length,
     slot_of,
 )
+from netval.agent.peers.target import PeerTarget, ProbeSettings
+from netval.agent.peers.throughput import measure_throughput
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.model.snapshot import Sample
-from netval.model.spec import Checks, NetworkValidationSpec
+from netval.model.spec import NetworkValidationSpec
 from netval.model.topics import TopicKind, parse_topic, subscription, topic
 
 log = logging.getLogger("netval.agent.peers")
@@ -69,77 +73,12 @@ TTL_ROTATIONS: Final = 4
 MIN_TTL_SLOTS: Final = 20
 _DROP_LOG_EVERY: Final = 60.0
 
-_LabelValue = Annotated[str | None, Field(max_length=63)]
-
-
-class EndpointPayload(BaseModel):
-    """What an agent announces. Unknown keys are ignored so newer agents can add some."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    address: IPvAnyAddress
-    port: Annotated[int, Field(ge=1, le=65535)]
-    domain: _LabelValue = None
-
-
-class AssignmentPayload(BaseModel):
-    """What the operator tells this agent (DESIGN.md, "MQTT")."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    domain: _LabelValue = None
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    address: str
-    port: int
-    domain: str | None
-
-
-class DropReason(StrEnum):
-    BAD_TOPIC = "bad_topic"
-    TOO_LARGE = "too_large"
-    INVALID_ENDPOINT = "invalid_endpoint"
-    INVALID_ASSIGNMENT = "invalid_assignment"
-    TABLE_FULL = "table_full"
-
 
 class SampleSource(Protocol):
     def sample(self) -> Sample: ...
 
 
 PublishRetained = Callable[[str, bytes], None]
-
-
-# -- the fabric address ---------------------------------------------------------------------
-
-_SIOCGIFADDR: Final = 0x8915
-
-
-def interface_address(ifname: str, proc_root: Path = Path("/proc")) -> str | None:
-    """The first IPv4 address of `ifname`, else its first global IPv6 address, else None."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            request = struct.pack("256s", ifname.encode()[:15])
-            answer = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, request)
-            return socket.inet_ntop(socket.AF_INET, answer[20:24])
-        except OSError:
-            pass
-    try:
-        lines = (proc_root / "net" / "if_inet6").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        fields = line.split()
-        if len(fields) == 6 and fields[5] == ifname and fields[3] == "00":  # global scope
-            return str(ipaddress.IPv6Address(bytes.fromhex(fields[0])))
-    return None
-
-
-def first_rdma_netdev(sample: Sample, checks: Checks) -> str | None:
-    netdevs = judged_subjects(sample, checks).rdma_netdevs
-    return netdevs[0] if netdevs else None
 
 
 # -- the service ------------------------------------------------------------------------------
@@ -220,7 +159,7 @@ class PeerService:
         except ValidationError as exc:
             if self._endpoints.pop(node, None) is not None:
                 self._plan = None
-            self._drop(DropReason.INVALID_ENDPOINT, f"from {node}: {_first_error(exc)}")
+            self._drop(DropReason.INVALID_ENDPOINT, f"from {node}: {first_error(exc)}")
             return
         if node not in self._endpoints and len(self._endpoints) >= MAX_ENDPOINTS:
             self._drop(DropReason.TABLE_FULL, f"{node} (limit {MAX_ENDPOINTS})")
@@ -236,7 +175,7 @@ class PeerService:
             try:
                 domain = AssignmentPayload.model_validate_json(payload).domain
             except ValidationError as exc:
-                self._drop(DropReason.INVALID_ASSIGNMENT, _first_error(exc))
+                self._drop(DropReason.INVALID_ASSIGNMENT, first_error(exc))
                 return
         else:
             domain = None
@@ -452,9 +391,3 @@ class PeerService:
                 await self.sample_throughput(slot)
             except Exception:
                 log.exception("throughput sample failed")
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "(payload)"
-    return f"{where}: {err['msg']}"

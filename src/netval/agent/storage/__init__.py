@@ -1,0 +1,1 @@
+"""Storage probes: one protocol-aware exchange per endpoint, throughput, and their verdicts."""

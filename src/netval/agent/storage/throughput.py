@@ -1,0 +1,209 @@
+"""`storage.throughput`: a ranged GET of the object at `path`, bounded, and its verdict.
+
+For s3/http endpoints with `path` and `minThroughputMBps`, on the cycles the caller asks for:
+reads up to `THROUGHPUT_MAX_BYTES` of the object, for at most `THROUGHPUT_MAX_SECONDS`, and
+reports MB/s = 10^6 bytes per second over the body transfer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Final
+
+from pydantic import JsonValue
+
+from netval.agent.storage.http import build_http_request, read_http_head
+from netval.agent.storage.judge import endpoint_result
+from netval.agent.storage.net import (
+    ProbeFailure,
+    Progress,
+    Stream,
+    close_writer,
+    connect,
+    network_failure,
+)
+from netval.agent.storage.reach import Reach
+from netval.agent.storage.target import HTTP_PROTOCOLS, Target
+from netval.model.ids import CheckId, Status
+from netval.model.results import CheckResult
+from netval.model.spec import StorageEndpoint
+
+__all__ = [
+    "THROUGHPUT_MAX_BYTES",
+    "THROUGHPUT_MAX_SECONDS",
+    "THROUGHPUT_MIN_BYTES",
+    "throughput_result",
+]
+
+# Throughput is bounded both ways so a probe never turns into load nor runs into the next cycle;
+# MB/s comes from whatever arrived when either bound is reached.
+THROUGHPUT_MAX_BYTES: Final = 64 * 1024 * 1024
+THROUGHPUT_MAX_SECONDS: Final = 10.0
+# Below this, TCP slow start and request latency dominate and MB/s says little about the path.
+THROUGHPUT_MIN_BYTES: Final = 1024 * 1024
+_MEGABYTE: Final = 1_000_000
+_READ_CHUNK: Final = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _Transfer:
+    received: int
+    seconds: float
+    time_capped: bool
+    http_status: int
+
+
+async def _read_body(
+    reader: asyncio.StreamReader, limit: int, stall_timeout: float
+) -> tuple[int, bool]:
+    """(bytes read, stopped by THROUGHPUT_MAX_SECONDS); a stall raises ProbeFailure."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + THROUGHPUT_MAX_SECONDS
+    received = 0
+    stall_guard = False
+    try:
+        async with asyncio.timeout(None) as guard:
+            while received < limit:
+                now = loop.time()
+                if now >= end:
+                    return received, True
+                stall_guard = now + stall_timeout < end
+                guard.reschedule(min(now + stall_timeout, end))
+                chunk = await reader.read(min(_READ_CHUNK, limit - received))
+                if not chunk:
+                    break
+                received += len(chunk)
+    except TimeoutError:
+        if stall_guard:
+            raise ProbeFailure(
+                f"transfer stalled: no data for {stall_timeout:g} s after {received} bytes"
+            ) from None
+        return received, True
+    return received, False
+
+
+async def _transfer(target: Target, phase_timeout: float, progress: Progress) -> _Transfer:
+    stream: Stream | None = None
+    try:
+        async with asyncio.timeout(phase_timeout):
+            stream = await connect(target, progress)
+            progress.step = f"waiting for the HTTP response to GET {target.request_target}"
+            stream.writer.write(
+                build_http_request(
+                    "GET",
+                    target.host_header,
+                    target.request_target,
+                    {
+                        "Range": f"bytes=0-{THROUGHPUT_MAX_BYTES - 1}",
+                        # a compressed body would overstate the path's bandwidth
+                        "Accept-Encoding": "identity",
+                    },
+                )
+            )
+            await stream.writer.drain()
+            head = await read_http_head(stream.reader, stream.address)
+        if head.status not in (200, 206):
+            hint = (
+                "; the object must be readable without credentials (public, or a presigned path)"
+                if head.status in (401, 403)
+                else ""
+            )
+            raise ProbeFailure(f"{head.said('GET', target.request_target)}{hint}")
+        limit = THROUGHPUT_MAX_BYTES
+        length = head.headers.get("content-length", "")
+        if length.isdigit():
+            limit = min(limit, int(length))
+        progress.step = f"reading {target.request_target}"
+        started = time.perf_counter()
+        # With Connection: close a chunked body ends at EOF; its framing bytes count, which is
+        # noise next to the megabytes measured.
+        received, time_capped = await _read_body(stream.reader, limit, phase_timeout)
+        seconds = time.perf_counter() - started
+    finally:
+        if stream is not None:
+            await close_writer(stream.writer)
+    return _Transfer(received, seconds, time_capped, head.status)
+
+
+def _throughput_skip_reason(
+    endpoint: StorageEndpoint, *, measure: bool, reachable: bool
+) -> str | None:
+    if endpoint.min_throughput_m_bps is None:
+        return "not measured: no minThroughputMBps set"
+    if endpoint.protocol not in HTTP_PROTOCOLS:
+        return (
+            f"not measured: throughput is measured for s3 and http endpoints only, "
+            f"not {endpoint.protocol.value}"
+        )
+    if endpoint.path is None:
+        return "not measured: no path set (throughput reads the object at path)"
+    if not measure:
+        return "not measured this cycle (throughput runs every throughputEveryCycles cycles)"
+    if not reachable:
+        return "not measured: endpoint unreachable"
+    return None
+
+
+async def throughput_result(
+    endpoint: StorageEndpoint,
+    target: Target,
+    reach: Reach,
+    *,
+    measure: bool,
+    phase_timeout: float,
+) -> CheckResult:
+    check = CheckId.STORAGE_THROUGHPUT
+    reason = _throughput_skip_reason(endpoint, measure=measure, reachable=reach.ok)
+    if reason is not None:
+        return endpoint_result(check, endpoint, Status.SKIP, reason)
+    minimum = endpoint.min_throughput_m_bps
+    assert minimum is not None
+    expected: dict[str, JsonValue] = {"minThroughputMBps": minimum}
+    progress = Progress("before connecting")
+    try:
+        transfer = await _transfer(target, phase_timeout, progress)
+    except Exception as exc:
+        message = network_failure(exc, progress, phase_timeout)
+        if message is None:
+            raise
+        return endpoint_result(check, endpoint, Status.FAIL, message, expected=expected)
+    if transfer.received == 0:
+        return endpoint_result(
+            check,
+            endpoint,
+            Status.FAIL,
+            f"GET {target.request_target} returned no data",
+            expected=expected,
+        )
+    mbps = transfer.received / _MEGABYTE / max(transfer.seconds, 1e-9)
+    observed: dict[str, JsonValue] = {
+        "MBps": round(mbps, 3),
+        "bytes": transfer.received,
+        "seconds": round(transfer.seconds, 4),
+        "httpStatus": transfer.http_status,
+    }
+    read = f"{mbps:.1f} MB/s reading {transfer.received} bytes of {target.request_target}"
+    if transfer.received < THROUGHPUT_MIN_BYTES and not transfer.time_capped:
+        return endpoint_result(
+            check,
+            endpoint,
+            Status.WARN,
+            f"{read}: the object is too small for a meaningful rate "
+            f"(use one of at least {THROUGHPUT_MIN_BYTES} bytes)",
+            observed,
+            expected,
+        )
+    if mbps < minimum:
+        return endpoint_result(
+            check,
+            endpoint,
+            Status.FAIL,
+            f"{read}, below the minimum of {minimum:g} MB/s",
+            observed,
+            expected,
+        )
+    return endpoint_result(
+        check, endpoint, Status.PASS, f"{read} (minimum {minimum:g} MB/s)", observed, expected
+    )
