@@ -182,7 +182,7 @@ def _res(
     )
 
 
-# Used only when crds/networkvalidations.netval.io.yaml is absent (DESIGN.md names).
+# Used only when crds/networkvalidations.netval.io.yaml is absent (the names docs/architecture.md gives).
 NETVAL_FALLBACK = {
     "netval.io/v1alpha1/networkvalidations": _res(
         "networkvalidations",

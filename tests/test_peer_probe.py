@@ -16,7 +16,6 @@ import pytest
 
 import mosquitto
 from netval.agent.peers.echo import jitter, percentile, probe_peer
-from netval.agent.peers.endpoints import DropReason
 from netval.agent.peers.responder import PeerResponder, ResponderLimits
 from netval.agent.peers.service import PeerService
 from netval.agent.peers.target import PeerTarget, ProbeSettings
@@ -24,6 +23,7 @@ from netval.agent.peers.throughput import measure_throughput
 from netval.agent.peers.wire import TCP_HEADER, TCP_HELLO, TCP_MAGIC, UDP_HEADER, UDP_MAGIC
 from netval.model.ids import CheckId, Status
 from netval.model.spec import NetworkValidationSpec, PeerChecks
+from netval.model.topics import DropReason
 
 pytestmark = pytest.mark.timeout(30)
 

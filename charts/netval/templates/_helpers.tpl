@@ -195,7 +195,7 @@ log_timestamp_format %Y-%m-%dT%H:%M:%S
 
 {{/*
 The broker's ACL. Topics: netval/v1/<validation>/<node>/{report,state,endpoint,assignment}
-(DESIGN.md "MQTT"). The operator reads everything and writes assignments; the agents write
+(docs/architecture.md "MQTT"). The operator reads everything and writes assignments; the agents write
 their reports, states (the last will included) and endpoint announcements, read their peers'
 endpoints and their assignments, and may not write assignments.
 */}}

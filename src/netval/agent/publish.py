@@ -1,4 +1,4 @@
-"""Publish one node's reports for one validation over MQTT v5 (DESIGN.md, "MQTT").
+"""Publish one node's reports for one validation over MQTT v5 (docs/architecture.md, "MQTT").
 
 Topics, all under ``netval/v1/<validation>/<node>/``:
 

@@ -1,6 +1,6 @@
 """MQTT connection settings shared by the agent and the operator.
 
-One immutable object per process, built once at start from the environment (DESIGN.md,
+One immutable object per process, built once at start from the environment (docs/architecture.md,
 "Processes and configuration"):
 
 - ``NETVAL_MQTT_URL``: ``mqtt://host[:port]`` (default port 1883) or ``mqtts://host[:port]``

@@ -1,4 +1,4 @@
-"""Which subjects a node is judged on (DESIGN.md, "Which interfaces are judged").
+"""Which subjects a node is judged on (docs/checks.md, "Which interfaces are judged").
 
 By default the netdevs bound to RDMA devices, plus interfaces named in the spec. A RoCE LAG
 device is judged on its bond for link and MTU, and on the bond's slaves for PFC, ECN and

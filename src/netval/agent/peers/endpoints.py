@@ -8,7 +8,6 @@ import ipaddress
 import socket
 import struct
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Final
 
@@ -32,7 +31,7 @@ class EndpointPayload(BaseModel):
 
 
 class AssignmentPayload(BaseModel):
-    """What the operator tells this agent (DESIGN.md, "MQTT")."""
+    """What the operator tells this agent (docs/architecture.md, "MQTT")."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -44,14 +43,6 @@ class Endpoint:
     address: str
     port: int
     domain: str | None
-
-
-class DropReason(StrEnum):
-    BAD_TOPIC = "bad_topic"
-    TOO_LARGE = "too_large"
-    INVALID_ENDPOINT = "invalid_endpoint"
-    INVALID_ASSIGNMENT = "invalid_assignment"
-    TABLE_FULL = "table_full"
 
 
 def first_error(exc: ValidationError) -> str:

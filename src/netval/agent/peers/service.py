@@ -36,7 +36,6 @@ from pydantic import JsonValue, ValidationError
 from netval.agent.peers.echo import probe_peer
 from netval.agent.peers.endpoints import (
     AssignmentPayload,
-    DropReason,
     Endpoint,
     EndpointPayload,
     first_error,
@@ -58,7 +57,7 @@ from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.model.snapshot import Sample
 from netval.model.spec import NetworkValidationSpec
-from netval.model.topics import TopicKind, parse_topic, subscription, topic
+from netval.model.topics import DropReason, TopicKind, parse_topic, subscription, topic
 
 log = logging.getLogger("netval.agent.peers")
 

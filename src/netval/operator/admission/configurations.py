@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from netval.infra.task_stop import cancel_and_wait
 from netval.model.keys import MANAGED_BY_OPERATOR, AnnotationKey, LabelKey
 from netval.operator.admission.options import FailurePolicy, ServiceRef, WebhookOptions
-from netval.operator.startup import load_kube_client
+from netval.operator.kube.api import load_kube_client
 
 log = logging.getLogger("netval.operator.admission")
 

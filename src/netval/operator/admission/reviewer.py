@@ -33,9 +33,8 @@ from netval.operator.admission.mutate import (
     mutate_job,
     mutate_pod,
 )
-from netval.operator.kube_api import PLURAL, VERSION
+from netval.operator.kube.api import PLURAL, VERSION, load_kube_client
 from netval.operator.runtime import OperatorRuntime, ValidationView
-from netval.operator.startup import load_kube_client
 
 log = logging.getLogger("netval.operator.admission")
 

@@ -14,10 +14,10 @@ from typing import Any, Final, cast
 import kopf
 
 from netval.infra.task_stop import cancel_and_wait
-from netval.operator import webhook_certs
 from netval.operator.admission.configurations import ConfigurationWriter, client_config
 from netval.operator.admission.options import WebhookOptions
 from netval.operator.admission.reviewer import Reviewer
+from netval.operator.kube import certs as webhook_certs
 
 log = logging.getLogger("netval.operator.admission")
 

@@ -71,7 +71,7 @@ MQTT_CA_FILE: Final = "ca.crt"
 DEFAULT_PASSWORD_KEY: Final = "password"  # keys in the Secrets, unless told otherwise
 DEFAULT_CA_KEY: Final = "ca.crt"
 
-# Environment the agent reads (netval.agent.agent_config, netval.infra.mqtt_settings; this package
+# Environment the agent reads (netval.agent.config, netval.infra.mqtt_settings; this package
 # must not import the agent, tests check the names agree).
 ENV_CONFIG: Final = "NETVAL_CONFIG"
 ENV_NODE: Final = "NETVAL_NODE_NAME"

@@ -14,7 +14,7 @@ from typing import Any, Final
 from kubernetes.client.exceptions import ApiException
 
 from netval.model.manifest import API_GROUP
-from netval.operator.kube_api import PLURAL, VERSION
+from netval.operator.kube.api import PLURAL, VERSION
 from netval.operator.kueue.decisions import (
     ACTIVE,
     active_condition,
