@@ -1,0 +1,2 @@
+def cmd_doctor(args):
+    raise NotImplementedError
