@@ -48,7 +48,10 @@ def _from_cluster(args: argparse.Namespace, *, want_nodes: bool) -> Fetch:
     load_kube_config(args.kubeconfig, args.context)
     custom = client.CustomObjectsApi()
     core = client.CoreV1Api()
-    serialize = client.ApiClient().sanitize_for_serialization  # type: ignore[no-untyped-call]
+    api_client = client.ApiClient()
+
+    def serialize(obj: Any) -> dict[str, Any]:
+        return cast(dict[str, Any], api_client.sanitize_for_serialization(obj))  # type: ignore[no-untyped-call]
 
     def fetch() -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
         with kube_errors(not_found=f"NetworkValidation {args.name!r} not found"):

@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _probe_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _probe_parsers(sub: argparse._SubParsersAction[NetvalParser]) -> None:
     probe = sub.add_parser(
         "probe",
         help="run the node checks on this host or on a recorded snapshot",
@@ -130,7 +130,7 @@ def _add_kube(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", metavar="NAME", help="kubeconfig context (default: current)")
 
 
-def _cluster_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _cluster_parsers(sub: argparse._SubParsersAction[NetvalParser]) -> None:
     st = sub.add_parser(
         "status",
         help="show validations through the Kubernetes API (conditions, counts, failures)",
@@ -183,7 +183,7 @@ def _cluster_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     _add_kube(rep)
 
 
-def _doctor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _doctor_parser(sub: argparse._SubParsersAction[NetvalParser]) -> None:
     doc = sub.add_parser(
         "doctor",
         help="check that the cluster is ready for netval, and say what to fix",
@@ -226,7 +226,7 @@ def _doctor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
 
 
-def _process_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _process_parsers(sub: argparse._SubParsersAction[NetvalParser]) -> None:
     sub.add_parser(
         "agent",
         help="run the node agent (in the DaemonSet): probe every interval, publish over MQTT",

@@ -62,9 +62,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if args.source is not None:
         given = [f for f, v in (("--samples", args.samples), ("--interval", args.interval)) if v]
         if given:
+            verb = "does" if len(given) == 1 else "do"
             raise BadInput(
-                f"{' and '.join(given)} do(es) not apply with --from: a snapshot holds its "
-                "own samples"
+                f"{' and '.join(given)} {verb} not apply with --from: a snapshot holds its "
+                "own samples and interval"
             )
         try:
             snapshot = load_snapshot(args.source)
