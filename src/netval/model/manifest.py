@@ -136,7 +136,9 @@ def probe_config_from_document(doc: Any) -> ProbeConfig:
         try:
             spec = NetworkValidationSpec.model_validate(doc.get("spec") or {})
         except ValidationError as exc:
-            raise ConfigError(describe_validation_error(exc, "spec", NetworkValidationSpec)) from None
+            raise ConfigError(
+                describe_validation_error(exc, "spec", NetworkValidationSpec)
+            ) from None
         return ProbeConfig(str(name or DEFAULT_VALIDATION_NAME), spec.checks)
     # A bare mapping may be `{checks: {...}}` or the checks themselves.
     body = doc["checks"] if set(doc) == {"checks"} else doc
