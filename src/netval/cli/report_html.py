@@ -87,6 +87,8 @@ table.heat td.flagged{outline:3px solid #000;outline-offset:-4px}
 .legend span{padding:.15rem .5rem;border:1px solid #bbb}
 caption{caption-side:top;text-align:left;font-weight:600;padding:.25rem 0}
 time{text-decoration:underline dotted;cursor:help}
+td.nw{white-space:nowrap}
+details summary{cursor:pointer;margin:.5rem 0}
 #verdict{border-radius:6px;padding:1rem 1.25rem;margin:1rem 0 1.5rem;border:2px solid}
 #verdict h2{margin:0 0 .4rem;border:0;font-size:1.4rem}
 #verdict p,#verdict ul{margin:.3rem 0}
@@ -273,7 +275,7 @@ def _throughput_cell(cell: Cell | None, reference: float) -> str:
         parts.append('<span class="s">intra-domain</span>')
     elif cell.throughput_ratio is not None:
         parts.append(
-            f'<span class="s">ratio {_e(f"{cell.throughput_ratio:g}")} · '
+            f'<span class="s">ratio {_e(f"{cell.throughput_ratio:.2f}")} · '
             f"{_e(fmt_ratio(cell.oversubscription))}</span>"
         )
     else:
@@ -365,6 +367,7 @@ def _east_west_section(obj: Mapping[str, Any]) -> str:
         "throughput).</p>"
     )
     ticks = [f"{25 * i}% · {fmt_rate(tp_ref * i / 4)}" for i in range(_LEGEND_STEPS)]
+    ticks[0] = "0%"
     ticks[-1] = f"≥ {ticks[-1]}"
     out.append(_legend("throughput vs intra-domain median:", THROUGHPUT_SCALE, ticks))
     out.append(
@@ -490,7 +493,25 @@ def _verdict(obj: Mapping[str, Any], status: NetworkValidationStatus | None, nam
         parts.append(
             f"<p><strong>Not ready:</strong> {_e(ready.reason)}: {detail or _e(ready.message)}</p>"
         )
+    ew, _ = parse_east_west(obj)
+    if ew is not None and ew.flagged:
+        pairs = ", ".join(
+            f"{_e(f.a)} ↔ {_e(f.b)} ({_e(fmt_ratio(f.oversubscription))})" for f in ew.flagged[:6]
+        )
+        parts.append(
+            f"<p><strong>Oversubscribed domain pairs ({len(ew.flagged)}):</strong> {pairs}: "
+            "cross-domain throughput below "
+            f"{_e(f'{ew.min_throughput_ratio:g}')} of the intra-domain median</p>"
+        )
+    if ew is not None and ew.suspects:
+        names = ", ".join(_e(x.node) for x in ew.suspects)
+        parts.append(f"<p><strong>Suspect nodes (east-west):</strong> {names}</p>")
     advice: list[str] = []
+    if ew is not None and ew.flagged:
+        advice.append(
+            "<li><strong>oversubscription</strong>: check the uplinks and spine capacity "
+            "between the flagged domains (see the throughput heatmap)</li>"
+        )
     families = dict.fromkeys(c.partition(".")[0] for checks in by_node.values() for c in checks)
     for family in families:
         if family in ADVICE:
@@ -546,19 +567,34 @@ def _counts_section(status: NetworkValidationStatus) -> str:
         for h in ("targeted", "reporting", "passing", "warning", "failing", "stale")
     )
     checks = sorted(status.checks.items(), key=lambda item: (-item[1].fail, -item[1].warn, item[0]))
-    check_rows = "".join(
-        f"<tr><th scope='row'>{_e(check)}</th><td class='num'>{c.pass_}</td>"
-        f"<td class='num'>{c.warn}</td>"
-        f"<td class='num{' notok' if c.fail else ''}'>{c.fail}</td></tr>"
-        for check, c in checks
+
+    def rows(items: list[tuple[str, Any]]) -> str:
+        return "".join(
+            f"<tr><th scope='row'>{_e(check)}</th><td class='num'>{c.pass_}</td>"
+            f"<td class='num'>{c.warn}</td>"
+            f"<td class='num{' notok' if c.fail else ''}'>{c.fail}</td></tr>"
+            for check, c in items
+        )
+
+    head = (
+        "<thead><tr><th scope='col'>check</th><th scope='col'>pass</th>"
+        "<th scope='col'>warn</th><th scope='col'>fail</th></tr></thead>"
     )
-    checks_table = (
-        "<table><caption>Nodes per check and result</caption><thead><tr>"
-        "<th scope='col'>check</th><th scope='col'>pass</th><th scope='col'>warn</th>"
-        f"<th scope='col'>fail</th></tr></thead><tbody>{check_rows}</tbody></table>"
-        if checks
-        else "<p>No check results yet.</p>"
-    )
+    bad = [(k, c) for k, c in checks if c.fail or c.warn]
+    good = [(k, c) for k, c in checks if not (c.fail or c.warn)]
+    parts = []
+    if bad:
+        parts.append(
+            f"<table><caption>Checks failing or warning</caption>{head}"
+            f"<tbody>{rows(bad)}</tbody></table>"
+        )
+    if good:
+        table = f"<table>{head}<tbody>{rows(good)}</tbody></table>"
+        parts.append(
+            f"<details{'' if bad else ' open'}><summary>{len(good)} check(s) passing on every "
+            f"node that reports them</summary>{table}</details>"
+        )
+    checks_table = "".join(parts) or "<p>No check results yet.</p>"
     return (
         '<section id="counts"><h2>Nodes and checks</h2>'
         f"<table><caption>Nodes</caption><thead><tr>{heads}</tr></thead>"
@@ -580,8 +616,9 @@ def _failures_section(status: NetworkValidationStatus, now: datetime) -> str:
     )
     out.append(f"<h3>Failing nodes</h3><ul>{items}</ul>")
     rows = "".join(
-        f"<tr><td>{_e(f.node)}</td><td>{_e(f.check)}</td><td>{_e(f.subject)}</td>"
-        f"<td>{_when(f.since, now)}</td><td>{_e(f.message)}</td></tr>"
+        f"<tr><td class='nw'>{_e(f.node)}</td><td class='nw'>{_e(f.check)}</td>"
+        f"<td class='nw'>{_e(f.subject)}</td><td class='nw'>{_when(f.since, now)}</td>"
+        f"<td>{_e(f.message)}</td></tr>"
         for f in status.failures
     )
     out.append(
@@ -608,7 +645,7 @@ def render_html(obj: Mapping[str, Any], *, now: datetime | None = None) -> str:
     body = [
         f"<header><h1>NetworkValidation {_e(name)}</h1>",
         f'<p class="meta">generation {_e(generation if generation is not None else "?")} · '
-        f"report written {_when(now, now)} ({_e(_iso(now))})",
+        f"report written {_e(_iso(now))}",
     ]
     if status is None:
         body.append("</p></header>")
