@@ -89,7 +89,8 @@ Gaps left (a test that depends on one of these would pass here and not on a clus
 - ``limit``/``continue`` are ignored (whole lists); no BOOKMARKs except initial-events-end; no
   410 Gone (the whole event history is kept); fieldSelector accepts any dotted path (a real
   apiserver only a few per type); no authn/authz (any token works), no RBAC, no
-  ``managedFields``.
+  ``managedFields``. SelfSubjectAccessReviews are answered by ``api.access_policy`` (default:
+  allowed), impersonation by ``api.impersonation``; nothing else looks at either.
 """
 
 from __future__ import annotations
@@ -235,6 +236,9 @@ for _kueue_version in ("v1beta1", "v1beta2"):
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 NAMESPACES = kmock.resource("", "v1", "namespaces")
 NODES = kmock.resource("", "v1", "nodes")
+SELF_SUBJECT_ACCESS_REVIEWS = kmock.resource(
+    "authorization.k8s.io", "v1", "selfsubjectaccessreviews"
+)
 # Set by the apiserver only; writes cannot change them.
 SYSTEM_METADATA = (
     "name",
@@ -445,6 +449,13 @@ class StatefulKubeAPI(kmock.KubernetesEmulator):
     _event_log: dict[kmock.resource, list[tuple[int, dict[str, Any]]]] = attrs.field(
         factory=lambda: defaultdict(list), init=False
     )
+    # SelfSubjectAccessReview answers: policy(user, resourceAttributes) -> allowed, where user is
+    # the Impersonate-User header (None: the caller itself). Default: everything is allowed
+    # (there is no RBAC here). ``impersonation`` False answers impersonated requests 403.
+    access_policy: Callable[[str | None, dict[str, Any]], bool] | None = attrs.field(
+        default=None, init=False
+    )
+    impersonation: bool = attrs.field(default=True, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -736,6 +747,8 @@ class StatefulKubeAPI(kmock.KubernetesEmulator):
             raise _error(400, "BadRequest", "dryRun is not supported by the test apiserver")
 
     async def _serve_create(self, request: kmock.Request) -> Any:
+        if request.resource == SELF_SUBJECT_ACCESS_REVIEWS:
+            return self._access_review(request)
         info = self._info(request.resource)
         resource = request.resource
         assert resource is not None
@@ -788,6 +801,19 @@ class StatefulKubeAPI(kmock.KubernetesEmulator):
             stored = self._store_new(resource, namespace, body)
             await self._emit(resource, "ADDED", stored, None)
         return _kmock_rendering.Response(status=201, payload=copy.deepcopy(stored))
+
+    def _access_review(self, request: kmock.Request) -> Any:
+        """A SelfSubjectAccessReview, answered by ``access_policy`` (not stored, like the real
+        one); impersonated (``Impersonate-User``) unless ``impersonation`` is off (403)."""
+        body = request.data if isinstance(request.data, dict) else {}
+        user = request.headers.get("Impersonate-User") or None
+        if user is not None and not self.impersonation:
+            raise _error(403, "Forbidden", f'users "{user}" is forbidden: cannot impersonate')
+        attributes = (body.get("spec") or {}).get("resourceAttributes") or {}
+        allowed = True if self.access_policy is None else bool(self.access_policy(user, attributes))
+        answer = {**copy.deepcopy(body), "status": {"allowed": allowed}}
+        answer.setdefault("metadata", {})
+        return _kmock_rendering.Response(status=201, payload=answer)
 
     def _check_type(
         self, resource: kmock.resource, info: kmock.ResourceInfo, body: dict[str, Any]

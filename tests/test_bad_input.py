@@ -94,7 +94,10 @@ def test_missing_snapshot_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 CONFIG_CASES = {
-    "unknown-field": ("mtu: {interfaceMtu: 9000}\n", "field mtu.interfaceMtu: Extra inputs"),
+    "unknown-field": (
+        "mtu: {interfaceMtu: 9000}\n",
+        "field mtu.interfaceMtu: unknown field (did you mean interfaceMTU?)",
+    ),
     "priority-out-of-range": (
         "pfc: {priorities: [3, 8]}\n",
         "field pfc.priorities.1: Input should be less than or equal to 7 (got 8)",
@@ -104,7 +107,7 @@ CONFIG_CASES = {
     "manifest-unknown-field": (
         "apiVersion: netval.io/v1alpha1\nkind: NetworkValidation\nmetadata: {name: x}\n"
         "spec: {checks: {ecn: {priority: [3]}}}\n",
-        "field spec.checks.ecn.priority: Extra inputs",
+        "field spec.checks.ecn.priority: unknown field (did you mean priorities?)",
     ),
     "manifest-short-interval": (
         "apiVersion: netval.io/v1alpha1\nkind: NetworkValidation\nmetadata: {name: x}\n"

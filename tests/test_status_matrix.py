@@ -308,11 +308,11 @@ def test_html_is_well_formed_self_contained_and_has_both_heatmaps(api: KubeClust
     assert {"latency-heatmap", "throughput-heatmap", "conditions", "failures"} <= page.ids
     text = page.text
     # the numbers are on the page, not only in the colours
-    for number in ("0.050 ms", "0.400 ms", "400 Mbit/s", "100 Mbit/s", "ratio 0.25 · 4.0:1",
+    for number in ("50 µs", "400 µs", "8.0x intra median", "400 Mbit/s", "100 Mbit/s", "ratio 0.25 · 4.0:1",
                    "FLAGGED", "path MTU 9000", "loss 10.0%"):  # fmt: skip
         assert number in text, number
     assert text.count("FLAGGED") == 2  # the symmetric cells of rack-1 x rack-2
-    assert "rack-1 rack-2 100 0.25 4.0:1" in text  # the flagged pairs table
+    assert "rack-1 rack-2 100 Mbit/s 0.25 4.0:1" in text  # the flagged pairs table
     assert "Healthy False ChecksFailing" in text
     assert "targeted reporting passing warning failing stale 7 7 0 0 7 0" in text
     assert "peer.loss 0 0 7" in text

@@ -1,8 +1,14 @@
 """`netval report NAME --html FILE`: one NetworkValidation as a self-contained HTML page.
 
-For people who would rather look than read: the conditions and counts, a latency and a
-throughput heatmap per domain pair (from `status.eastWest`), the flagged (oversubscribed)
-pairs, the suspect nodes, and the failing nodes and checks (`status.failures`).
+Read top-down, most actionable first: a verdict banner (Healthy or not, why, which nodes,
+what to do), the failing nodes and checks (`status.failures`), the conditions and counts,
+then the east-west detail: a latency and a throughput heatmap per domain pair (from
+`status.eastWest`), the flagged (oversubscribed) pairs and the suspect nodes.
+
+- Heatmap colours show structure: latency on a log2 scale relative to the intra-domain median
+  (1x, 2x, 4x, ... the median), throughput relative to the intra-domain median; each has a
+  legend with the reference value. Units are human (µs/ms, Mbit/s/Gbit/s) and times relative
+  to the report (the absolute UTC time on hover).
 
 - Self-contained: inline CSS, no script, no external asset; a Content-Security-Policy meta
   tag forbids loading anything, so the file can be mailed or archived by CI as it is.
@@ -16,6 +22,8 @@ pairs, the suspect nodes, and the failing nodes and checks (`status.failures`).
 from __future__ import annotations
 
 import html
+import math
+import statistics
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -25,13 +33,12 @@ from netval.cli.status_view import (
     NO_MEASUREMENTS,
     NOT_ENABLED,
     east_west_domains,
-    fmt_mbps,
-    fmt_ms,
     fmt_percent,
     fmt_ratio,
     parse_east_west,
     parse_status,
     peers_enabled,
+    stale_reasons,
 )
 from netval.model.east_west import Cell, EastWest
 from netval.model.spec import PeerChecks
@@ -54,11 +61,13 @@ THROUGHPUT_SCALE: Final[tuple[Rgb, ...]] = (
     (33, 113, 181),
     (8, 48, 107),
 )
+LATENCY_OCTAVES: Final = 4  # the latency scale spans 1x .. 2**4 = 16x the intra-domain median
 _LEGEND_STEPS: Final = 5
+MAX_NODES_IN_BANNER: Final = 12
 
 _CSS: Final = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5rem;
-color:#1a1a1a;background:#fff;line-height:1.4}
+color:#1a1a1a;background:#fff;line-height:1.4;max-width:110rem}
 h1{font-size:1.5rem;margin:0 0 .25rem}h2{font-size:1.2rem;margin-top:2rem;
 border-bottom:1px solid #ccc}h3{font-size:1rem;margin-top:1.25rem}
 .meta{color:#444;margin:0}
@@ -77,6 +86,16 @@ table.heat td.flagged{outline:3px solid #000;outline-offset:-4px}
 .legend{display:flex;flex-wrap:wrap;gap:0;margin:.25rem 0 1rem;font-size:.8rem}
 .legend span{padding:.15rem .5rem;border:1px solid #bbb}
 caption{caption-side:top;text-align:left;font-weight:600;padding:.25rem 0}
+time{text-decoration:underline dotted;cursor:help}
+td.nw{white-space:nowrap}
+details summary{cursor:pointer;margin:.5rem 0}
+#verdict{border-radius:6px;padding:1rem 1.25rem;margin:1rem 0 1.5rem;border:2px solid}
+#verdict h2{margin:0 0 .4rem;border:0;font-size:1.4rem}
+#verdict p,#verdict ul{margin:.3rem 0}
+#verdict.healthy{background:#e8f5e9;border-color:#2e7d32;color:#1b3d1f}
+#verdict.unhealthy{background:#fdecea;border-color:#c62828;color:#4a1010}
+#verdict.unknown{background:#fff8e1;border-color:#f9a825;color:#3d3000}
+#verdict code{background:rgba(0,0,0,.06);padding:0 .25rem;border-radius:3px}
 """
 
 
@@ -88,6 +107,50 @@ def _iso(when: datetime | None) -> str:
     if when is None:
         return "never"
     return when.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def relative(when: datetime, now: datetime) -> str:
+    """ "12 s ago", "7 min ago", "3 h ago", "2 d ago" ("in ..." for a time after now)."""
+    seconds = int((now - when).total_seconds())
+    future, seconds = seconds < 0, abs(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            text = f"{seconds // size} {unit}"
+            break
+    else:
+        text = f"{seconds} s"
+    return f"in {text}" if future else f"{text} ago"
+
+
+def _when(when: datetime | None, now: datetime) -> str:
+    """A relative time with the absolute UTC one on hover (and machine-readable)."""
+    if when is None:
+        return "never"
+    iso = _iso(when)
+    return f'<time datetime="{iso}" title="{iso}">{_e(relative(when, now))}</time>'
+
+
+# -- units ----------------------------------------------------------------------------------------
+
+
+def fmt_latency(ms: float | None) -> str:
+    """A latency as people read it: 12 µs, 250 µs, 1.25 ms, 14.2 ms."""
+    if ms is None:
+        return "-"
+    if ms < 1:
+        us = ms * 1000
+        return f"{us:.1f} µs" if us < 10 else f"{us:.0f} µs"
+    return f"{ms:.2f} ms" if ms < 10 else f"{ms:.1f} ms"
+
+
+def fmt_rate(mbps: float | None) -> str:
+    """A throughput as people read it: 940 Mbit/s, 377.1 Gbit/s."""
+    if mbps is None:
+        return "-"
+    if mbps >= 1000:
+        gbps = mbps / 1000
+        return f"{gbps:.1f} Gbit/s" if gbps < 100 else f"{gbps:.0f} Gbit/s"
+    return f"{mbps:.1f} Mbit/s" if mbps < 10 else f"{mbps:.0f} Mbit/s"
 
 
 # -- colours ------------------------------------------------------------------------------------
@@ -127,13 +190,22 @@ def _style(rgb: Rgb) -> str:
     return f"background:#{rgb[0]:02x}{rgb[1]:02x}{rgb[2]:02x};color:{text_colour(rgb)}"
 
 
-def _legend(label: str, scale: Sequence[Rgb], ticks: Sequence[str]) -> str:
+def latency_position(p50: float, reference: float) -> float:
+    """Where a latency sits on the log2 scale: 0 at (or below) the reference (the intra-domain
+    median), 1 at 2**LATENCY_OCTAVES times it; 0.012 ms and 0.036 ms are 0.4 apart."""
+    if reference <= 0 or p50 <= reference:
+        return 0.0
+    return min(1.0, math.log2(p50 / reference) / LATENCY_OCTAVES)
+
+
+def _legend(label: str, scale: Sequence[Rgb], ticks: Sequence[str], note: str = "") -> str:
     steps = len(ticks)
     swatches = "".join(
         f'<span style="{_style(scale_colour(i / (steps - 1), scale))}">{_e(tick)}</span>'
         for i, tick in enumerate(ticks)
     )
-    return f'<div class="legend" role="note"><span>{_e(label)}</span>{swatches}</div>'
+    extra = f"<span>{_e(note)}</span>" if note else ""
+    return f'<div class="legend" role="note"><span>{_e(label)}</span>{swatches}{extra}</div>'
 
 
 # -- the east-west heatmaps -------------------------------------------------------------------
@@ -149,21 +221,33 @@ def _max_latency_ms(obj: Mapping[str, Any]) -> float:
     return PeerChecks().max_latency_ms
 
 
-def _latency_cell(cell: Cell | None, limit: float) -> str:
+def intra_median(ew: EastWest, value: Callable[[Cell], float | None]) -> float | None:
+    """The median of `value` over the intra-domain cells (None when there is none): the
+    reference the heatmaps colour against; without intra cells, the median of all cells."""
+    intra = [v for c in ew.cells if c.intra and (v := value(c)) is not None and v > 0]
+    if not intra:
+        intra = [v for c in ew.cells if (v := value(c)) is not None and v > 0]
+    return statistics.median(intra) if intra else None
+
+
+def _latency_cell(cell: Cell | None, limit: float, reference: float) -> str:
     if cell is None or cell.latency_p50_ms is None:
         return '<td class="none">not measured</td>' if cell is None else _no_latency(cell)
     p50 = cell.latency_p50_ms
-    parts = [f'<span class="v">{_e(fmt_ms(p50))} ms</span>']
+    parts = [f'<span class="v">{_e(fmt_latency(p50))}</span>']
+    if reference > 0 and not cell.intra:
+        parts.append(f'<span class="s">{_e(f"{p50 / reference:.1f}")}x intra median</span>')
     if p50 > limit:
-        parts.append(f'<span class="s bad">above max {_e(f"{limit:g}")} ms</span>')
+        parts.append(f'<span class="s bad">above max {_e(fmt_latency(limit))}</span>')
     parts.append(
-        f'<span class="s">p99 {_e(fmt_ms(cell.latency_p99_ms))} ms · loss '
+        f'<span class="s">p99 {_e(fmt_latency(cell.latency_p99_ms))} · loss '
         f"{_e(fmt_percent(cell.loss_percent))}%</span>"
     )
     if cell.path_mtu is not None:
         parts.append(f'<span class="s">path MTU {cell.path_mtu}</span>')
     parts.append(_pairs_line(cell))
-    return f'<td style="{_style(scale_colour(p50 / limit, LATENCY_SCALE))}">{"".join(parts)}</td>'
+    style = _style(scale_colour(latency_position(p50, reference), LATENCY_SCALE))
+    return f'<td style="{style}">{"".join(parts)}</td>'
 
 
 def _no_latency(cell: Cell) -> str:
@@ -177,21 +261,21 @@ def _pairs_line(cell: Cell) -> str:
     return f'<span class="s">{text}</span>'
 
 
-def _throughput_cell(cell: Cell | None, best: float) -> str:
+def _throughput_cell(cell: Cell | None, reference: float) -> str:
     if cell is None:
         return '<td class="none">not measured</td>'
     if cell.throughput_mbps is None:
         return f'<td class="none">no throughput sample<span class="s">{cell.pairs} node pair(s)</span></td>'
     mbps = cell.throughput_mbps
     parts = [
-        f'<span class="v">{_e(fmt_mbps(mbps))} Mbit/s</span>',
+        f'<span class="v">{_e(fmt_rate(mbps))}</span>',
         f'<span class="s">{cell.throughput_samples} sample(s)</span>',
     ]
     if cell.intra:
         parts.append('<span class="s">intra-domain</span>')
     elif cell.throughput_ratio is not None:
         parts.append(
-            f'<span class="s">ratio {_e(f"{cell.throughput_ratio:g}")} · '
+            f'<span class="s">ratio {_e(f"{cell.throughput_ratio:.2f}")} · '
             f"{_e(fmt_ratio(cell.oversubscription))}</span>"
         )
     else:
@@ -200,7 +284,7 @@ def _throughput_cell(cell: Cell | None, best: float) -> str:
     if cell.flagged:
         parts.append('<span class="s flag">FLAGGED: oversubscribed</span>')
         classes = ' class="flagged"'
-    style = _style(scale_colour(mbps / best if best > 0 else 0.0, THROUGHPUT_SCALE))
+    style = _style(scale_colour(mbps / reference if reference > 0 else 0.0, THROUGHPUT_SCALE))
     return f'<td{classes} style="{style}">{"".join(parts)}</td>'
 
 
@@ -254,39 +338,45 @@ def _east_west_section(obj: Mapping[str, Any]) -> str:
         out.append(f"<p>{_e(NO_MEASUREMENTS)}</p></section>")
         return "".join(out)
     limit = _max_latency_ms(obj)
+    lat_ref = intra_median(ew, lambda c: c.latency_p50_ms) or limit
     out.append("<h3>Latency per domain pair</h3>")
     out.append(
-        "<p>Median over the node pairs of their p50 round trip, coloured against "
-        f"peers.maxLatencyMs ({_e(f'{limit:g}')} ms).</p>"
+        "<p>Median over the node pairs of their p50 round trip. Coloured on a log scale "
+        f"against the intra-domain median ({_e(fmt_latency(lat_ref))}): each step doubles it. "
+        f"Cells above peers.maxLatencyMs ({_e(fmt_latency(limit))}) say so.</p>"
     )
-    ticks = [f"{fmt_ms(limit * i / (_LEGEND_STEPS - 1))} ms" for i in range(_LEGEND_STEPS)]
+    ticks = [f"{2**i:g}x · {fmt_latency(lat_ref * 2**i)}" for i in range(_LEGEND_STEPS)]
+    ticks[0] = f"≤ {ticks[0]}"
     ticks[-1] = f"≥ {ticks[-1]}"
-    out.append(_legend("p50 round trip:", LATENCY_SCALE, ticks))
+    out.append(_legend("p50 vs intra-domain median:", LATENCY_SCALE, ticks))
     out.append(
         _heatmap(
             ew,
             domains,
-            "Latency heatmap: median p50 round trip (ms), p99, loss (%), path MTU",
+            "Latency heatmap: median p50 round trip, p99, loss (%), path MTU",
             "latency-heatmap",
-            lambda c: _latency_cell(c, limit),
+            lambda c: _latency_cell(c, limit, lat_ref),
         )
     )
-    best = max((c.throughput_mbps or 0.0 for c in ew.cells), default=0.0)
+    tp_ref = intra_median(ew, lambda c: c.throughput_mbps) or 0.0
     out.append("<h3>Throughput per domain pair</h3>")
     out.append(
-        "<p>Median of the TCP samples between the two domains (Mbit/s), coloured against the "
-        "best cell; for cross-domain pairs the ratio to the intra-domain median and the "
-        "oversubscription it means (4.0:1: a quarter of the intra-domain throughput).</p>"
+        "<p>Median of the TCP samples between the two domains, coloured against the "
+        f"intra-domain median ({_e(fmt_rate(tp_ref))}); for cross-domain pairs the ratio to it "
+        "and the oversubscription it means (4.0:1: a quarter of the intra-domain "
+        "throughput).</p>"
     )
-    ticks = [f"{fmt_mbps(best * i / (_LEGEND_STEPS - 1))} Mbit/s" for i in range(_LEGEND_STEPS)]
-    out.append(_legend("throughput:", THROUGHPUT_SCALE, ticks))
+    ticks = [f"{25 * i}% · {fmt_rate(tp_ref * i / 4)}" for i in range(_LEGEND_STEPS)]
+    ticks[0] = "0%"
+    ticks[-1] = f"≥ {ticks[-1]}"
+    out.append(_legend("throughput vs intra-domain median:", THROUGHPUT_SCALE, ticks))
     out.append(
         _heatmap(
             ew,
             domains,
-            "Throughput heatmap: median throughput (Mbit/s), cross/intra ratio, oversubscription",
+            "Throughput heatmap: median throughput, cross/intra ratio, oversubscription",
             "throughput-heatmap",
-            lambda c: _throughput_cell(c, best),
+            lambda c: _throughput_cell(c, tp_ref),
         )
     )
     if ew.omitted_cells:
@@ -307,7 +397,7 @@ def _flagged_table(ew: EastWest) -> str:
     rows = []
     for f in ew.flagged:
         cell = ew.cell(f.a, f.b)
-        cross = fmt_mbps(cell.throughput_mbps) if cell is not None else "-"
+        cross = fmt_rate(cell.throughput_mbps) if cell is not None else "-"
         rows.append(
             f"<tr><td>{_e(f.a)}</td><td>{_e(f.b)}</td><td class='num'>{_e(cross)}</td>"
             f"<td class='num'>{_e(f'{f.throughput_ratio:g}')}</td>"
@@ -315,7 +405,7 @@ def _flagged_table(ew: EastWest) -> str:
         )
     return (
         f"{title}<table><thead><tr><th scope='col'>domain</th><th scope='col'>domain</th>"
-        "<th scope='col'>cross Mbit/s</th><th scope='col'>cross/intra ratio</th>"
+        "<th scope='col'>cross throughput</th><th scope='col'>cross/intra ratio</th>"
         f"<th scope='col'>oversubscription</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
 
@@ -342,10 +432,109 @@ def _suspects_table(ew: EastWest) -> str:
     )
 
 
+# -- the verdict ----------------------------------------------------------------------------------
+
+# What to do about a failing check family (the first part of the check id).
+ADVICE: Final[Mapping[str, str]] = {
+    "link": "check the cable, transceiver and switch port (ethtool IF; link.flaps counts "
+    "carrier changes)",
+    "mtu": "make the interface MTU and the RoCE MTU match the fabric (ip link set dev IF "
+    "mtu 9000; the switch ports too)",
+    "rdma": "check the RDMA device, port state, rate and RoCE v2 GIDs (ibv_devinfo, rdma link)",
+    "pfc": "enable PFC on exactly the lossless priority and DSCP trust (mlnx_qos / dcb), and "
+    "look for pause storms from a stuck receiver",
+    "ecn": "enable ECN notification and reaction points on the lossless priority "
+    "(/sys/class/net/IF/ecn/roce_np|roce_rp/enable/N)",
+    "storage": "check the path from the nodes to the storage endpoint (reachability, "
+    "latency, throughput)",
+    "peer": "east-west: look at the suspect nodes and the flagged pairs below; a flagged pair "
+    "of domains points at the uplinks between them",
+}
+
+
+def _verdict(obj: Mapping[str, Any], status: NetworkValidationStatus | None, name: str) -> str:
+    if status is None:
+        return (
+            '<section id="verdict" class="unknown" role="status" data-verdict="unknown">'
+            "<h2>No verdict yet</h2><p>The validation has no status: is the operator running? "
+            "<code>netval doctor</code> checks the installation.</p></section>"
+        )
+    healthy = status.condition(ConditionType.HEALTHY)
+    ready = status.condition(ConditionType.READY)
+    is_ok = healthy is not None and healthy.status == "True"
+    verdict = "healthy" if is_ok else ("unknown" if healthy is None else "unhealthy")
+    title = {"healthy": "Healthy", "unhealthy": "Not healthy", "unknown": "No verdict yet"}
+    why = healthy.message if healthy is not None else "the Healthy condition is not set yet"
+    parts = [
+        f'<section id="verdict" class="{verdict}" role="status" data-verdict="{verdict}">',
+        f"<h2>{title[verdict]}</h2>",
+        f"<p><strong>Why:</strong> {_e(healthy.reason if healthy else 'NoCondition')}: "
+        f"{_e(why)}</p>",
+    ]
+    by_node: dict[str, list[str]] = defaultdict(list)
+    for f in status.failures:
+        if f.check not in by_node[f.node]:
+            by_node[f.node].append(f.check)
+    stale = stale_reasons(status)
+    if by_node:
+        ordered = sorted(by_node.items(), key=lambda item: (-len(item[1]), item[0]))
+        shown = ", ".join(
+            f"<strong>{_e(n)}</strong> ({_e(', '.join(c))})"
+            for n, c in ordered[:MAX_NODES_IN_BANNER]
+        )
+        more = (
+            f" and {len(ordered) - MAX_NODES_IN_BANNER} more"
+            if len(ordered) > MAX_NODES_IN_BANNER
+            else ""
+        )
+        parts.append(f"<p><strong>Failing nodes ({len(ordered)}):</strong> {shown}{more}</p>")
+    if ready is not None and ready.status != "True":
+        detail = ", ".join(f"{_e(n)} ({_e(w)})" for n, w in sorted(stale.items()))
+        parts.append(
+            f"<p><strong>Not ready:</strong> {_e(ready.reason)}: {detail or _e(ready.message)}</p>"
+        )
+    ew, _ = parse_east_west(obj)
+    if ew is not None and ew.flagged:
+        pairs = ", ".join(
+            f"{_e(f.a)} ↔ {_e(f.b)} ({_e(fmt_ratio(f.oversubscription))})" for f in ew.flagged[:6]
+        )
+        parts.append(
+            f"<p><strong>Oversubscribed domain pairs ({len(ew.flagged)}):</strong> {pairs}: "
+            "cross-domain throughput below "
+            f"{_e(f'{ew.min_throughput_ratio:g}')} of the intra-domain median</p>"
+        )
+    if ew is not None and ew.suspects:
+        names = ", ".join(_e(x.node) for x in ew.suspects)
+        parts.append(f"<p><strong>Suspect nodes (east-west):</strong> {names}</p>")
+    advice: list[str] = []
+    if ew is not None and ew.flagged:
+        advice.append(
+            "<li><strong>oversubscription</strong>: check the uplinks and spine capacity "
+            "between the flagged domains (see the throughput heatmap)</li>"
+        )
+    families = dict.fromkeys(c.partition(".")[0] for checks in by_node.values() for c in checks)
+    for family in families:
+        if family in ADVICE:
+            advice.append(f"<li><strong>{_e(family)}</strong>: {_e(ADVICE[family])}</li>")
+    if stale:
+        advice.append(
+            "<li><strong>stale nodes</strong>: is the agent pod running on them? "
+            "(<code>kubectl -n netval-system get pods -o wide</code>, <code>netval doctor</code>)</li>"
+        )
+    if not is_ok or advice:
+        advice.append(
+            f"<li>per node: <code>netval status {_e(name)} --nodes --failing</code>; every check "
+            "and its fix: docs/checks.md</li>"
+        )
+        parts.append(f"<p><strong>What to do:</strong></p><ul>{''.join(advice)}</ul>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
 # -- conditions, counts, failures -------------------------------------------------------------
 
 
-def _conditions_section(status: NetworkValidationStatus) -> str:
+def _conditions_section(status: NetworkValidationStatus, now: datetime) -> str:
     rows = []
     for kind in ConditionType:
         c = status.condition(kind)
@@ -357,7 +546,7 @@ def _conditions_section(status: NetworkValidationStatus) -> str:
         rows.append(
             f"<tr><th scope='row'>{_e(c.type.value)}</th><td class='{css}'>{_e(c.status)}</td>"
             f"<td>{_e(c.reason)}</td><td>{_e(c.message)}</td>"
-            f"<td>{_e(_iso(c.last_transition_time))}</td></tr>"
+            f"<td>{_when(c.last_transition_time, now)}</td></tr>"
         )
     return (
         '<section id="conditions"><h2>Conditions</h2><table><thead><tr>'
@@ -378,19 +567,34 @@ def _counts_section(status: NetworkValidationStatus) -> str:
         for h in ("targeted", "reporting", "passing", "warning", "failing", "stale")
     )
     checks = sorted(status.checks.items(), key=lambda item: (-item[1].fail, -item[1].warn, item[0]))
-    check_rows = "".join(
-        f"<tr><th scope='row'>{_e(check)}</th><td class='num'>{c.pass_}</td>"
-        f"<td class='num'>{c.warn}</td>"
-        f"<td class='num{' notok' if c.fail else ''}'>{c.fail}</td></tr>"
-        for check, c in checks
+
+    def rows(items: list[tuple[str, Any]]) -> str:
+        return "".join(
+            f"<tr><th scope='row'>{_e(check)}</th><td class='num'>{c.pass_}</td>"
+            f"<td class='num'>{c.warn}</td>"
+            f"<td class='num{' notok' if c.fail else ''}'>{c.fail}</td></tr>"
+            for check, c in items
+        )
+
+    head = (
+        "<thead><tr><th scope='col'>check</th><th scope='col'>pass</th>"
+        "<th scope='col'>warn</th><th scope='col'>fail</th></tr></thead>"
     )
-    checks_table = (
-        "<table><caption>Nodes per check and result</caption><thead><tr>"
-        "<th scope='col'>check</th><th scope='col'>pass</th><th scope='col'>warn</th>"
-        f"<th scope='col'>fail</th></tr></thead><tbody>{check_rows}</tbody></table>"
-        if checks
-        else "<p>No check results yet.</p>"
-    )
+    bad = [(k, c) for k, c in checks if c.fail or c.warn]
+    good = [(k, c) for k, c in checks if not (c.fail or c.warn)]
+    parts = []
+    if bad:
+        parts.append(
+            f"<table><caption>Checks failing or warning</caption>{head}"
+            f"<tbody>{rows(bad)}</tbody></table>"
+        )
+    if good:
+        table = f"<table>{head}<tbody>{rows(good)}</tbody></table>"
+        parts.append(
+            f"<details{'' if bad else ' open'}><summary>{len(good)} check(s) passing on every "
+            f"node that reports them</summary>{table}</details>"
+        )
+    checks_table = "".join(parts) or "<p>No check results yet.</p>"
     return (
         '<section id="counts"><h2>Nodes and checks</h2>'
         f"<table><caption>Nodes</caption><thead><tr>{heads}</tr></thead>"
@@ -398,7 +602,7 @@ def _counts_section(status: NetworkValidationStatus) -> str:
     )
 
 
-def _failures_section(status: NetworkValidationStatus) -> str:
+def _failures_section(status: NetworkValidationStatus, now: datetime) -> str:
     out = ['<section id="failures"><h2>Failing nodes and checks</h2>']
     if not status.failures:
         out.append("<p>No failures.</p></section>")
@@ -412,8 +616,9 @@ def _failures_section(status: NetworkValidationStatus) -> str:
     )
     out.append(f"<h3>Failing nodes</h3><ul>{items}</ul>")
     rows = "".join(
-        f"<tr><td>{_e(f.node)}</td><td>{_e(f.check)}</td><td>{_e(f.subject)}</td>"
-        f"<td>{_e(_iso(f.since))}</td><td>{_e(f.message)}</td></tr>"
+        f"<tr><td class='nw'>{_e(f.node)}</td><td class='nw'>{_e(f.check)}</td>"
+        f"<td class='nw'>{_e(f.subject)}</td><td class='nw'>{_when(f.since, now)}</td>"
+        f"<td>{_e(f.message)}</td></tr>"
         for f in status.failures
     )
     out.append(
@@ -429,7 +634,8 @@ def _failures_section(status: NetworkValidationStatus) -> str:
 
 
 def render_html(obj: Mapping[str, Any], *, now: datetime | None = None) -> str:
-    """The report page of one NetworkValidation object (as the API returns it)."""
+    """The report page of one NetworkValidation object (as the API returns it): the verdict,
+    the failures, the conditions and counts, then the east-west detail."""
     now = now or datetime.now(UTC)
     metadata = obj.get("metadata")
     meta: Mapping[str, Any] = metadata if isinstance(metadata, Mapping) else {}
@@ -443,6 +649,7 @@ def render_html(obj: Mapping[str, Any], *, now: datetime | None = None) -> str:
     ]
     if status is None:
         body.append("</p></header>")
+        body.append(_verdict(obj, None, name))
         body.append(
             '<section id="conditions"><h2>Conditions</h2>'
             "<p>No status yet (is the operator running?)</p></section>"
@@ -450,18 +657,18 @@ def render_html(obj: Mapping[str, Any], *, now: datetime | None = None) -> str:
     else:
         body.append(
             f" · status for generation {status.observed_generation} · last report "
-            f"{_e(_iso(status.last_report_time))}</p>"
+            f"{_when(status.last_report_time, now)}</p>"
         )
         if status.observed_generation != generation:
             body.append(
                 "<p><strong>The operator has not caught up with this generation.</strong></p>"
             )
         body.append("</header>")
-        body.append(_conditions_section(status))
+        body.append(_verdict(obj, status, name))
+        body.append(_failures_section(status, now))
+        body.append(_conditions_section(status, now))
         body.append(_counts_section(status))
     body.append(_east_west_section(obj))
-    if status is not None:
-        body.append(_failures_section(status))
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'

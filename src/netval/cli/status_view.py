@@ -8,6 +8,7 @@ flagged (oversubscribed) pairs and its suspect nodes.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
@@ -16,8 +17,8 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from netval.model.east_west import Cell, EastWest
-from netval.model.keys import LabelKey, TaintKey
-from netval.model.status import Condition, ConditionType, NetworkValidationStatus
+from netval.model.keys import FabricHealth, LabelKey, TaintKey
+from netval.model.status import Condition, ConditionType, NetworkValidationStatus, Reason
 
 _MAX_FAILURES_SHOWN: Final = 20
 
@@ -86,27 +87,85 @@ def render_validation(obj: Mapping[str, Any], *, now: datetime | None = None) ->
     return "\n".join(lines) + "\n"
 
 
-def render_nodes(validation: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]]) -> str:
-    """Per-node view of the nodes a validation targets: fabric label, taint, failing checks."""
-    selector: Mapping[str, str] = validation.get("spec", {}).get("nodeSelector") or {}
+_STALE_ENTRY: Final = re.compile(r"([^\s,;()]+) \(([^()]*)\)")
+
+
+def stale_reasons(status: NetworkValidationStatus | None) -> dict[str, str]:
+    """node -> why it is stale ("offline", "last report 4m ago", "never reported"), from the
+    Ready condition's NodesStale message (the operator lists at most a few names there)."""
+    ready = status.condition(ConditionType.READY) if status else None
+    if ready is None or ready.reason != Reason.NODES_STALE:
+        return {}
+    _, _, names = ready.message.partition("stale: ")
+    names = names.split(";")[0]
+    return {m.group(1): m.group(2) for m in _STALE_ENTRY.finditer(names)}
+
+
+def selector_of(validation: Mapping[str, Any]) -> dict[str, str]:
+    spec = validation.get("spec")
+    selector = spec.get("nodeSelector") if isinstance(spec, Mapping) else None
+    return {str(k): str(v) for k, v in selector.items()} if isinstance(selector, Mapping) else {}
+
+
+def label_selector(validation: Mapping[str, Any]) -> str:
+    """The validation's nodeSelector as a labelSelector query (empty: every node)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_of(validation).items()))
+
+
+def _node_state(
+    name: str, fabric: str, failing: Mapping[str, list[str]], stale: Mapping[str, str]
+) -> str:
+    if name in stale:
+        return f"stale ({stale[name]})"
+    if name in failing or fabric == FabricHealth.UNHEALTHY:
+        return "failing"
+    if fabric == FabricHealth.DEGRADED:
+        return "warning"
+    if fabric == FabricHealth.HEALTHY:
+        return "passing"
+    return "no report yet"
+
+
+def render_nodes(
+    validation: Mapping[str, Any],
+    nodes: Iterable[Mapping[str, Any]],
+    *,
+    failing_only: bool = False,
+) -> str:
+    """Per-node view of the nodes a validation targets (its nodeSelector; other Nodes are left
+    out): state (passing, warning, failing, stale and why), fabric label, taint, failures.
+    `failing_only`: only the nodes failing or stale."""
+    selector = selector_of(validation)
     status = parse_status(validation)
     failing: dict[str, list[str]] = defaultdict(list)
     for f in status.failures if status else []:
         failing[f.node].append(f"{f.check} {f.subject}")
+    stale = stale_reasons(status)
     rows = []
+    targeted = 0
     for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
         labels = node["metadata"].get("labels") or {}
         if any(labels.get(k) != v for k, v in selector.items()):
             continue
+        targeted += 1
         name = node["metadata"]["name"]
-        taints = node.get("spec", {}).get("taints") or []
+        fabric = labels.get(LabelKey.FABRIC, "-")
+        state = _node_state(name, fabric, failing, stale)
+        if failing_only and not state.startswith(("failing", "stale")):
+            continue
+        taints = (node.get("spec") or {}).get("taints") or []
         tainted = any(t.get("key") == TaintKey.FABRIC_UNHEALTHY for t in taints)
         rows.append(
-            f"  {name:24} {labels.get(LabelKey.FABRIC, '-'):10} {'tainted' if tainted else '-':8} "
-            + ("; ".join(failing.get(name, [])) or "-")
+            f"  {printable(name, 24):24} {printable(fabric, 10):10} "
+            f"{'tainted' if tainted else '-':8} {printable(state, 30):30} "
+            + printable("; ".join(failing.get(name, [])) or "-")
         )
-    header = f"  {'NODE':24} {'FABRIC':10} {'TAINT':8} FAILING"
-    return "\n".join([header, *rows]) + "\n" if rows else "  no node matches the nodeSelector\n"
+    if targeted == 0:
+        return "  no node matches the nodeSelector\n"
+    if not rows:
+        return f"  none of the {targeted} targeted node(s) is failing or stale\n"
+    header = f"  {'NODE':24} {'FABRIC':10} {'TAINT':8} {'STATE':30} FAILING"
+    return "\n".join([header, *rows]) + "\n"
 
 
 def is_healthy(obj: Mapping[str, Any]) -> bool:

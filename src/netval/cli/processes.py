@@ -1,0 +1,79 @@
+"""`netval agent` and `netval operator`: the long-running processes.
+
+Configuration they cannot start without is checked here, before anything starts: one line on
+stderr and exit 2, never a traceback and a retry loop."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from netval.cli.common import ENV_LOG_LEVEL, EXIT_OK, BadInput, load_kube_config
+
+
+def setup_logging() -> None:
+    """Long-running processes (agent, operator) log to stderr; NETVAL_LOG_LEVEL sets the level."""
+    import logging
+
+    level = os.environ.get(ENV_LOG_LEVEL, "INFO").strip().upper() or "INFO"
+    if not isinstance(logging.getLevelName(level), int):
+        raise BadInput(f"{ENV_LOG_LEVEL}: not a log level: {level!r} (DEBUG, INFO, WARNING, ERROR)")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from netval.agent.config import AgentConfigError, agent_settings_from_env
+    from netval.agent.main import run_agent
+
+    setup_logging()
+    try:
+        settings = agent_settings_from_env(os.environ)
+    except AgentConfigError as exc:
+        raise BadInput(str(exc)) from None
+    asyncio.run(run_agent(settings))
+    return EXIT_OK
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from netval.infra.metrics_server import parse_host_port
+    from netval.operator.admission.options import webhook_options
+    from netval.operator.main import run_operator
+    from netval.operator.settings import OperatorConfigError, operator_settings_from_env
+
+    setup_logging()
+    try:
+        settings = operator_settings_from_env(os.environ)
+    except OperatorConfigError as exc:
+        raise BadInput(str(exc)) from None
+    try:
+        metrics_addr = parse_host_port(args.metrics_addr, variable="--metrics-addr")
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    try:
+        webhook = webhook_options(
+            args.webhook_addr,
+            cert=args.webhook_cert,
+            key=args.webhook_key,
+            ca=args.webhook_ca,
+            service=args.webhook_service,
+            failure_policy=args.webhook_failure_policy,
+            timeout_seconds=args.webhook_timeout,
+        )
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    # Kopf would log a traceback and retry its login every 60 s without one: check it first.
+    load_kube_config()
+    asyncio.run(
+        run_operator(
+            settings,
+            standalone=args.standalone,
+            liveness_endpoint=args.liveness,
+            metrics_addr=metrics_addr,
+            webhook=webhook,
+        )
+    )
+    return EXIT_OK
