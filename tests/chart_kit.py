@@ -1,0 +1,330 @@
+"""Shared parts of the chart tests (tests/test_chart*.py): the chart rendered with the real
+Helm v4 library, its documents, and schema validation of every manifest.
+
+`helm-python-sdk` binds Helm's Go SDK (libhelm_c) through ctypes: the same template engine,
+Sprig functions, values coalescing and values.schema.json validation as `helm template` and
+`helm lint`, with no helm binary and no cluster (`lookup` finds nothing offline, so generated
+passwords and certificates are fresh on every render).
+
+Validation: built-in kinds against the Kubernetes OpenAPI schemas kubernetes-validate ships
+(offline, strict: unknown fields are errors) for the oldest and the newest supported
+versions; custom resources against their CRD's schema (the chart's own CRDs) or against the
+parts of a third-party API the chart uses, transcribed here (cert-manager, Prometheus
+Operator): unknown fields are refused, so a typo in a template fails.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "netval"
+EXAMPLES = ROOT / "examples"
+RELEASE = "netval"
+NAMESPACE = "netval-system"
+OPERATOR_SA = "netval-operator"
+AGENT_SA = "netval-agent"
+
+# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas
+# kubernetes-validate ships.
+KUBE_VERSIONS = ("1.29.0", kubernetes_validate.utils.latest_version())
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "external-broker": {
+        "mqtt": {
+            "external": {
+                "enabled": True,
+                "url": "mqtts://emqx.mqtt.svc:8883",
+                "username": "netval-operator",
+                "existingSecret": "emqx-netval-operator",
+                "agentUsername": "netval-agent",
+                "agentExistingSecret": "emqx-netval-agent",
+                "caSecret": "emqx-ca",
+            }
+        }
+    },
+    "cert-manager": {"webhook": {"certManager": {"enabled": True}}},
+    "cert-manager-issuer": {
+        "webhook": {
+            "certManager": {
+                "enabled": True,
+                "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"},
+            }
+        }
+    },
+    "no-webhook": {"webhook": {"enabled": False}},
+    "kueue-otlp": {
+        "kueue": {"enabled": True},
+        "telemetry": {"otlpEndpoint": "http://otel-collector.observability:4318"},
+        "agent": {"tolerations": [{"operator": "Exists"}]},
+    },
+}
+
+
+# --- the operator's RBAC ------------------------------------------------------------------
+# (scope, apiGroup, resource, resourceName or None) -> verbs. Scope "cluster" is a
+# ClusterRoleBinding; a namespace name is a RoleBinding there. Where each verb comes from is
+# written in templates/rbac.yaml; this table is the contract.
+
+Rule = tuple[str, str, str, str | None]
+
+
+_ISSUER_REF = {
+    "type": "object",
+    "required": ["name"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "kind": {"type": "string"},
+        "group": {"type": "string"},
+    },
+}
+CERT_MANAGER_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
+    ("cert-manager.io/v1", "Issuer"): {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "spec": {
+                "type": "object",
+                "additionalProperties": False,
+                "minProperties": 1,
+                "maxProperties": 1,
+                "properties": {
+                    "selfSigned": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {"crlDistributionPoints": {"type": "array"}},
+                    },
+                    "ca": {
+                        "type": "object",
+                        "required": ["secretName"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "secretName": {"type": "string", "minLength": 1},
+                            "crlDistributionPoints": {"type": "array"},
+                            "ocspServers": {"type": "array"},
+                            "issuingCertificateURLs": {"type": "array"},
+                        },
+                    },
+                },
+            }
+        },
+    },
+    ("cert-manager.io/v1", "Certificate"): {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "spec": {
+                "type": "object",
+                "required": ["secretName", "issuerRef"],
+                "additionalProperties": False,
+                "properties": {
+                    "secretName": {"type": "string", "minLength": 1},
+                    "commonName": {"type": "string", "maxLength": 64},
+                    "dnsNames": {"type": "array", "items": {"type": "string"}},
+                    "duration": {"type": "string", "pattern": r"^([0-9]+(\.[0-9]+)?(h|m|s))+$"},
+                    "renewBefore": {
+                        "type": "string",
+                        "pattern": r"^([0-9]+(\.[0-9]+)?(h|m|s))+$",
+                    },
+                    "isCA": {"type": "boolean"},
+                    "usages": {
+                        "type": "array",
+                        "items": {
+                            "enum": [
+                                "signing",
+                                "digital signature",
+                                "content commitment",
+                                "key encipherment",
+                                "key agreement",
+                                "data encipherment",
+                                "cert sign",
+                                "crl sign",
+                                "encipher only",
+                                "decipher only",
+                                "any",
+                                "server auth",
+                                "client auth",
+                                "code signing",
+                                "email protection",
+                                "s/mime",
+                                "ipsec end system",
+                                "ipsec tunnel",
+                                "ipsec user",
+                                "timestamping",
+                                "ocsp signing",
+                                "microsoft sgc",
+                                "netscape sgc",
+                            ]
+                        },
+                    },
+                    "privateKey": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
+                            "size": {"type": "integer"},
+                            "encoding": {"enum": ["PKCS1", "PKCS8"]},
+                            "rotationPolicy": {"enum": ["Never", "Always"]},
+                        },
+                    },
+                    "issuerRef": _ISSUER_REF,
+                },
+            }
+        },
+    },
+}
+
+
+# --- rendering --------------------------------------------------------------------------
+
+
+@functools.cache
+def rendered(variant: str) -> dict[str, str]:
+    with helm.Chart.load(CHART) as chart:
+        out: dict[str, str] = chart.render(
+            copy.deepcopy(VARIANTS[variant]), name=RELEASE, namespace=NAMESPACE, is_install=True
+        )
+    return out
+
+
+@functools.cache
+def _docs(variant: str) -> tuple[dict[str, Any], ...]:
+    docs = []
+    for path, text in sorted(rendered(variant).items()):
+        if not path.endswith(".yaml"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                docs.append(doc)
+    return tuple(docs)
+
+
+def docs(variant: str) -> list[dict[str, Any]]:
+    return copy.deepcopy(list(_docs(variant)))
+
+
+def notes(variant: str) -> str:
+    return rendered(variant)[f"{RELEASE}/templates/NOTES.txt"]
+
+
+def find(variant: str, kind: str, name: str | None = None) -> list[dict[str, Any]]:
+    return [
+        d
+        for d in docs(variant)
+        if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
+
+
+def one(variant: str, kind: str, name: str) -> dict[str, Any]:
+    (found,) = find(variant, kind, name)
+    return found
+
+
+def operator_deployment(variant: str) -> dict[str, Any]:
+    return one(variant, "Deployment", "netval-operator")
+
+
+def operator_container(variant: str) -> dict[str, Any]:
+    (container,) = operator_deployment(variant)["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container.get("env", [])}
+
+
+def pod_specs(variant: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    for doc in docs(variant):
+        if doc["kind"] in {"Deployment", "DaemonSet", "StatefulSet", "Job"}:
+            yield f"{doc['kind']}/{doc['metadata']['name']}", doc["spec"]["template"]["spec"]
+
+
+def granted_rules(variant: str, subject: str) -> dict[Rule, set[str]]:
+    """What the bindings of the rendered chart grant the ServiceAccount `subject`."""
+    roles = {
+        (d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d
+        for d in docs(variant)
+        if d["kind"] in {"Role", "ClusterRole"}
+    }
+    granted: dict[Rule, set[str]] = {}
+    for binding in docs(variant):
+        if binding["kind"] not in {"RoleBinding", "ClusterRoleBinding"}:
+            continue
+        if not any(
+            s["kind"] == "ServiceAccount" and s["name"] == subject and s["namespace"] == NAMESPACE
+            for s in binding.get("subjects", [])
+        ):
+            continue
+        ref = binding["roleRef"]
+        scope = (
+            "cluster"
+            if binding["kind"] == "ClusterRoleBinding"
+            else binding["metadata"]["namespace"]
+        )
+        role_ns = None if ref["kind"] == "ClusterRole" else binding["metadata"]["namespace"]
+        role = roles[(ref["kind"], role_ns, ref["name"])]
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for name in rule.get("resourceNames") or [None]:
+                        granted.setdefault((scope, group, resource, name), set()).update(
+                            rule["verbs"]
+                        )
+    return granted
+
+
+# --- schemas ------------------------------------------------------------------------------
+
+
+@functools.cache
+def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    schemas = {}
+    for path in sorted((CHART / "crds").glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        for version in crd["spec"]["versions"]:
+            key = (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"])
+            schemas[key] = version["schema"]["openAPIV3Schema"]
+    return schemas
+
+
+def _metadata_errors(doc: dict[str, Any]) -> list[str]:
+    meta = doc.get("metadata", {})
+    errors = []
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", meta.get("name", "")):
+        errors.append(f"metadata.name {meta.get('name')!r}")
+    for key in ("labels", "annotations"):
+        if not all(isinstance(v, str) for v in (meta.get(key) or {}).values()):
+            errors.append(f"metadata.{key} must be strings")
+    return errors
+
+
+def schema_errors(doc: dict[str, Any]) -> list[str]:
+    """Why the API server would refuse `doc`: the Kubernetes OpenAPI schemas (strict) for
+    built-in kinds, the CRD's schema for custom resources. [] when it validates."""
+    key = (doc["apiVersion"], doc["kind"])
+    custom = crd_schemas().get(key) or CERT_MANAGER_SCHEMAS.get(key)
+    if custom is not None:
+        validator = jsonschema.Draft4Validator(custom)
+        return _metadata_errors(doc) + [
+            f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in validator.iter_errors(doc)
+        ]
+    errors = []
+    for version in KUBE_VERSIONS:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            errors.append(f"{version}: {'.'.join(map(str, exc.path))}: {exc.message}")
+    return errors
