@@ -328,3 +328,12 @@ def schema_errors(doc: dict[str, Any]) -> list[str]:
         except kubernetes_validate.ValidationError as exc:
             errors.append(f"{version}: {'.'.join(map(str, exc.path))}: {exc.message}")
     return errors
+
+
+def render(values: dict[str, Any], **kwargs: Any) -> dict[str, str]:
+    """The chart rendered with `values` (not cached), as `helm install` would."""
+    with helm.Chart.load(CHART) as chart:
+        out: dict[str, str] = chart.render(
+            copy.deepcopy(values), name=RELEASE, namespace=NAMESPACE, is_install=True, **kwargs
+        )
+    return out

@@ -185,6 +185,17 @@ autosave_interval 60
 {{- else }}
 persistence false
 {{- end }}
+# Per-client limits, sized for the fleet (values mqtt.broker.limits, docs/operations.md
+# "Broker sizing"): Mosquitto's defaults would drop the retained replay beyond ~500 nodes.
+max_queued_messages {{ int64 $b.limits.maxQueuedMessages }}
+max_queued_bytes {{ int64 $b.limits.maxQueuedBytes }}
+max_inflight_messages {{ int64 $b.limits.maxInflightMessages }}
+{{- if $b.limits.maxPacketSize }}
+max_packet_size {{ int64 $b.limits.maxPacketSize }}
+{{- end }}
+{{- with $b.limits.persistentClientExpiration }}
+persistent_client_expiration {{ . }}
+{{- end }}
 log_dest stdout
 log_type error
 log_type warning
