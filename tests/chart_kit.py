@@ -291,7 +291,9 @@ def granted_rules(variant: str, subject: str) -> dict[Rule, set[str]]:
 @functools.cache
 def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
     schemas = {}
-    for path in sorted((CHART / "crds").glob("*.yaml")):
+    for path in sorted(
+        [*(CHART / "crds").glob("*.yaml"), *(CHART / "files" / "crds").glob("*.yaml")]
+    ):
         crd = yaml.safe_load(path.read_text())
         for version in crd["spec"]["versions"]:
             key = (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"])

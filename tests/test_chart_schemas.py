@@ -11,21 +11,75 @@ import helm_python as helm
 import pytest
 import yaml
 
-from chart_kit import CHART, EXAMPLES, ROOT, VARIANTS, docs, one, operator_deployment, schema_errors
+from chart_kit import (
+    CHART,
+    EXAMPLES,
+    ROOT,
+    VARIANTS,
+    docs,
+    find,
+    one,
+    operator_deployment,
+    render,
+    schema_errors,
+)
 from netval.model.spec import NetworkValidationSpec
 
 # --- CRDs ---------------------------------------------------------------------------------
 
 
+CRD_FILE = "networkvalidations.netval.io.yaml"
+
+
 def test_chart_crd_is_the_crds_file() -> None:
-    ours = (ROOT / "crds" / "networkvalidations.netval.io.yaml").read_bytes()
-    assert (CHART / "crds" / "networkvalidations.netval.io.yaml").read_bytes() == ours
+    """The chart ships the repository's CRD file byte for byte (files/crds/, read by
+    templates/crds.yaml)."""
+    ours = (ROOT / "crds" / CRD_FILE).read_bytes()
+    assert (CHART / "files" / "crds" / CRD_FILE).read_bytes() == ours
 
 
-def test_chart_ships_both_crds() -> None:
+def test_templated_crd_is_the_file_plus_labels_and_keep() -> None:
+    source = yaml.safe_load((ROOT / "crds" / CRD_FILE).read_text())
+    (crd,) = find("default", "CustomResourceDefinition", "networkvalidations.netval.io")
+    meta = crd["metadata"]
+    assert meta["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert meta["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    assert source["metadata"]["labels"].items() <= meta["labels"].items()
+    # Everything else is the file's, value for value (the YAML round trip of fromYaml/toYaml
+    # changes layout and comments only).
+    stripped = {**crd, "metadata": {"name": meta["name"], "labels": source["metadata"]["labels"]}}
+    assert stripped == source
+    # crds.keep=false: no keep annotation; crds.install=false: no CRD at all.
+    (unkept,) = [
+        d
+        for d in yaml.safe_load_all(render({"crds": {"keep": False}})["netval/templates/crds.yaml"])
+        if d
+    ]
+    assert "annotations" not in unkept["metadata"]
+    assert not [
+        d
+        for d in yaml.safe_load_all(
+            render({"crds": {"install": False}})["netval/templates/crds.yaml"]
+        )
+        if d
+    ]
+
+
+def test_crd_is_installed_once() -> None:
+    """Not in crds/ as well: Helm would create it from there first, and then refuse the
+    template's (an object it does not own)."""
     with helm.Chart.load(CHART) as chart:
         crds = {yaml.safe_load(c["data"])["metadata"]["name"] for c in chart.crds}
-    assert crds == {"networkvalidations.netval.io", "clusterkopfpeerings.kopf.dev"}
+    # Kopf's peering CRD, which other Kopf operators may share: install-if-missing only.
+    assert crds == {"clusterkopfpeerings.kopf.dev"}
+    templated = [
+        d["metadata"]["name"]
+        for variant in VARIANTS
+        for d in docs(variant)
+        if d["kind"] == "CustomResourceDefinition"
+    ]
+    assert set(templated) == {"networkvalidations.netval.io"}
+    assert len(templated) == len(VARIANTS)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -38,7 +92,7 @@ def test_rendered_manifests_validate(variant: str) -> None:
 
 
 def test_chart_crds_validate() -> None:
-    for path in sorted((CHART / "crds").glob("*.yaml")):
+    for path in sorted([*(CHART / "crds").glob("*.yaml"), *(CHART / "files/crds").glob("*.yaml")]):
         assert schema_errors(yaml.safe_load(path.read_text())) == [], path.name
 
 

@@ -124,6 +124,36 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("name", help="the NetworkValidation")
     rep.add_argument("--html", type=Path, required=True, metavar="FILE", help="file to write")
 
+    cleanup = sub.add_parser(
+        "uninstall-cleanup",
+        help="remove what netval wrote into the cluster (the chart's pre-delete hook)",
+        description="Scale the operator to 0, then delete the webhook configurations "
+        "netval.io, release Pods held by netval's scheduling gate, remove netval's label and "
+        "taint from Nodes, Kopf's finalizer from NetworkValidations and the agent "
+        "DaemonSets and ConfigMaps. Idempotent. Exit 0 when everything was cleaned, 1 when "
+        "something could not be (listed on stderr), 2 on usage errors.",
+    )
+    cleanup.add_argument(
+        "--operator-deployment",
+        metavar="NAMESPACE/NAME",
+        help="scale this Deployment (the operator) to 0 first and wait for its pods to stop",
+    )
+    cleanup.add_argument(
+        "--agent-namespace",
+        metavar="NAMESPACE",
+        help="delete the agent DaemonSets and ConfigMaps the operator rendered there",
+    )
+    cleanup.add_argument(
+        "--timeout", type=_seconds, default=10.0, metavar="S", help="per API call (default 10)"
+    )
+    cleanup.add_argument(
+        "--operator-wait",
+        type=_seconds,
+        default=60.0,
+        metavar="S",
+        help="how long to wait for the operator's pods to stop (default 60)",
+    )
+
     op = sub.add_parser(
         "operator",
         help="run the Kubernetes operator (Kopf): agents, MQTT ingest, status",
@@ -490,6 +520,25 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_uninstall_cleanup(args: argparse.Namespace) -> int:
+    from netval.operator.uninstall import CleanupOptions, parse_namespaced_name, run_command
+
+    try:
+        deployment = (
+            parse_namespaced_name(args.operator_deployment) if args.operator_deployment else None
+        )
+    except ValueError as exc:
+        raise BadInput(f"--operator-deployment: {exc}") from None
+    return run_command(
+        CleanupOptions(
+            operator_deployment=deployment,
+            agent_namespace=args.agent_namespace,
+            timeout=args.timeout,
+            operator_wait=args.operator_wait,
+        )
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -500,6 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "operator": cmd_operator,
         "status": cmd_status,
         "report": cmd_report,
+        "uninstall-cleanup": cmd_uninstall_cleanup,
     }
     try:
         return handlers[args.command](args)
