@@ -34,6 +34,7 @@ RELEASE = "netval"
 NAMESPACE = "netval-system"
 OPERATOR_SA = "netval-operator"
 AGENT_SA = "netval-agent"
+AGENT_NAMESPACE = "netval-agents"
 
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas
 # kubernetes-validate ships.
@@ -64,6 +65,62 @@ VARIANTS: dict[str, dict[str, Any]] = {
         }
     },
     "no-webhook": {"webhook": {"enabled": False}},
+    # Agents in their own namespace (created with the Pod Security labels), with their own
+    # pull secrets and priority.
+    "agents-namespace": {
+        "agent": {
+            "namespace": AGENT_NAMESPACE,
+            "imagePullSecrets": [{"name": "gpu-registry"}],
+            "priorityClassName": "system-node-critical",
+        },
+        "imagePullSecrets": [{"name": "registry"}],
+    },
+    "monitoring": {
+        "metrics": {
+            "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+            "podMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True},
+        }
+    },
+    "admission-policy": {"rbac": {"admissionPolicy": {"enabled": True}}},
+    "no-network-policy": {"networkPolicy": {"broker": {"enabled": False}}},
+    # Every opt-in at once.
+    "all-on": {
+        "agent": {"namespace": AGENT_NAMESPACE, "priorityClassName": "system-node-critical"},
+        "kueue": {"enabled": True},
+        "webhook": {"certManager": {"enabled": True}},
+        "metrics": {
+            "serviceMonitor": {"enabled": True},
+            "podMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True},
+        },
+        "rbac": {"admissionPolicy": {"enabled": True}},
+        "networkPolicy": {
+            "broker": {"podCidrs": ["10.244.0.0/16"]},
+            "operator": {"enabled": True, "webhookSources": [{"ipBlock": {"cidr": "10.0.0.0/24"}}]},
+        },
+        "telemetry": {
+            "otlpEndpoint": "http://otel-collector.observability:4318",
+            "tracesSampler": "parentbased_traceidratio",
+            "tracesSamplerArg": "0.01",
+            "headersSecret": "otlp-headers",
+        },
+        "mqtt": {
+            "broker": {
+                "operatorExistingSecret": "mqtt-operator",
+                "agentExistingSecret": "mqtt-agent",
+            }
+        },
+    },
+    "gitops-secrets": {
+        "mqtt": {
+            "broker": {
+                "operatorExistingSecret": "mqtt-operator",
+                "agentExistingSecret": "mqtt-agent",
+            }
+        },
+        "webhook": {"existingSecret": "netval-webhook-cert"},
+    },
     "kueue-otlp": {
         "kueue": {"enabled": True},
         "telemetry": {"otlpEndpoint": "http://otel-collector.observability:4318"},

@@ -57,8 +57,9 @@ from netval.operator import main as operator_main
 from netval.operator import manifests
 from netval.operator import settings as operator_settings
 
-# Environment the chart gives the operator that the operator reads (src constants), plus the
-# chart's proposals for agent settings the operator does not read yet.
+# Environment the chart gives the operator that the operator reads (src constants), the
+# standard OTel variables, plus the chart's proposals for agent settings the operator does not
+# read yet (operator-side follow-up: settings.py and manifests.render_daemonset).
 SRC_OPERATOR_ENV = {
     operator_settings.ENV_NAMESPACE,
     operator_settings.ENV_AGENT_IMAGE,
@@ -67,6 +68,9 @@ SRC_OPERATOR_ENV = {
     operator_settings.ENV_AGENT_MQTT_SECRET,
     operator_settings.ENV_AGENT_MQTT_CA_SECRET,
     operator_settings.ENV_STATUS_WINDOW,
+    operator_settings.ENV_AGENT_RESOURCES,
+    operator_settings.ENV_AGENT_TOLERATIONS,
+    operator_settings.ENV_KUEUE_ENABLED,
     mqtt_settings.ENV_URL,
     mqtt_settings.ENV_USERNAME,
     mqtt_settings.ENV_PASSWORD_FILE,
@@ -74,16 +78,19 @@ SRC_OPERATOR_ENV = {
     "NETVAL_LOG_LEVEL",
     "OTEL_SERVICE_NAME",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
 }
 PROPOSED_OPERATOR_ENV = {
-    "NETVAL_AGENT_RESOURCES",
-    "NETVAL_AGENT_TOLERATIONS",
-    "NETVAL_KUEUE_ENABLED",
+    "NETVAL_AGENT_NAMESPACE",
+    "NETVAL_AGENT_IMAGE_PULL_SECRETS",
+    "NETVAL_AGENT_PRIORITY_CLASS_NAME",
+    "NETVAL_AGENT_OTEL_TRACES_SAMPLER",
+    "NETVAL_AGENT_OTEL_TRACES_SAMPLER_ARG",
+    "NETVAL_AGENT_OTEL_HEADERS_SECRET",
 }
 
-# cert-manager's CRDs are not shipped offline: these are the parts of its v1 API
-# (cert-manager.io/v1 Issuer and Certificate) the chart uses, transcribed with their types and
-# enums; unknown fields are refused, so a typo in the template fails here.
 
 # --- lint and values ----------------------------------------------------------------------
 
@@ -295,15 +302,27 @@ def test_operator_environment_builds_real_settings(variant: str, tmp_path: Path)
         assert settings.mqtt.username == "netval-operator"
         assert settings.mqtt.password == "s3cret"
         assert settings.agent_mqtt_username == "netval-agent"
-        # The Secret the agents mount holds the key the DaemonSet projects.
-        secret = one(variant, "Secret", settings.agent_mqtt_secret)
-        assert set(secret["data"]) >= {manifests.DEFAULT_PASSWORD_KEY}
-        operator_secret = one(variant, "Secret", "netval-mqtt-operator")
-        passwords = [
-            base64.b64decode(s["data"]["password"]).decode() for s in (secret, operator_secret)
-        ]
-        assert all(re.fullmatch(r"[A-Za-z0-9]{32}", p) for p in passwords)
-        assert passwords[0] != passwords[1], "agents must not hold the operator's password"
+        broker = values.get("mqtt", {}).get("broker", {})
+        if broker.get("agentExistingSecret"):
+            # The user's Secrets: the chart renders none and names theirs.
+            assert settings.agent_mqtt_secret == broker["agentExistingSecret"]
+            assert not find(variant, "Secret", "netval-mqtt-agent")
+            assert not find(variant, "Secret", "netval-mqtt-operator")
+        else:
+            # The Secret the agents mount holds the key the DaemonSet projects, in the agents'
+            # namespace (and in the broker's, with the same password, when they differ).
+            secrets = find(variant, "Secret", settings.agent_mqtt_secret)
+            agent_ns = values.get("agent", {}).get("namespace") or NAMESPACE
+            assert {s["metadata"]["namespace"] for s in secrets} == {NAMESPACE, agent_ns}
+            assert len({s["data"]["password"] for s in secrets}) == 1
+            secret = secrets[0]
+            assert set(secret["data"]) >= {manifests.DEFAULT_PASSWORD_KEY}
+            operator_secret = one(variant, "Secret", "netval-mqtt-operator")
+            passwords = [
+                base64.b64decode(s["data"]["password"]).decode() for s in (secret, operator_secret)
+            ]
+            assert all(re.fullmatch(r"[A-Za-z0-9]{32}", p) for p in passwords)
+            assert passwords[0] != passwords[1], "agents must not hold the operator's password"
     # What the operator then hands the agents is consistent (AgentMqttWiring checks it).
     manifests.AgentMqttWiring(
         url=settings.agent_mqtt_url,
@@ -316,8 +335,30 @@ def test_operator_environment_builds_real_settings(variant: str, tmp_path: Path)
         "tolerations", []
     )
     assert env["NETVAL_KUEUE_ENABLED"] == str(values.get("kueue", {}).get("enabled", False)).lower()
-    otlp = values.get("telemetry", {}).get("otlpEndpoint")
-    assert env.get("OTEL_EXPORTER_OTLP_ENDPOINT") == otlp
+    telemetry = values.get("telemetry", {})
+    assert env.get("OTEL_EXPORTER_OTLP_ENDPOINT") == telemetry.get("otlpEndpoint")
+    for name, key in (
+        ("OTEL_TRACES_SAMPLER", "tracesSampler"),
+        ("NETVAL_AGENT_OTEL_TRACES_SAMPLER", "tracesSampler"),
+        ("OTEL_TRACES_SAMPLER_ARG", "tracesSamplerArg"),
+        ("NETVAL_AGENT_OTEL_TRACES_SAMPLER_ARG", "tracesSamplerArg"),
+        ("NETVAL_AGENT_OTEL_HEADERS_SECRET", "headersSecret"),
+    ):
+        assert env.get(name) == telemetry.get(key), name
+    headers = [e for e in container["env"] if e["name"] == "OTEL_EXPORTER_OTLP_HEADERS"]
+    if telemetry.get("headersSecret"):
+        assert headers[0]["valueFrom"]["secretKeyRef"] == {
+            "name": telemetry["headersSecret"],
+            "key": "headers",
+        }
+    else:
+        assert not headers
+    # Agent placement, pull secrets and priority reach the operator (which renders the agents).
+    agent = values.get("agent", {})
+    assert env["NETVAL_AGENT_NAMESPACE"] == (agent.get("namespace") or NAMESPACE)
+    pull = agent.get("imagePullSecrets") or values.get("imagePullSecrets", [])
+    assert json.loads(env["NETVAL_AGENT_IMAGE_PULL_SECRETS"]) == pull
+    assert env.get("NETVAL_AGENT_PRIORITY_CLASS_NAME") == agent.get("priorityClassName")
 
 
 def test_image_references_are_pinned() -> None:

@@ -21,39 +21,26 @@ from netval.operator import manifests
 
 BASE_RULES: dict[Rule, set[str]] = {
     ("cluster", "netval.io", "networkvalidations", None): {"get", "list", "watch", "patch"},
-    ("cluster", "netval.io", "networkvalidations/status", None): {"get", "patch"},
+    ("cluster", "netval.io", "networkvalidations/status", None): {"patch"},
     ("cluster", "netval.io", "networkvalidations/finalizers", None): {"update"},
-    ("cluster", "", "nodes", None): {"get", "list", "watch", "patch", "update"},
-    ("cluster", "apiextensions.k8s.io", "customresourcedefinitions", None): {
-        "get",
-        "list",
-        "watch",
-    },
-    ("cluster", "kopf.dev", "clusterkopfpeerings", None): {"get", "list", "watch"},
+    # No update: nothing PUTs a Node (kube_api.set_node_gating patches with resourceVersion).
+    ("cluster", "", "nodes", None): {"get", "list", "watch", "patch"},
+    ("cluster", "apiextensions.k8s.io", "customresourcedefinitions", None): {"list", "watch"},
+    ("cluster", "kopf.dev", "clusterkopfpeerings", None): {"list", "watch"},
     ("cluster", "kopf.dev", "clusterkopfpeerings", "netval"): {"patch"},
     # Events about cluster-scoped objects live in "default"; nowhere else.
     ("default", "", "events", None): {"create"},
-    ("default", "events.k8s.io", "events", None): {"create"},
-    # The agents' objects, in the release namespace only.
-    (NAMESPACE, "", "configmaps", None): {
-        "get",
-        "list",
-        "watch",
-        "create",
-        "patch",
-        "update",
-        "delete",
-    },
-    (NAMESPACE, "apps", "daemonsets", None): {
-        "get",
-        "list",
-        "watch",
-        "create",
-        "patch",
-        "update",
-        "delete",
-    },
 }
+
+
+def agent_rules(namespace: str) -> dict[Rule, set[str]]:
+    """The agents' objects, in their namespace only (kube_api.KubeApi)."""
+    return {
+        (namespace, "", "configmaps", None): {"get", "create", "patch", "delete"},
+        (namespace, "apps", "daemonsets", None): {"get", "list", "create", "update", "delete"},
+    }
+
+
 WEBHOOK_RULES: dict[Rule, set[str]] = {
     ("cluster", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", None): {"create"},
     ("cluster", "admissionregistration.k8s.io", "validatingwebhookconfigurations", None): {
@@ -61,8 +48,6 @@ WEBHOOK_RULES: dict[Rule, set[str]] = {
     },
     ("cluster", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "netval.io"): {
         "get",
-        "list",
-        "watch",
         "patch",
     },
     (
@@ -70,19 +55,20 @@ WEBHOOK_RULES: dict[Rule, set[str]] = {
         "admissionregistration.k8s.io",
         "validatingwebhookconfigurations",
         "netval.io",
-    ): {"get", "list", "watch", "patch"},
+    ): {"get", "patch"},
     ("cluster", "", "pods", None): {"get", "list", "patch"},
 }
 KUEUE_RULES: dict[Rule, set[str]] = {
     ("cluster", "kueue.x-k8s.io", "workloads", None): {"get", "list", "watch"},
     ("cluster", "kueue.x-k8s.io", "workloads/status", None): {"patch"},
-    ("cluster", "kueue.x-k8s.io", "admissionchecks", None): {"get", "list", "watch"},
+    ("cluster", "kueue.x-k8s.io", "admissionchecks", None): {"list", "watch"},
     ("cluster", "kueue.x-k8s.io", "admissionchecks/status", None): {"patch"},
 }
 
 
 def expected_rules(values: dict[str, Any]) -> dict[Rule, set[str]]:
     rules = copy.deepcopy(BASE_RULES)
+    rules.update(agent_rules(values.get("agent", {}).get("namespace") or NAMESPACE))
     if values.get("webhook", {}).get("enabled", True):
         rules.update(copy.deepcopy(WEBHOOK_RULES))
     if values.get("kueue", {}).get("enabled", False):
