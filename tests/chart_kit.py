@@ -38,6 +38,12 @@ AGENT_NAMESPACE = "netval-agents"
 
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas
 # kubernetes-validate ships.
+# Kinds the chart renders only from a newer Kubernetes on: validated from that version on.
+# ValidatingAdmissionPolicy v1 is GA in 1.30 (rbac.admissionPolicy refuses older clusters).
+NEWER_KINDS = {
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"): "1.30.0",
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"): "1.30.0",
+}
 KUBE_VERSIONS = ("1.29.0", kubernetes_validate.utils.latest_version())
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -244,6 +250,173 @@ CERT_MANAGER_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 
+# The Prometheus Operator's CRDs are not shipped offline either: the parts of
+# monitoring.coreos.com/v1 ServiceMonitor, PodMonitor and PrometheusRule the chart uses,
+# transcribed from prometheus-operator's CRDs (v0.7x: example/prometheus-operator-crd), with
+# their types and patterns; unknown fields are refused.
+_DURATION = {
+    "type": "string",
+    "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+}
+_LABEL_SELECTOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "matchExpressions": {"type": "array", "items": {"type": "object"}},
+    },
+}
+_NAMESPACE_SELECTOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "any": {"type": "boolean"},
+        "matchNames": {"type": "array", "items": {"type": "string"}},
+    },
+}
+_RELABELING = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "sourceLabels": {
+            "type": "array",
+            "items": {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"},
+        },
+        "targetLabel": {"type": "string"},
+        "regex": {"type": "string"},
+        "replacement": {"type": "string"},
+        "separator": {"type": "string"},
+        "modulus": {"type": "integer"},
+        "action": {
+            "enum": [
+                "replace",
+                "Replace",
+                "keep",
+                "Keep",
+                "drop",
+                "Drop",
+                "hashmod",
+                "HashMod",
+                "labelmap",
+                "LabelMap",
+                "labeldrop",
+                "LabelDrop",
+                "labelkeep",
+                "LabelKeep",
+                "lowercase",
+                "Lowercase",
+                "uppercase",
+                "Uppercase",
+                "keepequal",
+                "KeepEqual",
+                "dropequal",
+                "DropEqual",
+            ]
+        },
+    },
+}
+_ENDPOINT = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "port": {"type": "string"},
+        "path": {"type": "string"},
+        "scheme": {"enum": ["http", "https"]},
+        "interval": _DURATION,
+        "scrapeTimeout": _DURATION,
+        "honorLabels": {"type": "boolean"},
+        "relabelings": {"type": "array", "items": _RELABELING},
+        "metricRelabelings": {"type": "array", "items": _RELABELING},
+    },
+}
+MONITORING_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "spec": {
+                "type": "object",
+                "required": ["selector"],
+                "additionalProperties": False,
+                "properties": {
+                    "selector": _LABEL_SELECTOR,
+                    "namespaceSelector": _NAMESPACE_SELECTOR,
+                    "endpoints": {"type": "array", "items": _ENDPOINT},
+                    "jobLabel": {"type": "string"},
+                    "targetLabels": {"type": "array", "items": {"type": "string"}},
+                    "podTargetLabels": {"type": "array", "items": {"type": "string"}},
+                },
+            }
+        },
+    },
+    ("monitoring.coreos.com/v1", "PodMonitor"): {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "spec": {
+                "type": "object",
+                "required": ["selector"],
+                "additionalProperties": False,
+                "properties": {
+                    "selector": _LABEL_SELECTOR,
+                    "namespaceSelector": _NAMESPACE_SELECTOR,
+                    "podMetricsEndpoints": {"type": "array", "items": _ENDPOINT},
+                    "jobLabel": {"type": "string"},
+                    "podTargetLabels": {"type": "array", "items": {"type": "string"}},
+                },
+            }
+        },
+    },
+    ("monitoring.coreos.com/v1", "PrometheusRule"): {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "spec": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "groups": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["name", "rules"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "name": {"type": "string", "minLength": 1},
+                                "interval": _DURATION,
+                                "rules": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "required": ["expr"],
+                                        "additionalProperties": False,
+                                        "properties": {
+                                            "alert": {"type": "string"},
+                                            "record": {"type": "string"},
+                                            "expr": {"type": ["string", "integer"]},
+                                            "for": _DURATION,
+                                            "keep_firing_for": _DURATION,
+                                            "labels": {
+                                                "type": "object",
+                                                "additionalProperties": {"type": "string"},
+                                            },
+                                            "annotations": {
+                                                "type": "object",
+                                                "additionalProperties": {"type": "string"},
+                                            },
+                                        },
+                                    },
+                                },
+                            },
+                        },
+                    }
+                },
+            }
+        },
+    },
+}
+
+
 # --- rendering --------------------------------------------------------------------------
 
 
@@ -373,7 +546,7 @@ def schema_errors(doc: dict[str, Any]) -> list[str]:
     """Why the API server would refuse `doc`: the Kubernetes OpenAPI schemas (strict) for
     built-in kinds, the CRD's schema for custom resources. [] when it validates."""
     key = (doc["apiVersion"], doc["kind"])
-    custom = crd_schemas().get(key) or CERT_MANAGER_SCHEMAS.get(key)
+    custom = crd_schemas().get(key) or CERT_MANAGER_SCHEMAS.get(key) or MONITORING_SCHEMAS.get(key)
     if custom is not None:
         validator = jsonschema.Draft4Validator(custom)
         return _metadata_errors(doc) + [
@@ -381,7 +554,11 @@ def schema_errors(doc: dict[str, Any]) -> list[str]:
             for e in validator.iter_errors(doc)
         ]
     errors = []
-    for version in KUBE_VERSIONS:
+    versions = KUBE_VERSIONS
+    if key in NEWER_KINDS:
+        # Rendered only where the API exists (the template refuses older versions).
+        versions = (NEWER_KINDS[key], KUBE_VERSIONS[1])
+    for version in versions:
         try:
             kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as exc:

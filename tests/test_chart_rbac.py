@@ -8,9 +8,20 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import helm_python as helm
 import pytest
 
-from chart_kit import AGENT_SA, NAMESPACE, OPERATOR_SA, VARIANTS, Rule, find, granted_rules, one
+from chart_kit import (
+    AGENT_SA,
+    CHART,
+    NAMESPACE,
+    OPERATOR_SA,
+    VARIANTS,
+    Rule,
+    find,
+    granted_rules,
+    one,
+)
 from netval.operator import manifests
 
 # --- the operator's RBAC ------------------------------------------------------------------
@@ -119,3 +130,128 @@ def test_rbac_check_notices_a_missing_verb() -> None:
     granted = granted_rules("default", OPERATOR_SA)
     granted[("cluster", "", "nodes", None)].discard("patch")
     assert granted != expected_rules({})
+
+
+# --- the opt-in ValidatingAdmissionPolicy -----------------------------------------------------
+
+
+def _policy(variant: str = "admission-policy") -> tuple[dict[str, Any], dict[str, Any]]:
+    return (
+        one(variant, "ValidatingAdmissionPolicy", "netval-operator-writes"),
+        one(variant, "ValidatingAdmissionPolicyBinding", "netval-operator-writes"),
+    )
+
+
+def test_admission_policy_is_opt_in() -> None:
+    assert not find("default", "ValidatingAdmissionPolicy")
+    assert not find("default", "ValidatingAdmissionPolicyBinding")
+
+
+def test_admission_policy_binds_the_operator_only() -> None:
+    policy, binding = _policy()
+    assert binding["spec"] == {
+        "policyName": "netval-operator-writes",
+        "validationActions": ["Deny"],
+    }
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule["operations"] == ["UPDATE"] and set(rule["resources"]) == {"nodes", "pods"}
+    (condition,) = spec["matchConditions"]
+    assert condition["expression"] == (
+        f"request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:{OPERATOR_SA}'"
+    )
+
+
+def test_admission_policy_needs_kubernetes_1_30(capfd: pytest.CaptureFixture[str]) -> None:
+    values = {"rbac": {"admissionPolicy": {"enabled": True}}}
+    new = helm.lint(CHART, values, namespace=NAMESPACE, kube_version="v1.30.0", strict=True)
+    assert new["errors"] == []
+    assert [m for m in new["messages"] if m["severity"] >= 2] == []
+    # Helm's lint reports a template's `fail` only in its log, on stderr.
+    capfd.readouterr()
+    helm.lint(CHART, values, namespace=NAMESPACE, kube_version="v1.29.0")
+    assert "needs Kubernetes >= 1.30" in capfd.readouterr().err
+
+
+def _cel_checks(old: dict[str, Any], new: dict[str, Any], resource: str) -> list[bool]:
+    celpy = pytest.importorskip("celpy", reason="cel-python evaluates the policy's CEL")
+    policy, _ = _policy()
+    env = celpy.Environment()
+
+    def evaluate(expression: str, variables: dict[str, Any]) -> Any:
+        activation = {
+            "object": celpy.json_to_cel(new),
+            "oldObject": celpy.json_to_cel(old),
+            "request": celpy.json_to_cel({"resource": {"resource": resource}}),
+            "variables": celpy.celtypes.MapType(
+                {celpy.celtypes.StringType(k): v for k, v in variables.items()}
+            ),
+        }
+        return env.program(env.compile(expression)).evaluate(activation)
+
+    variables: dict[str, Any] = {}
+    for variable in policy["spec"]["variables"]:
+        variables[variable["name"]] = evaluate(variable["expression"], variables)
+    return [bool(evaluate(v["expression"], variables)) for v in policy["spec"]["validations"]]
+
+
+NODE = {
+    "metadata": {"labels": {"zone": "a"}},
+    "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
+}
+POD = {
+    "metadata": {
+        "labels": {"netval.io/gated-by": "pool", "app": "trainer"},
+        "annotations": {"netval.io/gate-message": "waiting"},
+    },
+    "spec": {
+        "schedulingGates": [{"name": "netval.io/fabric"}, {"name": "kueue"}],
+        "containers": [{"name": "main", "image": "trainer:1"}],
+    },
+}
+
+
+def _changed(obj: dict[str, Any], change: Any) -> dict[str, Any]:
+    new = copy.deepcopy(obj)
+    change(new)
+    return new
+
+
+@pytest.mark.parametrize(
+    ("resource", "old", "change", "allowed"),
+    [
+        (
+            "nodes",
+            NODE,
+            lambda n: (
+                n["metadata"]["labels"].update({"netval.io/fabric": "unhealthy"}),
+                n["spec"]["taints"].append({"key": "netval.io/fabric-unhealthy"}),
+            ),
+            True,
+        ),
+        ("nodes", {"metadata": {}, "spec": {}}, lambda n: n["metadata"].update(labels={}), True),
+        ("nodes", NODE, lambda n: n["metadata"]["labels"].update(zone="b"), False),
+        ("nodes", NODE, lambda n: n["spec"].update(taints=[]), False),
+        ("nodes", NODE, lambda n: n["spec"].update(unschedulable=True), False),
+        ("nodes", NODE, lambda n: n["metadata"].update(annotations={"x": "y"}), False),
+        (
+            "pods",
+            POD,
+            lambda p: (
+                p["metadata"]["labels"].pop("netval.io/gated-by"),
+                p["metadata"]["annotations"].clear(),
+                p["spec"].update(schedulingGates=[{"name": "kueue"}]),
+            ),
+            True,
+        ),
+        ("pods", POD, lambda p: p["spec"].update(schedulingGates=[]), False),
+        ("pods", POD, lambda p: p["spec"]["containers"][0].update(image="evil"), False),
+        ("pods", POD, lambda p: p["spec"].update(tolerations=[{"operator": "Exists"}]), False),
+        ("pods", POD, lambda p: p["metadata"]["labels"].pop("app"), False),
+    ],
+)
+def test_admission_policy_allows_exactly_netvals_changes(
+    resource: str, old: dict[str, Any], change: Any, allowed: bool
+) -> None:
+    assert all(_cel_checks(old, _changed(old, change), resource)) is allowed
