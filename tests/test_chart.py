@@ -1,174 +1,65 @@
-"""The Helm chart (charts/netval), rendered and linted with the real Helm v4 library.
+"""The Helm chart (charts/netval): lint, values, containers, the operator's wiring, NOTES,
+labels and the webhook certificate. Rendered with the real Helm v4 library (tests/chart_kit.py).
 
-`helm-python-sdk` binds Helm's Go SDK (libhelm_c) through ctypes: the same template engine,
-Sprig functions, values coalescing and values.schema.json validation as `helm template` and
-`helm lint`, with no helm binary and no cluster (`lookup` finds nothing offline, so generated
-passwords and certificates are fresh on every render).
+The other concerns have their own files: RBAC and admission policy (test_chart_rbac.py),
+schemas and CRDs (test_chart_schemas.py), the broker in a real Mosquitto
+(test_chart_broker.py), lifecycle hooks, network policies and monitoring
+(test_chart_lifecycle.py, test_chart_network.py, test_chart_monitoring.py).
 
-For the default values and the external-broker, cert-manager, no-webhook and Kueue variants:
-- the operator's RBAC is exactly the table EXPECTED_RULES below (and nothing reaches the agent
-  ServiceAccount);
+For the default values and every feature variant (chart_kit.VARIANTS):
 - every container runs non-root, read-only root filesystem, no privilege escalation, all
   capabilities dropped, seccomp RuntimeDefault;
-- every rendered manifest validates against the Kubernetes OpenAPI schemas (kubernetes-validate
-  ships them, offline, strict: unknown fields are errors), CRD-defined objects against their
-  CRD's schema;
-- the operator's environment builds real OperatorSettings, its arguments parse with the real
-  CLI, and the broker configuration works in a real Mosquitto (passwords hashed by the same
-  init script, ACL enforced).
+- the operator's environment builds real OperatorSettings and its arguments parse with the
+  real CLI.
 """
 
 from __future__ import annotations
 
 import base64
 import copy
-import functools
-import getpass
 import json
 import os
 import re
 import socket
 import ssl
-import stat
-import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import certifi
 import helm_python as helm
-import jsonschema
-import kubernetes_validate
 import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-import mosquitto as broker_kit
+from chart_kit import (
+    CHART,
+    NAMESPACE,
+    OPERATOR_SA,
+    RELEASE,
+    ROOT,
+    VARIANTS,
+    docs,
+    env_of,
+    find,
+    notes,
+    one,
+    operator_container,
+    operator_deployment,
+    pod_specs,
+)
 from netval.cli import build_parser
 from netval.infra import mqtt_settings
-from netval.model.spec import NetworkValidationSpec
 from netval.operator import main as operator_main
 from netval.operator import settings as operator_settings
 from netval.operator.agents import manifests
 
-ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "charts" / "netval"
-EXAMPLES = ROOT / "examples"
-RELEASE = "netval"
-NAMESPACE = "netval-system"
-OPERATOR_SA = "netval-operator"
-AGENT_SA = "netval-agent"
-
-# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas
-# kubernetes-validate ships.
-KUBE_VERSIONS = ("1.29.0", kubernetes_validate.utils.latest_version())
-
-VARIANTS: dict[str, dict[str, Any]] = {
-    "default": {},
-    "external-broker": {
-        "mqtt": {
-            "external": {
-                "enabled": True,
-                "url": "mqtts://emqx.mqtt.svc:8883",
-                "username": "netval-operator",
-                "existingSecret": "emqx-netval-operator",
-                "agentUsername": "netval-agent",
-                "agentExistingSecret": "emqx-netval-agent",
-                "caSecret": "emqx-ca",
-            }
-        }
-    },
-    "cert-manager": {"webhook": {"certManager": {"enabled": True}}},
-    "cert-manager-issuer": {
-        "webhook": {
-            "certManager": {
-                "enabled": True,
-                "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"},
-            }
-        }
-    },
-    "no-webhook": {"webhook": {"enabled": False}},
-    "kueue-otlp": {
-        "kueue": {"enabled": True},
-        "telemetry": {"otlpEndpoint": "http://otel-collector.observability:4318"},
-        "agent": {"tolerations": [{"operator": "Exists"}]},
-    },
-}
-
-# --- the operator's RBAC ------------------------------------------------------------------
-# (scope, apiGroup, resource, resourceName or None) -> verbs. Scope "cluster" is a
-# ClusterRoleBinding; a namespace name is a RoleBinding there. Where each verb comes from is
-# written in templates/rbac.yaml; this table is the contract.
-
-Rule = tuple[str, str, str, str | None]
-
-BASE_RULES: dict[Rule, set[str]] = {
-    ("cluster", "netval.io", "networkvalidations", None): {"get", "list", "watch", "patch"},
-    ("cluster", "netval.io", "networkvalidations/status", None): {"get", "patch"},
-    ("cluster", "netval.io", "networkvalidations/finalizers", None): {"update"},
-    ("cluster", "", "nodes", None): {"get", "list", "watch", "patch", "update"},
-    ("cluster", "apiextensions.k8s.io", "customresourcedefinitions", None): {
-        "get",
-        "list",
-        "watch",
-    },
-    ("cluster", "kopf.dev", "clusterkopfpeerings", None): {"get", "list", "watch"},
-    ("cluster", "kopf.dev", "clusterkopfpeerings", "netval"): {"patch"},
-    # Events about cluster-scoped objects live in "default"; nowhere else.
-    ("default", "", "events", None): {"create"},
-    ("default", "events.k8s.io", "events", None): {"create"},
-    # The agents' objects, in the release namespace only.
-    (NAMESPACE, "", "configmaps", None): {
-        "get",
-        "list",
-        "watch",
-        "create",
-        "patch",
-        "update",
-        "delete",
-    },
-    (NAMESPACE, "apps", "daemonsets", None): {
-        "get",
-        "list",
-        "watch",
-        "create",
-        "patch",
-        "update",
-        "delete",
-    },
-}
-WEBHOOK_RULES: dict[Rule, set[str]] = {
-    ("cluster", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", None): {"create"},
-    ("cluster", "admissionregistration.k8s.io", "validatingwebhookconfigurations", None): {
-        "create"
-    },
-    ("cluster", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "netval.io"): {
-        "get",
-        "list",
-        "watch",
-        "patch",
-    },
-    (
-        "cluster",
-        "admissionregistration.k8s.io",
-        "validatingwebhookconfigurations",
-        "netval.io",
-    ): {"get", "list", "watch", "patch"},
-    ("cluster", "", "pods", None): {"get", "list", "patch"},
-}
-KUEUE_RULES: dict[Rule, set[str]] = {
-    ("cluster", "kueue.x-k8s.io", "workloads", None): {"get", "list", "watch"},
-    ("cluster", "kueue.x-k8s.io", "workloads/status", None): {"patch"},
-    ("cluster", "kueue.x-k8s.io", "admissionchecks", None): {"get", "list", "watch"},
-    ("cluster", "kueue.x-k8s.io", "admissionchecks/status", None): {"patch"},
-}
-
-# Environment the chart gives the operator that the operator reads (src constants), plus the
-# chart's proposals for agent settings the operator does not read yet.
+# Environment the chart gives the operator that the operator reads (src constants), the
+# standard OTel variables, plus the chart's proposals for agent settings the operator does not
+# read yet (operator-side follow-up: settings.py and manifests.render_daemonset).
 SRC_OPERATOR_ENV = {
     operator_settings.ENV_NAMESPACE,
     operator_settings.ENV_AGENT_IMAGE,
@@ -177,6 +68,9 @@ SRC_OPERATOR_ENV = {
     operator_settings.ENV_AGENT_MQTT_SECRET,
     operator_settings.ENV_AGENT_MQTT_CA_SECRET,
     operator_settings.ENV_STATUS_WINDOW,
+    operator_settings.ENV_AGENT_RESOURCES,
+    operator_settings.ENV_AGENT_TOLERATIONS,
+    operator_settings.ENV_KUEUE_ENABLED,
     mqtt_settings.ENV_URL,
     mqtt_settings.ENV_USERNAME,
     mqtt_settings.ENV_PASSWORD_FILE,
@@ -184,228 +78,18 @@ SRC_OPERATOR_ENV = {
     "NETVAL_LOG_LEVEL",
     "OTEL_SERVICE_NAME",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
 }
 PROPOSED_OPERATOR_ENV = {
-    "NETVAL_AGENT_RESOURCES",
-    "NETVAL_AGENT_TOLERATIONS",
-    "NETVAL_KUEUE_ENABLED",
+    "NETVAL_AGENT_NAMESPACE",
+    "NETVAL_AGENT_IMAGE_PULL_SECRETS",
+    "NETVAL_AGENT_PRIORITY_CLASS_NAME",
+    "NETVAL_AGENT_OTEL_TRACES_SAMPLER",
+    "NETVAL_AGENT_OTEL_TRACES_SAMPLER_ARG",
+    "NETVAL_AGENT_OTEL_HEADERS_SECRET",
 }
-
-# cert-manager's CRDs are not shipped offline: these are the parts of its v1 API
-# (cert-manager.io/v1 Issuer and Certificate) the chart uses, transcribed with their types and
-# enums; unknown fields are refused, so a typo in the template fails here.
-_ISSUER_REF = {
-    "type": "object",
-    "required": ["name"],
-    "additionalProperties": False,
-    "properties": {
-        "name": {"type": "string", "minLength": 1},
-        "kind": {"type": "string"},
-        "group": {"type": "string"},
-    },
-}
-CERT_MANAGER_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
-    ("cert-manager.io/v1", "Issuer"): {
-        "type": "object",
-        "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {
-            "spec": {
-                "type": "object",
-                "additionalProperties": False,
-                "minProperties": 1,
-                "maxProperties": 1,
-                "properties": {
-                    "selfSigned": {
-                        "type": "object",
-                        "additionalProperties": False,
-                        "properties": {"crlDistributionPoints": {"type": "array"}},
-                    },
-                    "ca": {
-                        "type": "object",
-                        "required": ["secretName"],
-                        "additionalProperties": False,
-                        "properties": {
-                            "secretName": {"type": "string", "minLength": 1},
-                            "crlDistributionPoints": {"type": "array"},
-                            "ocspServers": {"type": "array"},
-                            "issuingCertificateURLs": {"type": "array"},
-                        },
-                    },
-                },
-            }
-        },
-    },
-    ("cert-manager.io/v1", "Certificate"): {
-        "type": "object",
-        "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {
-            "spec": {
-                "type": "object",
-                "required": ["secretName", "issuerRef"],
-                "additionalProperties": False,
-                "properties": {
-                    "secretName": {"type": "string", "minLength": 1},
-                    "commonName": {"type": "string", "maxLength": 64},
-                    "dnsNames": {"type": "array", "items": {"type": "string"}},
-                    "duration": {"type": "string", "pattern": r"^([0-9]+(\.[0-9]+)?(h|m|s))+$"},
-                    "renewBefore": {
-                        "type": "string",
-                        "pattern": r"^([0-9]+(\.[0-9]+)?(h|m|s))+$",
-                    },
-                    "isCA": {"type": "boolean"},
-                    "usages": {
-                        "type": "array",
-                        "items": {
-                            "enum": [
-                                "signing",
-                                "digital signature",
-                                "content commitment",
-                                "key encipherment",
-                                "key agreement",
-                                "data encipherment",
-                                "cert sign",
-                                "crl sign",
-                                "encipher only",
-                                "decipher only",
-                                "any",
-                                "server auth",
-                                "client auth",
-                                "code signing",
-                                "email protection",
-                                "s/mime",
-                                "ipsec end system",
-                                "ipsec tunnel",
-                                "ipsec user",
-                                "timestamping",
-                                "ocsp signing",
-                                "microsoft sgc",
-                                "netscape sgc",
-                            ]
-                        },
-                    },
-                    "privateKey": {
-                        "type": "object",
-                        "additionalProperties": False,
-                        "properties": {
-                            "algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
-                            "size": {"type": "integer"},
-                            "encoding": {"enum": ["PKCS1", "PKCS8"]},
-                            "rotationPolicy": {"enum": ["Never", "Always"]},
-                        },
-                    },
-                    "issuerRef": _ISSUER_REF,
-                },
-            }
-        },
-    },
-}
-
-
-# --- rendering --------------------------------------------------------------------------
-
-
-@functools.cache
-def rendered(variant: str) -> dict[str, str]:
-    with helm.Chart.load(CHART) as chart:
-        out: dict[str, str] = chart.render(
-            copy.deepcopy(VARIANTS[variant]), name=RELEASE, namespace=NAMESPACE, is_install=True
-        )
-    return out
-
-
-@functools.cache
-def _docs(variant: str) -> tuple[dict[str, Any], ...]:
-    docs = []
-    for path, text in sorted(rendered(variant).items()):
-        if not path.endswith(".yaml"):
-            continue
-        for doc in yaml.safe_load_all(text):
-            if doc:
-                docs.append(doc)
-    return tuple(docs)
-
-
-def docs(variant: str) -> list[dict[str, Any]]:
-    return copy.deepcopy(list(_docs(variant)))
-
-
-def notes(variant: str) -> str:
-    return rendered(variant)[f"{RELEASE}/templates/NOTES.txt"]
-
-
-def find(variant: str, kind: str, name: str | None = None) -> list[dict[str, Any]]:
-    return [
-        d
-        for d in docs(variant)
-        if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
-    ]
-
-
-def one(variant: str, kind: str, name: str) -> dict[str, Any]:
-    (found,) = find(variant, kind, name)
-    return found
-
-
-def operator_deployment(variant: str) -> dict[str, Any]:
-    return one(variant, "Deployment", "netval-operator")
-
-
-def operator_container(variant: str) -> dict[str, Any]:
-    (container,) = operator_deployment(variant)["spec"]["template"]["spec"]["containers"]
-    return container
-
-
-def env_of(container: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e.get("value", "") for e in container.get("env", [])}
-
-
-def pod_specs(variant: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    for doc in docs(variant):
-        if doc["kind"] in {"Deployment", "DaemonSet", "StatefulSet", "Job"}:
-            yield f"{doc['kind']}/{doc['metadata']['name']}", doc["spec"]["template"]["spec"]
-
-
-def expected_rules(values: dict[str, Any]) -> dict[Rule, set[str]]:
-    rules = copy.deepcopy(BASE_RULES)
-    if values.get("webhook", {}).get("enabled", True):
-        rules.update(copy.deepcopy(WEBHOOK_RULES))
-    if values.get("kueue", {}).get("enabled", False):
-        rules.update(copy.deepcopy(KUEUE_RULES))
-    return rules
-
-
-def granted_rules(variant: str, subject: str) -> dict[Rule, set[str]]:
-    """What the bindings of the rendered chart grant the ServiceAccount `subject`."""
-    roles = {
-        (d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d
-        for d in docs(variant)
-        if d["kind"] in {"Role", "ClusterRole"}
-    }
-    granted: dict[Rule, set[str]] = {}
-    for binding in docs(variant):
-        if binding["kind"] not in {"RoleBinding", "ClusterRoleBinding"}:
-            continue
-        if not any(
-            s["kind"] == "ServiceAccount" and s["name"] == subject and s["namespace"] == NAMESPACE
-            for s in binding.get("subjects", [])
-        ):
-            continue
-        ref = binding["roleRef"]
-        scope = (
-            "cluster"
-            if binding["kind"] == "ClusterRoleBinding"
-            else binding["metadata"]["namespace"]
-        )
-        role_ns = None if ref["kind"] == "ClusterRole" else binding["metadata"]["namespace"]
-        role = roles[(ref["kind"], role_ns, ref["name"])]
-        for rule in role["rules"]:
-            for group in rule["apiGroups"]:
-                for resource in rule["resources"]:
-                    for name in rule.get("resourceNames") or [None]:
-                        granted.setdefault((scope, group, resource, name), set()).update(
-                            rule["verbs"]
-                        )
-    return granted
 
 
 # --- lint and values ----------------------------------------------------------------------
@@ -484,12 +168,19 @@ def _leaf_paths(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 def test_schema_describes_every_value() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     schema = json.loads((CHART / "values.schema.json").read_text())
+    free_form: list[str] = []
     for path, value in _leaf_paths(values):
+        if any(path.startswith(f"{parent}.") for parent in free_form):
+            continue  # inside a map typed by additionalProperties (labels, selectors)
         node = schema
         for key in path.split(".") if path else []:
             props = node.get("properties", {})
             assert key in props, f"values.schema.json has no {path}"
             node = props[key]
+        if isinstance(node.get("additionalProperties"), dict) or (
+            isinstance(value, dict) and "properties" not in node
+        ):
+            free_form.append(path)
         assert node.get("description") or not path, f"{path}: no description in the schema"
         if isinstance(value, dict) and node.get("properties") is not None:
             # A closed object: a misspelt key is refused, not ignored.
@@ -504,51 +195,6 @@ def test_every_value_is_commented() -> None:
             continue
         previous = lines[number - 1].strip() if number else ""
         assert previous.startswith("#"), f"values.yaml:{number + 1}: {line.strip()} has no comment"
-
-
-# --- RBAC ---------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_operator_rbac_is_exactly_what_it_uses(variant: str) -> None:
-    assert granted_rules(variant, OPERATOR_SA) == expected_rules(VARIANTS[variant])
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_no_wildcards_and_no_escalation(variant: str) -> None:
-    for role in find(variant, "ClusterRole") + find(variant, "Role"):
-        for rule in role["rules"]:
-            for field in ("apiGroups", "resources", "verbs"):
-                assert "*" not in rule[field], (role["metadata"]["name"], rule)
-            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
-            assert not {
-                "secrets",
-                "roles",
-                "clusterroles",
-                "rolebindings",
-                "clusterrolebindings",
-            } & set(rule["resources"]), "the operator reads no Secrets and grants no roles"
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_agent_service_account_has_no_api_access(variant: str) -> None:
-    # The operator renders agent DaemonSets that name this ServiceAccount.
-    assert manifests.AGENT_SERVICE_ACCOUNT == AGENT_SA
-    account = one(variant, "ServiceAccount", AGENT_SA)
-    assert account["automountServiceAccountToken"] is False
-    assert granted_rules(variant, AGENT_SA) == {}
-    for binding in find(variant, "RoleBinding") + find(variant, "ClusterRoleBinding"):
-        for subject in binding.get("subjects", []):
-            assert subject["name"] != AGENT_SA, binding["metadata"]["name"]
-            assert subject["kind"] == "ServiceAccount"
-    for role in find(variant, "Role") + find(variant, "ClusterRole"):
-        assert "agent" not in role["metadata"]["name"]
-
-
-def test_rbac_check_notices_a_missing_verb() -> None:
-    granted = granted_rules("default", OPERATOR_SA)
-    granted[("cluster", "", "nodes", None)].discard("patch")
-    assert granted != expected_rules({})
 
 
 # --- containers ---------------------------------------------------------------------------
@@ -656,15 +302,27 @@ def test_operator_environment_builds_real_settings(variant: str, tmp_path: Path)
         assert settings.mqtt.username == "netval-operator"
         assert settings.mqtt.password == "s3cret"
         assert settings.agent_mqtt_username == "netval-agent"
-        # The Secret the agents mount holds the key the DaemonSet projects.
-        secret = one(variant, "Secret", settings.agent_mqtt_secret)
-        assert set(secret["data"]) >= {manifests.DEFAULT_PASSWORD_KEY}
-        operator_secret = one(variant, "Secret", "netval-mqtt-operator")
-        passwords = [
-            base64.b64decode(s["data"]["password"]).decode() for s in (secret, operator_secret)
-        ]
-        assert all(re.fullmatch(r"[A-Za-z0-9]{32}", p) for p in passwords)
-        assert passwords[0] != passwords[1], "agents must not hold the operator's password"
+        broker = values.get("mqtt", {}).get("broker", {})
+        if broker.get("agentExistingSecret"):
+            # The user's Secrets: the chart renders none and names theirs.
+            assert settings.agent_mqtt_secret == broker["agentExistingSecret"]
+            assert not find(variant, "Secret", "netval-mqtt-agent")
+            assert not find(variant, "Secret", "netval-mqtt-operator")
+        else:
+            # The Secret the agents mount holds the key the DaemonSet projects, in the agents'
+            # namespace (and in the broker's, with the same password, when they differ).
+            secrets = find(variant, "Secret", settings.agent_mqtt_secret)
+            agent_ns = values.get("agent", {}).get("namespace") or NAMESPACE
+            assert {s["metadata"]["namespace"] for s in secrets} == {NAMESPACE, agent_ns}
+            assert len({s["data"]["password"] for s in secrets}) == 1
+            secret = secrets[0]
+            assert set(secret["data"]) >= {manifests.DEFAULT_PASSWORD_KEY}
+            operator_secret = one(variant, "Secret", "netval-mqtt-operator")
+            passwords = [
+                base64.b64decode(s["data"]["password"]).decode() for s in (secret, operator_secret)
+            ]
+            assert all(re.fullmatch(r"[A-Za-z0-9]{32}", p) for p in passwords)
+            assert passwords[0] != passwords[1], "agents must not hold the operator's password"
     # What the operator then hands the agents is consistent (AgentMqttWiring checks it).
     manifests.AgentMqttWiring(
         url=settings.agent_mqtt_url,
@@ -677,8 +335,30 @@ def test_operator_environment_builds_real_settings(variant: str, tmp_path: Path)
         "tolerations", []
     )
     assert env["NETVAL_KUEUE_ENABLED"] == str(values.get("kueue", {}).get("enabled", False)).lower()
-    otlp = values.get("telemetry", {}).get("otlpEndpoint")
-    assert env.get("OTEL_EXPORTER_OTLP_ENDPOINT") == otlp
+    telemetry = values.get("telemetry", {})
+    assert env.get("OTEL_EXPORTER_OTLP_ENDPOINT") == telemetry.get("otlpEndpoint")
+    for name, key in (
+        ("OTEL_TRACES_SAMPLER", "tracesSampler"),
+        ("NETVAL_AGENT_OTEL_TRACES_SAMPLER", "tracesSampler"),
+        ("OTEL_TRACES_SAMPLER_ARG", "tracesSamplerArg"),
+        ("NETVAL_AGENT_OTEL_TRACES_SAMPLER_ARG", "tracesSamplerArg"),
+        ("NETVAL_AGENT_OTEL_HEADERS_SECRET", "headersSecret"),
+    ):
+        assert env.get(name) == telemetry.get(key), name
+    headers = [e for e in container["env"] if e["name"] == "OTEL_EXPORTER_OTLP_HEADERS"]
+    if telemetry.get("headersSecret"):
+        assert headers[0]["valueFrom"]["secretKeyRef"] == {
+            "name": telemetry["headersSecret"],
+            "key": "headers",
+        }
+    else:
+        assert not headers
+    # Agent placement, pull secrets and priority reach the operator (which renders the agents).
+    agent = values.get("agent", {})
+    assert env["NETVAL_AGENT_NAMESPACE"] == (agent.get("namespace") or NAMESPACE)
+    pull = agent.get("imagePullSecrets") or values.get("imagePullSecrets", [])
+    assert json.loads(env["NETVAL_AGENT_IMAGE_PULL_SECRETS"]) == pull
+    assert env.get("NETVAL_AGENT_PRIORITY_CLASS_NAME") == agent.get("priorityClassName")
 
 
 def test_image_references_are_pinned() -> None:
@@ -702,132 +382,6 @@ def test_image_references_are_pinned() -> None:
     )
 
 
-# --- CRDs ---------------------------------------------------------------------------------
-
-
-def test_chart_crd_is_the_crds_file() -> None:
-    ours = (ROOT / "crds" / "networkvalidations.netval.io.yaml").read_bytes()
-    assert (CHART / "crds" / "networkvalidations.netval.io.yaml").read_bytes() == ours
-
-
-def test_chart_ships_both_crds() -> None:
-    with helm.Chart.load(CHART) as chart:
-        crds = {yaml.safe_load(c["data"])["metadata"]["name"] for c in chart.crds}
-    assert crds == {"networkvalidations.netval.io", "clusterkopfpeerings.kopf.dev"}
-
-
-# --- schemas ------------------------------------------------------------------------------
-
-
-@functools.cache
-def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
-    schemas = {}
-    for path in sorted((CHART / "crds").glob("*.yaml")):
-        crd = yaml.safe_load(path.read_text())
-        for version in crd["spec"]["versions"]:
-            key = (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"])
-            schemas[key] = version["schema"]["openAPIV3Schema"]
-    return schemas
-
-
-def _metadata_errors(doc: dict[str, Any]) -> list[str]:
-    meta = doc.get("metadata", {})
-    errors = []
-    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", meta.get("name", "")):
-        errors.append(f"metadata.name {meta.get('name')!r}")
-    for key in ("labels", "annotations"):
-        if not all(isinstance(v, str) for v in (meta.get(key) or {}).values()):
-            errors.append(f"metadata.{key} must be strings")
-    return errors
-
-
-def schema_errors(doc: dict[str, Any]) -> list[str]:
-    """Why the API server would refuse `doc`: the Kubernetes OpenAPI schemas (strict) for
-    built-in kinds, the CRD's schema for custom resources. [] when it validates."""
-    key = (doc["apiVersion"], doc["kind"])
-    custom = crd_schemas().get(key) or CERT_MANAGER_SCHEMAS.get(key)
-    if custom is not None:
-        validator = jsonschema.Draft4Validator(custom)
-        return _metadata_errors(doc) + [
-            f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
-            for e in validator.iter_errors(doc)
-        ]
-    errors = []
-    for version in KUBE_VERSIONS:
-        try:
-            kubernetes_validate.validate(doc, version, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            errors.append(f"{version}: {'.'.join(map(str, exc.path))}: {exc.message}")
-    return errors
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_rendered_manifests_validate(variant: str) -> None:
-    rendered_docs = docs(variant)
-    assert rendered_docs
-    for doc in rendered_docs:
-        where = f"{variant}: {doc['kind']}/{doc['metadata']['name']}"
-        assert schema_errors(doc) == [], where
-
-
-def test_chart_crds_validate() -> None:
-    for path in sorted((CHART / "crds").glob("*.yaml")):
-        assert schema_errors(yaml.safe_load(path.read_text())) == [], path.name
-
-
-def test_schema_validation_catches_mistakes() -> None:
-    deployment = operator_deployment("default")
-    deployment["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnly"] = True
-    assert schema_errors(deployment)
-    deployment = operator_deployment("default")
-    deployment["spec"]["replicas"] = "2"
-    assert schema_errors(deployment)
-    certificate = one("cert-manager", "Certificate", "netval-webhook")
-    certificate["spec"]["dnsName"] = ["x"]
-    assert schema_errors(certificate)
-    peering = one("default", "ClusterKopfPeering", "netval")
-    peering["status"] = "x"
-    assert schema_errors(peering)
-
-
-def _example_docs() -> list[tuple[str, dict[str, Any]]]:
-    found = []
-    for path in sorted(EXAMPLES.glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if isinstance(doc, dict) and "apiVersion" in doc and "kind" in doc:
-                found.append((path.name, doc))
-    return found
-
-
-def test_examples_validate() -> None:
-    found = _example_docs()
-    names = {name for name, _ in found}
-    assert {"roce-training-pool.yaml", "inference-pool-storage.yaml", "gated-job.yaml"} <= names
-    for name, doc in found:
-        assert schema_errors(doc) == [], name
-        if doc["kind"] == "NetworkValidation":
-            NetworkValidationSpec.model_validate(doc["spec"])
-
-
-def test_examples_say_what_they_promise() -> None:
-    by_name = {d["metadata"]["name"]: d for _, d in _example_docs()}
-    pool = NetworkValidationSpec.model_validate(by_name["roce-training-pool"]["spec"])
-    assert pool.node_selector == {"nvidia.com/gpu.present": "true"}
-    assert any(t.get("key") == "nvidia.com/gpu" for t in pool.tolerations)
-    assert pool.interval_seconds == 30
-    assert pool.checks.pfc.priorities == [3] and pool.checks.ecn_priorities == [3]
-    assert pool.checks.pfc.trust.value == "dscp"
-    assert pool.checks.mtu.interface_mtu == 9000
-    assert pool.checks.rdma.min_rate_gbps == 400
-    assert pool.gating.node_label and pool.gating.taint
-    inference = NetworkValidationSpec.model_validate(by_name["inference-pool"]["spec"])
-    assert {e.protocol.value for e in inference.checks.storage.endpoints} >= {"s3", "nfs", "ceph"}
-    job = by_name["allreduce-smoke"]
-    assert job["kind"] == "Job"
-    assert job["metadata"]["annotations"]["netval.io/require-healthy"] == "roce-training-pool"
-    assert "roce-training-pool" in by_name
-
-
 # --- NOTES and labels ---------------------------------------------------------------------
 
 
@@ -838,9 +392,15 @@ def test_notes_tell_the_next_command(variant: str) -> None:
         "kubectl apply -f examples/roce-training-pool.yaml",
         "kubectl get netval -w",
         "kubectl wait --for=condition=Healthy netval/roce-training-pool",
-        f"kubectl label namespace {NAMESPACE} pod-security.kubernetes.io/enforce=privileged",
     ):
         assert command in text, command
+    agent_ns = VARIANTS[variant].get("agent", {}).get("namespace")
+    if agent_ns:
+        assert f"own namespace {agent_ns}, created with Pod Security level" in text
+        assert "kubectl label namespace" not in text
+    else:
+        label = f"kubectl label namespace {NAMESPACE} pod-security.kubernetes.io/enforce=privileged"
+        assert label in text
     for path in re.findall(r"examples/[\w.-]+\.yaml", text):
         assert (ROOT / path).is_file(), path
     assert "{{" not in text and "<no value>" not in text
@@ -971,201 +531,6 @@ def test_no_webhook_means_no_webhook_objects() -> None:
     args = operator_container("no-webhook")["args"]
     assert not [a for a in args if a.startswith("--webhook")]
     assert "webhook" not in {p["name"] for p in operator_container("no-webhook")["ports"]}
-
-
-# --- the broker, for real -----------------------------------------------------------------
-
-
-def _broker_parts() -> tuple[str, str, dict[str, Any], dict[str, str]]:
-    config = one("default", "ConfigMap", "netval-mqtt")["data"]
-    deployment = one("default", "Deployment", "netval-mqtt")
-    (init,) = deployment["spec"]["template"]["spec"]["initContainers"]
-    passwords = {
-        who: base64.b64decode(
-            one("default", "Secret", f"netval-mqtt-{who}")["data"]["password"]
-        ).decode()
-        for who in ("operator", "agent")
-    }
-    return config["mosquitto.conf"], config["acl"], init, passwords
-
-
-def _free_port() -> int:
-    return broker_kit.free_port()
-
-
-class _Client:
-    """A paho MQTT client, connected synchronously; collects messages."""
-
-    def __init__(self, port: int, username: str | None, password: str | None) -> None:
-        import paho.mqtt.client as paho
-
-        self.messages: dict[str, bytes] = {}
-        self.connected = threading.Event()
-        self.reason: Any = None
-        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
-        if username is not None:
-            self.client.username_pw_set(username, password)
-        self.client.on_connect = self._on_connect
-        self.client.on_message = self._on_message
-        self.client.connect("127.0.0.1", port, keepalive=10)
-        self.client.loop_start()
-        self.connected.wait(5)
-
-    def _on_connect(
-        self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any
-    ) -> None:
-        self.reason = reason
-        self.connected.set()
-
-    def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
-        self.messages[message.topic] = message.payload
-
-    @property
-    def accepted(self) -> bool:
-        return self.reason is not None and not self.reason.is_failure
-
-    def publish(self, topic: str, payload: bytes) -> None:
-        self.client.publish(topic, payload, qos=1, retain=True).wait_for_publish(5)
-
-    def subscribe(self, topic: str, wait: float = 0.5) -> dict[str, bytes]:
-        self.client.subscribe(topic, qos=1)
-        time.sleep(wait)
-        return dict(self.messages)
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-
-
-@pytest.fixture
-def chart_broker(tmp_path: Path) -> Iterator[tuple[int, dict[str, str]]]:
-    if not broker_kit.available():
-        pytest.skip(broker_kit.MISSING_REASON)
-    conf, acl, init, passwords = _broker_parts()
-    auth = tmp_path / "auth"
-    auth.mkdir()
-    secrets = {}
-    for who, password in passwords.items():
-        (tmp_path / who).mkdir()
-        (tmp_path / who / "password").write_text(password)
-        secrets[who] = tmp_path / who / "password"
-    # The init container's own script, with its file paths pointed at this directory.
-    env = {e["name"]: e["value"] for e in init["env"]}
-    env.update(
-        PASSWD_FILE=str(auth / "passwd"),
-        OPERATOR_PASSWORD_FILE=str(secrets["operator"]),
-        AGENT_PASSWORD_FILE=str(secrets["agent"]),
-        PATH=os.environ["PATH"] + ":" + str(Path(broker_kit.MOSQUITTO_PASSWD or "").parent),
-    )
-    assert init["command"][:2] == ["/bin/sh", "-ec"]
-    subprocess.run(["/bin/sh", "-ec", init["command"][2]], env=env, check=True, timeout=30)
-    (tmp_path / "acl").write_text(acl)
-    (tmp_path / "data").mkdir()
-    port = _free_port()
-    replacements = {
-        "listener 1883\n": f"listener {port} 127.0.0.1\n",
-        "/mosquitto/auth/passwd": str(auth / "passwd"),
-        "/mosquitto/config/acl": str(tmp_path / "acl"),
-        "/mosquitto/data/": f"{tmp_path / 'data'}/",
-    }
-    for old, new in replacements.items():
-        assert old in conf, old
-        conf = conf.replace(old, new)
-    # As root, mosquitto would switch to the "mosquitto" user (the image runs as it already).
-    conf += f"\nuser {getpass.getuser()}\n"
-    (tmp_path / "mosquitto.conf").write_text(conf)
-    log = (tmp_path / "mosquitto.log").open("wb")
-    proc = subprocess.Popen(
-        [str(broker_kit.MOSQUITTO), "-c", str(tmp_path / "mosquitto.conf")],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            assert proc.poll() is None, (tmp_path / "mosquitto.log").read_text()
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "broker did not listen"
-                time.sleep(0.05)
-        yield port, {**passwords, "passwd": (auth / "passwd").read_text()}
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        log.close()
-
-
-def test_broker_configuration_works_in_a_real_mosquitto(
-    chart_broker: tuple[int, dict[str, str]],
-) -> None:
-    port, secrets = chart_broker
-    # The init container hashed both entries: no plain password reaches the broker's file.
-    entries = dict(line.split(":", 1) for line in secrets["passwd"].splitlines())
-    assert set(entries) == {"netval-operator", "netval-agent"}
-    for user, hashed in entries.items():
-        assert re.match(r"^\$[67]\$", hashed), user
-        assert secrets["operator"] not in hashed and secrets["agent"] not in hashed
-    clients = []
-    try:
-        for username, password in (
-            (None, None),
-            ("netval-operator", "wrong"),
-            ("netval-agent", secrets["operator"]),
-        ):
-            refused = _Client(port, username, password)
-            clients.append(refused)
-            assert not refused.accepted, username
-        operator = _Client(port, "netval-operator", secrets["operator"])
-        agent = _Client(port, "netval-agent", secrets["agent"])
-        clients += [operator, agent]
-        assert operator.accepted and agent.accepted
-        base = "netval/v1/roce-training-pool/gpu-node-1"
-        operator.publish(f"{base}/assignment", b'{"domain": "zone-a"}')
-        agent.publish(f"{base}/report", b"{}")
-        agent.publish(f"{base}/state", b"online")
-        agent.publish(f"{base}/endpoint", b'{"port": 7471}')
-        agent.publish(f"{base}/assignment", b'{"domain": "forged"}')  # refused by the ACL
-        agent.publish("netval/v2/elsewhere", b"x")  # refused by the ACL
-        seen = operator.subscribe("netval/#")
-        assert seen == {
-            f"{base}/assignment": b'{"domain": "zone-a"}',
-            f"{base}/report": b"{}",
-            f"{base}/state": b"online",
-            f"{base}/endpoint": b'{"port": 7471}',
-        }
-        # Agents read assignments and their peers' endpoints, not other agents' reports.
-        agent.subscribe("netval/v1/roce-training-pool/+/assignment", wait=0)
-        agent.subscribe("netval/v1/roce-training-pool/+/endpoint", wait=0)
-        got = agent.subscribe("netval/v1/roce-training-pool/+/report")
-        assert got == {
-            f"{base}/assignment": b'{"domain": "zone-a"}',
-            f"{base}/endpoint": b'{"port": 7471}',
-        }
-    finally:
-        for client in clients:
-            client.close()
-
-
-def test_broker_password_file_is_private(tmp_path: Path) -> None:
-    if not broker_kit.available():
-        pytest.skip(broker_kit.MISSING_REASON)
-    _, _, init, _ = _broker_parts()
-    (tmp_path / "p").write_text("a")
-    env = {
-        "PASSWD_FILE": str(tmp_path / "passwd"),
-        "OPERATOR_USERNAME": "o",
-        "OPERATOR_PASSWORD_FILE": str(tmp_path / "p"),
-        "AGENT_USERNAME": "a",
-        "AGENT_PASSWORD_FILE": str(tmp_path / "p"),
-        "PATH": os.environ["PATH"] + ":" + str(Path(broker_kit.MOSQUITTO_PASSWD or "").parent),
-    }
-    subprocess.run(["/bin/sh", "-ec", init["command"][2]], env=env, check=True, timeout=30)
-    assert stat.S_IMODE((tmp_path / "passwd").stat().st_mode) == 0o600
-    # No password on a command line: the script reads the files itself.
-    assert "password" not in " ".join(init["command"][:2])
-    assert "mosquitto_passwd -U" in init["command"][2]
 
 
 def test_operator_replicas_get_distinct_mqtt_client_ids(

@@ -87,7 +87,7 @@ app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
 {{- define "netval.operatorMqttSecret" -}}{{ include "netval.fullname" . }}-mqtt-operator{{- end -}}
 {{- define "netval.agentMqttSecret" -}}{{ include "netval.fullname" . }}-mqtt-agent{{- end -}}
 {{- define "netval.webhookService" -}}{{ include "netval.fullname" . }}-webhook{{- end -}}
-{{- define "netval.webhookTlsSecret" -}}{{ include "netval.fullname" . }}-webhook-tls{{- end -}}
+{{- define "netval.webhookTlsSecret" -}}{{ default (printf "%s-webhook-tls" (include "netval.fullname" .)) .Values.webhook.existingSecret }}{{- end -}}
 
 {{/* The DNS names of the webhook Service, as a list. */}}
 {{- define "netval.webhookDnsNames" -}}
@@ -122,7 +122,7 @@ operator and of the agents, for the bundled broker or an external one.
 {{- required "mqtt.external.existingSecret is required when mqtt.external.username is set" .Values.mqtt.external.existingSecret -}}
 {{- end -}}
 {{- else -}}
-{{- include "netval.operatorMqttSecret" . -}}
+{{- include "netval.brokerOperatorSecret" . -}}
 {{- end -}}
 {{- end -}}
 
@@ -138,8 +138,16 @@ operator and of the agents, for the bundled broker or an external one.
 {{- if .Values.mqtt.external.enabled -}}
 {{- default .Values.mqtt.external.existingSecret .Values.mqtt.external.agentExistingSecret -}}
 {{- else -}}
-{{- include "netval.agentMqttSecret" . -}}
+{{- include "netval.brokerAgentSecret" . -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The bundled broker's Secrets: the user's (mqtt.broker.*ExistingSecret) or the chart's. */}}
+{{- define "netval.brokerOperatorSecret" -}}
+{{- default (include "netval.operatorMqttSecret" .) .Values.mqtt.broker.operatorExistingSecret -}}
+{{- end -}}
+{{- define "netval.brokerAgentSecret" -}}
+{{- default (include "netval.agentMqttSecret" .) .Values.mqtt.broker.agentExistingSecret -}}
 {{- end -}}
 
 {{/*
@@ -185,6 +193,17 @@ autosave_interval 60
 {{- else }}
 persistence false
 {{- end }}
+# Per-client limits, sized for the fleet (values mqtt.broker.limits, docs/operations.md
+# "Broker sizing"): Mosquitto's defaults would drop the retained replay beyond ~500 nodes.
+max_queued_messages {{ int64 $b.limits.maxQueuedMessages }}
+max_queued_bytes {{ int64 $b.limits.maxQueuedBytes }}
+max_inflight_messages {{ int64 $b.limits.maxInflightMessages }}
+{{- if $b.limits.maxPacketSize }}
+max_packet_size {{ int64 $b.limits.maxPacketSize }}
+{{- end }}
+{{- with $b.limits.persistentClientExpiration }}
+persistent_client_expiration {{ . }}
+{{- end }}
 log_dest stdout
 log_type error
 log_type warning
@@ -216,3 +235,67 @@ Name of both webhook configurations, which the operator writes itself
 (netval.operator.admission.configurations.CONFIGURATION_NAME); the RBAC restricts the operator to it.
 */}}
 {{- define "netval.webhookConfigurationName" -}}netval.io{{- end -}}
+
+{{/* The agents' namespace: agent.namespace, else the release namespace. */}}
+{{- define "netval.agentNamespace" -}}
+{{- default .Release.Namespace .Values.agent.namespace -}}
+{{- end -}}
+
+{{/* The agents' pull secrets: agent.imagePullSecrets, else imagePullSecrets. */}}
+{{- define "netval.agentImagePullSecrets" -}}
+{{- if .Values.agent.imagePullSecrets -}}
+{{- toJson .Values.agent.imagePullSecrets -}}
+{{- else -}}
+{{- toJson .Values.imagePullSecrets -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "netval.operatorDeployment" -}}{{ include "netval.fullname" . }}-operator{{- end -}}
+
+{{/*
+The MQTT passwords of the bundled broker: the existing Secrets' (mqtt.broker.*ExistingSecret:
+nothing rendered), else generated once and kept (lookup). Returns a JSON object
+{"operator": PASSWORD, "agent": PASSWORD}, computed once per render and cached in .Values
+(template variables do not cross files: the Secrets, their copy in the agents' namespace
+and the checksum annotations must all see the same passwords, offline too).
+*/}}
+{{- define "netval.brokerPasswords" -}}
+{{- if not (hasKey .Values "__netvalBrokerPasswords") -}}
+{{- $ns := .Release.Namespace -}}
+{{- $op := include "netval.keptPassword" (dict "namespace" $ns "name" (include "netval.operatorMqttSecret" .)) -}}
+{{- $agent := include "netval.keptPassword" (dict "namespace" $ns "name" (include "netval.agentMqttSecret" .)) -}}
+{{- $_ := set .Values "__netvalBrokerPasswords" (dict "operator" $op "agent" $agent) -}}
+{{- end -}}
+{{- toJson (get .Values "__netvalBrokerPasswords") -}}
+{{- end -}}
+
+{{/*
+The self-signed webhook certificate (webhook.enabled, no cert-manager, no existingSecret):
+the existing Secret's (lookup: kept across `helm upgrade`), else a new CA and serving
+certificate. JSON {"crt", "key", "ca"} (base64), cached in .Values like the passwords so
+the Secret and the operator's checksum annotation see the same one.
+*/}}
+{{- define "netval.webhookTls" -}}
+{{- if not (hasKey .Values "__netvalWebhookTls") -}}
+{{- $fullname := include "netval.fullname" . -}}
+{{- $secretName := include "netval.webhookTlsSecret" . -}}
+{{- $dnsNames := include "netval.webhookDnsNames" . | fromJsonArray -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace $secretName -}}
+{{- $tls := dict -}}
+{{- if and $existing $existing.data (hasKey $existing.data "tls.crt") (hasKey $existing.data "tls.key") (hasKey $existing.data "ca.crt") -}}
+{{- $tls = dict "crt" (index $existing.data "tls.crt") "key" (index $existing.data "tls.key") "ca" (index $existing.data "ca.crt") -}}
+{{- else -}}
+{{- $days := int .Values.webhook.selfSigned.validityDays -}}
+{{- $genCa := genCA (printf "%s-webhook-ca" $fullname) $days -}}
+{{- $cert := genSignedCert (index $dnsNames 2) nil $dnsNames $days $genCa -}}
+{{- $tls = dict "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc) "ca" ($genCa.Cert | b64enc) -}}
+{{- end -}}
+{{- $_ := set .Values "__netvalWebhookTls" $tls -}}
+{{- end -}}
+{{- toJson (get .Values "__netvalWebhookTls") -}}
+{{- end -}}
+
+{{/* Whether the chart renders the webhook's TLS Secret itself. */}}
+{{- define "netval.webhookSelfSigned" -}}
+{{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) (not .Values.webhook.existingSecret) -}}true{{- end -}}
+{{- end -}}

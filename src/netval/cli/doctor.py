@@ -57,37 +57,34 @@ KUEUE_VERSIONS: Final = ("v1beta2", "v1beta1")  # what the operator's Kueue cont
 
 # (namespace: None cluster-wide, "$NS" the operator's, else that namespace), group, resource,
 # subresource, resource name, verbs. The chart's RBAC (charts/netval/templates/rbac.yaml)
-# grants exactly these; tests/test_doctor.py holds them against tests/test_chart.py's table.
+# grants exactly these; tests/test_doctor.py holds them against tests/test_chart_rbac.py's table.
 Permission = tuple[str | None, str, str, str, str, tuple[str, ...]]
 BASE_PERMISSIONS: Final[tuple[Permission, ...]] = (
     (None, "netval.io", "networkvalidations", "", "", ("get", "list", "watch", "patch")),
-    (None, "netval.io", "networkvalidations", "status", "", ("get", "patch")),
+    (None, "netval.io", "networkvalidations", "status", "", ("patch",)),
     (None, "netval.io", "networkvalidations", "finalizers", "", ("update",)),
-    (None, "", "nodes", "", "", ("get", "list", "watch", "patch", "update")),
-    (None, "apiextensions.k8s.io", "customresourcedefinitions", "", "", ("get", "list", "watch")),
-    (None, "kopf.dev", "clusterkopfpeerings", "", "", ("get", "list", "watch")),
+    (None, "", "nodes", "", "", ("get", "list", "watch", "patch")),
+    (None, "apiextensions.k8s.io", "customresourcedefinitions", "", "", ("list", "watch")),
+    (None, "kopf.dev", "clusterkopfpeerings", "", "", ("list", "watch")),
     (None, "kopf.dev", "clusterkopfpeerings", "", PEERING_NAME, ("patch",)),
     ("default", "", "events", "", "", ("create",)),
-    ("default", "events.k8s.io", "events", "", "", ("create",)),
-    ("$NS", "", "configmaps", "", "",
-     ("get", "list", "watch", "create", "patch", "update", "delete")),
-    ("$NS", "apps", "daemonsets", "", "",
-     ("get", "list", "watch", "create", "patch", "update", "delete")),
+    ("$NS", "", "configmaps", "", "", ("get", "create", "patch", "delete")),
+    ("$NS", "apps", "daemonsets", "", "", ("get", "list", "create", "update", "delete")),
 )  # fmt: skip
 WEBHOOK_PERMISSIONS: Final[tuple[Permission, ...]] = (
     (None, "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", "", ("create",)),
     (None, "admissionregistration.k8s.io", "validatingwebhookconfigurations", "", "",
      ("create",)),
     (None, "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "",
-     WEBHOOK_CONFIGURATION, ("get", "list", "watch", "patch")),
+     WEBHOOK_CONFIGURATION, ("get", "patch")),
     (None, "admissionregistration.k8s.io", "validatingwebhookconfigurations", "",
-     WEBHOOK_CONFIGURATION, ("get", "list", "watch", "patch")),
+     WEBHOOK_CONFIGURATION, ("get", "patch")),
     (None, "", "pods", "", "", ("get", "list", "patch")),
 )  # fmt: skip
 KUEUE_PERMISSIONS: Final[tuple[Permission, ...]] = (
     (None, KUEUE_GROUP, "workloads", "", "", ("get", "list", "watch")),
     (None, KUEUE_GROUP, "workloads", "status", "", ("patch",)),
-    (None, KUEUE_GROUP, "admissionchecks", "", "", ("get", "list", "watch")),
+    (None, KUEUE_GROUP, "admissionchecks", "", "", ("list", "watch")),
     (None, KUEUE_GROUP, "admissionchecks", "status", "", ("patch",)),
 )
 

@@ -51,6 +51,8 @@ def _handler(command: str) -> Callable[[argparse.Namespace], int]:
         return cmd_doctor
     from netval.cli import processes
 
+    if command == "uninstall-cleanup":
+        return processes.cmd_uninstall_cleanup
     return processes.cmd_agent if command == "agent" else processes.cmd_operator
 
 

@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     _probe_parsers(sub)
     _cluster_parsers(sub)
     _doctor_parser(sub)
+    _uninstall_parser(sub)
     _process_parsers(sub)
     return parser
 
@@ -223,6 +224,38 @@ def _doctor_parser(sub: argparse._SubParsersAction[NetvalParser]) -> None:
     )
     doc.add_argument(
         "--timeout", type=_seconds, default=5.0, metavar="S", help="per network check (default 5)"
+    )
+
+
+def _uninstall_parser(sub: argparse._SubParsersAction[NetvalParser]) -> None:
+    cleanup = sub.add_parser(
+        "uninstall-cleanup",
+        help="remove what netval wrote into the cluster (the chart's pre-delete hook)",
+        description="Scale the operator to 0, then delete the webhook configurations "
+        "netval.io, release Pods held by netval's scheduling gate, remove netval's label and "
+        "taint from Nodes, Kopf's finalizer from NetworkValidations and the agent "
+        "DaemonSets and ConfigMaps. Idempotent. Exit 0 when everything was cleaned, 1 when "
+        "something could not be (listed on stderr), 2 on usage errors.",
+    )
+    cleanup.add_argument(
+        "--operator-deployment",
+        metavar="NAMESPACE/NAME",
+        help="scale this Deployment (the operator) to 0 first and wait for its pods to stop",
+    )
+    cleanup.add_argument(
+        "--agent-namespace",
+        metavar="NAMESPACE",
+        help="delete the agent DaemonSets and ConfigMaps the operator rendered there",
+    )
+    cleanup.add_argument(
+        "--timeout", type=_seconds, default=10.0, metavar="S", help="per API call (default 10)"
+    )
+    cleanup.add_argument(
+        "--operator-wait",
+        type=_seconds,
+        default=60.0,
+        metavar="S",
+        help="how long to wait for the operator's pods to stop (default 60)",
     )
 
 

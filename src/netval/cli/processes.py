@@ -77,3 +77,22 @@ def cmd_operator(args: argparse.Namespace) -> int:
         )
     )
     return EXIT_OK
+
+
+def cmd_uninstall_cleanup(args: argparse.Namespace) -> int:
+    from netval.operator.uninstall import CleanupOptions, parse_namespaced_name, run_command
+
+    try:
+        deployment = (
+            parse_namespaced_name(args.operator_deployment) if args.operator_deployment else None
+        )
+    except ValueError as exc:
+        raise BadInput(f"--operator-deployment: {exc}") from None
+    return run_command(
+        CleanupOptions(
+            operator_deployment=deployment,
+            agent_namespace=args.agent_namespace,
+            timeout=args.timeout,
+            operator_wait=args.operator_wait,
+        )
+    )
