@@ -47,13 +47,13 @@ from netval.model.keys import (
     TaintKey,
 )
 from netval.model.manifest import API_GROUP
+from netval.operator.admission.configurations import CONFIGURATION_NAME
+from netval.operator.kube.api import PLURAL, VERSION, load_kube_client
 
 log = logging.getLogger("netval.uninstall")
 
-VERSION: Final = "v1alpha1"
-PLURAL: Final = "networkvalidations"
-# Both webhook configurations the operator writes (netval.operator.admission.CONFIGURATION_NAME).
-WEBHOOK_CONFIGURATION: Final = "netval.io"
+# Both webhook configurations the operator writes.
+WEBHOOK_CONFIGURATION: Final = CONFIGURATION_NAME
 # Kopf's default finalizer (kopf.OperatorSettings().persistence.finalizer); netval keeps it.
 KOPF_FINALIZER: Final = "kopf.zalando.org/KopfFinalizerMarker"
 MERGE_PATCH: Final = "application/merge-patch+json"
@@ -391,22 +391,10 @@ def parse_namespaced_name(text: str) -> tuple[str, str]:
     return namespace, name
 
 
-def _api_client() -> client.ApiClient:
-    import os
-
-    from kubernetes import config
-
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
-    return client.ApiClient()
-
-
 def run_command(options: CleanupOptions) -> int:
     """`netval uninstall-cleanup`: what was done on stdout, what was not on stderr."""
     try:
-        api_client = _api_client()
+        api_client = load_kube_client()
     except Exception as exc:  # no usable configuration: a usage error
         sys.stderr.write(f"netval: error: no Kubernetes configuration: {exc}\n")
         return EXIT_BAD_INPUT
