@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 
 from netval.agent.config_watch import ConfigWatcher
 from netval.agent.publish import PublisherStats
+from netval.agent.sampling import BoundedSampler
 from netval.infra.metrics_server import serve_metrics
 from netval.model.results import Report
 
@@ -60,6 +61,27 @@ class _ConfigCollector(Collector):
         )
 
 
+class _SamplerCollector(Collector):
+    def __init__(self, sampler: BoundedSampler) -> None:
+        self._sampler = sampler
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        s = self._sampler
+        yield CounterMetricFamily(
+            "netval_collector_timeouts",
+            "Cycles without a sample: a read missed its deadline or was still blocked",
+            value=s.timeouts,
+        )
+        yield CounterMetricFamily(
+            "netval_collector_errors", "Collector reads that raised", value=s.errors
+        )
+        yield GaugeMetricFamily(
+            "netval_collector_blocked",
+            "1 while a collector read is blocked past its deadline",
+            value=int(s.blocked),
+        )
+
+
 class AgentMetrics:
     def __init__(self, *, interval_seconds: float) -> None:
         self.registry = CollectorRegistry()
@@ -84,6 +106,9 @@ class AgentMetrics:
 
     def attach_publisher(self, stats: Callable[[], PublisherStats]) -> None:
         self.registry.register(_PublisherCollector(stats))
+
+    def attach_sampler(self, sampler: BoundedSampler) -> None:
+        self.registry.register(_SamplerCollector(sampler))
 
     def attach_config(self, watcher: ConfigWatcher) -> None:
         self.registry.register(_ConfigCollector(watcher))
