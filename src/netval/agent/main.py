@@ -42,6 +42,7 @@ async def run_agent(
         default_service="netval-agent",
         otlp_endpoint=spec.telemetry.otlp_endpoint,
         exporter=span_exporter,
+        resource_attributes={"k8s.node.name": settings.node},
     )
     metrics = AgentMetrics(interval_seconds=spec.interval_seconds)
     peers = (
@@ -55,6 +56,7 @@ async def run_agent(
         settings.node,
         subscriptions=peers.subscriptions if peers is not None else (),
         on_message=peers.on_message if peers is not None else None,
+        tracer=provider.get_tracer("netval.agent"),
     )
     metrics.attach_publisher(publisher.stats)
     collector = LiveCollector(interfaces=spec.checks.named_interfaces)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from netval.infra.mqtt_settings import MqttSettings, mqtt_settings_from_env
+from netval.infra.telemetry import TelemetryConfigError, sampler_from_env
 
 ENV_NAMESPACE: Final = "NETVAL_NAMESPACE"
 ENV_AGENT_IMAGE: Final = "NETVAL_AGENT_IMAGE"
@@ -81,6 +82,18 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
         raise OperatorConfigError(f"{ENV_STATUS_WINDOW}: not a number: {window_text!r}") from None
     if not 0.05 <= window <= 60:
         raise OperatorConfigError(f"{ENV_STATUS_WINDOW}: must be between 0.05 and 60, got {window}")
+    try:
+        sampler_from_env(env)  # the operator's own sampler, refused before anything starts
+    except TelemetryConfigError as exc:
+        raise OperatorConfigError(str(exc)) from None
+    agent_sampler = {
+        "OTEL_TRACES_SAMPLER": env.get(ENV_AGENT_TRACES_SAMPLER, ""),
+        "OTEL_TRACES_SAMPLER_ARG": env.get(ENV_AGENT_TRACES_SAMPLER_ARG, ""),
+    }
+    try:
+        sampler_from_env(agent_sampler)  # an agent would refuse to start with it
+    except TelemetryConfigError as exc:
+        raise OperatorConfigError(f"{ENV_AGENT_TRACES_SAMPLER}(_ARG): {exc}") from None
     resources = _json_env(env, ENV_AGENT_RESOURCES, dict)
     tolerations = _json_env(env, ENV_AGENT_TOLERATIONS, list) or []
     if not all(isinstance(t, dict) for t in tolerations):
