@@ -11,6 +11,7 @@ headers Secret) reach the DaemonSet.
 from __future__ import annotations
 
 import copy
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -163,11 +164,20 @@ def test_release_pull_secrets_reach_the_agents_by_default(tmp_path: Path) -> Non
         ("NETVAL_AGENT_IMAGE_PULL_SECRETS", "[{}]", "expected a JSON list of {name: SECRET}"),
         ("NETVAL_AGENT_IMAGE_PULL_SECRETS", "[1]", "expected a JSON list of {name: SECRET}"),
         ("NETVAL_AGENT_IMAGE_PULL_SECRETS", "[", "not valid JSON"),
+        # an agent would refuse to start with it: refused here, before any rollout
+        (
+            "NETVAL_AGENT_OTEL_TRACES_SAMPLER",
+            "sometimes",
+            "NETVAL_AGENT_OTEL_TRACES_SAMPLER(_ARG): OTEL_TRACES_SAMPLER: unknown sampler",
+        ),
+        ("OTEL_TRACES_SAMPLER_ARG", "2", "OTEL_TRACES_SAMPLER_ARG: expected a ratio"),
     ],
 )
 def test_bad_agent_settings_are_refused(name: str, value: str, error: str, tmp_path: Path) -> None:
     env = {**_operator_env("default"), **_files(tmp_path), name: value}
-    with pytest.raises(OperatorConfigError, match=error.replace("{", r"\{").replace("}", r"\}")):
+    if name == "OTEL_TRACES_SAMPLER_ARG":
+        env["OTEL_TRACES_SAMPLER"] = "traceidratio"
+    with pytest.raises(OperatorConfigError, match=re.escape(error)):
         operator_settings_from_env(env)
 
 

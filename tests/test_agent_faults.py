@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -32,13 +33,15 @@ from netval.agent import checks as checks_module
 from netval.agent.checks import NODE_CHECKS, run_node_checks
 from netval.agent.checks.context import CheckContext
 from netval.agent.config import AgentConfig
+from netval.agent.peers.echo import probe_peer
+from netval.agent.peers.target import PeerTarget, ProbeSettings
 from netval.agent.runner import ProbeRunner
 from netval.agent.sampling import BoundedSampler, SampleMissing, blocked_at
 from netval.infra.telemetry import make_tracer_provider
 from netval.model import CheckId, Report, Sample, Status
 from netval.model.results import CheckResult
 from netval.model.snapshot import NodeSnapshot
-from netval.model.spec import Checks
+from netval.model.spec import Checks, PeerChecks
 from test_agent import (
     LO_CHECKS,
     NODE,
@@ -57,6 +60,7 @@ pytestmark = pytest.mark.timeout(60)
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 EMPTY = Sample(netdevs={}, rdma={})
+FAST_ECHO = ProbeSettings(count=20, spacing=0.001, reply_timeout=0.3)
 
 
 def _boom(_ctx: CheckContext) -> list[CheckResult]:
@@ -338,7 +342,10 @@ def test_agent_process_with_a_blocked_sysfs_read(
     tmp_path: Path, mosquitto_broker: mosquitto.MosquittoBroker, carrier_fifo: Path
 ) -> None:
     """interval 5 s, so the read deadline is 2.5 s: reports keep coming every interval."""
-    env = write_agent_files(tmp_path, mosquitto_broker, agent_config(LO_CHECKS, interval="5s"))
+    peer_port = mosquitto.free_port()
+    peers = {"enabled": True, "interface": "lo", "port": peer_port}
+    config = agent_config({**LO_CHECKS, "peers": peers}, interval="5s")
+    env = write_agent_files(tmp_path, mosquitto_broker, config)
     metrics_port = mosquitto.free_port()
     env.update(PYTHONPATH=str(SRC), NETVAL_METRICS_ADDR=f"127.0.0.1:{metrics_port}")
     carrier = "/sys/class/net/lo/carrier"
@@ -366,8 +373,12 @@ def test_agent_process_with_a_blocked_sysfs_read(
                     seen.setdefault("threads", []).append(_threads(proc.pid))
                     seen.setdefault("arrived", []).append(time.monotonic())
             seen["blocked"] = reports
-            # the loop still serves while the read is stuck
+            # the loop still serves while the read is stuck: metrics, the peer responder
             seen["metrics"] = await _metrics(metrics_port)
+            target = PeerTarget("agent", "127.0.0.1", peer_port, None)
+            seen["echo"] = await probe_peer(
+                target, checks=PeerChecks(enabled=True), mtu=1500, settings=FAST_ECHO
+            )
             with FifoFeeder(carrier_fifo):
                 while True:
                     left = max(deadline + 15 - time.monotonic(), 0.01)
@@ -386,15 +397,30 @@ def test_agent_process_with_a_blocked_sysfs_read(
         raise AssertionError(f"reports stopped\n{diagnostics()}") from None
     finally:
         alive = proc.poll() is None
+        if alive:
+            # SIGTERM with the next read blocked again (the feeder has stopped): still a
+            # clean, prompt exit (the reader is a daemon thread)
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(8)
+        stopped_rc = proc.poll()
         stop_process(proc)
     assert alive, diagnostics()
+    assert stopped_rc == 0, (stopped_rc, diagnostics())
     for report in seen["blocked"]:
         by_check = {(r.check, r.subject): r for r in report.results}
         error = by_check[(CheckId.LINK_CARRIER, NODE)]
         assert error.status is Status.ERROR, report
         assert carrier in error.message, error.message
-        assert {r.status for r in report.results} == {Status.ERROR}
+        node_checks = [r for r in report.results if r.check in NODE_CHECKS]
+        assert [r.check for r in node_checks] == list(NODE_CHECKS)
+        assert {r.status for r in node_checks} == {Status.ERROR}
         assert (CheckId.LINK_CARRIER, "lo") not in by_check
+        # the peer group still ran (alone in the fleet: nothing to probe, not an error)
+        assert any(r.check.group.value == "peer" for r in report.results), report
+    latency, loss = seen["echo"][:2]
+    assert (latency.check, latency.status) == (CheckId.PEER_LATENCY, Status.PASS), latency
+    assert (loss.check, loss.status) == (CheckId.PEER_LOSS, Status.PASS), loss
     second = seen["blocked"][1]
     assert "still blocked after" in second.results[0].message
     # no slot missed although every read blocks (2.5 s deadline, then answered at once)

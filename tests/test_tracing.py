@@ -26,6 +26,8 @@ from typing import Any
 import aiomqtt
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -41,6 +43,7 @@ from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.telemetry import (
     TelemetryConfigError,
     make_tracer_provider,
+    process_span,
     sampler_from_env,
     topic_template,
 )
@@ -430,3 +433,49 @@ def test_agent_refuses_an_unknown_sampler(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().startswith("netval: error: OTEL_TRACES_SAMPLER: unknown sampler")
     assert "Traceback" not in proc.stderr
+
+
+# -- the trace context of a received message is untrusted ------------------------------------
+
+_TEXT = st.text(max_size=80) | st.sampled_from(
+    [
+        f"00-{CYCLE_TRACE}-{CYCLE_SPAN}-01",
+        f"00-{'0' * 32}-{CYCLE_SPAN}-01",  # invalid all-zero trace id
+        f"ff-{CYCLE_TRACE}-{CYCLE_SPAN}-01",  # reserved version
+        f"00-{CYCLE_TRACE}-{CYCLE_SPAN}-01" + "x" * 600,
+        "",
+    ]
+)
+_PAIR = st.tuples(st.sampled_from(["traceparent", "tracestate", "other"]) | st.text(), _TEXT)
+_GARBAGE = st.one_of(
+    st.none(),
+    st.integers(),
+    st.text(),
+    st.lists(_PAIR, max_size=4),
+    st.lists(st.one_of(st.integers(), st.text(), st.tuples(st.text()), _PAIR), max_size=4),
+)
+
+
+class _Props:
+    def __init__(self, user: object) -> None:
+        self.UserProperty = user
+
+
+_FUZZ_SPANS = InMemorySpanExporter()
+_FUZZ_TRACER = make_tracer_provider(
+    {}, default_service="netval-operator", exporter=_FUZZ_SPANS
+).get_tracer("fuzz")
+
+
+@settings(max_examples=300, deadline=None)
+@given(user=_GARBAGE, topic=st.text(max_size=60) | st.just(f"{PREFIX}/report"))
+def test_hostile_trace_properties_never_break_consumption(user: object, topic: str) -> None:
+    _FUZZ_SPANS.clear()
+    with process_span(_FUZZ_TRACER, topic, body_size=1, properties=_Props(user)) as span:
+        assert span.is_recording()
+    (finished,) = _FUZZ_SPANS.get_finished_spans()
+    assert finished.kind is SpanKind.CONSUMER
+    if finished.parent is not None:
+        # only a well-formed W3C traceparent is ever followed
+        assert finished.parent.is_valid and finished.parent.is_remote
+        assert f"{finished.context.trace_id:032x}" == CYCLE_TRACE
