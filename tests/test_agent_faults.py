@@ -436,3 +436,44 @@ def test_agent_process_with_a_blocked_sysfs_read(
     carrier_result = [r for r in recovered.results if r.check is CheckId.LINK_CARRIER]
     assert [(r.subject, r.status) for r in carrier_result] == [("lo", Status.PASS)], recovered
     assert recovered.validation == VALIDATION
+
+
+class RaisingPeers:
+    """Stands in for PeerService in one call only: its probe cycle raises. Any other
+    attribute the runner might use fails loudly (AttributeError), never answers None."""
+
+    __slots__ = ()
+
+    async def probe_cycle(self, cycle: int, spec: object) -> list[CheckResult]:
+        raise ConnectionResetError("peer table vanished")
+
+
+def test_a_raising_peer_probe_is_one_error_and_the_node_checks_still_go_out() -> None:
+    config = AgentConfig.model_validate(
+        agent_config({**LO_CHECKS, "peers": {"enabled": True}}, interval="5s")
+    )
+    provider = make_tracer_provider({}, default_service="netval-agent")
+    sink = ListSink()
+
+    class Lo:
+        def sample(self) -> Sample:
+            return EMPTY
+
+    runner = ProbeRunner(
+        config=config,
+        node=NODE,
+        collector=Lo(),
+        sink=sink,
+        tracer_provider=provider,
+        peers=RaisingPeers(),  # type: ignore[arg-type]
+    )
+    try:
+        report = asyncio.run(asyncio.wait_for(runner.probe_once(), 10))
+    finally:
+        runner.sampler.close()
+        provider.shutdown()
+    (peer,) = [r for r in report.results if r.check.group.value == "peer"]
+    assert peer.check is CheckId.PEER_LATENCY and peer.status is Status.ERROR
+    assert peer.message == "check peer.latency raised ConnectionResetError: peer table vanished"
+    assert [r.check for r in report.results if r.check in NODE_CHECKS] == list(NODE_CHECKS)
+    assert sink.reports == [report]
