@@ -9,7 +9,7 @@ from typing import Final
 from netval.agent.checks import ecn, link, mtu, pfc, rdma
 from netval.agent.checks.context import CheckContext
 from netval.agent.checks.judged import judged_subjects
-from netval.model.ids import CheckGroup, CheckId
+from netval.model.ids import CheckGroup, CheckId, Status
 from netval.model.results import CheckResult
 from netval.model.snapshot import NodeSnapshot
 from netval.model.spec import Checks
@@ -17,6 +17,9 @@ from netval.model.spec import Checks
 CheckFn = Callable[[CheckContext], list[CheckResult]]
 # Runs one check group: (group name, the group's checks) -> its results.
 GroupRunner = Callable[[str, Callable[[], list[CheckResult]]], list[CheckResult]]
+# Told of a check that raised (the agent logs the traceback; the report carries none).
+OnRaise = Callable[[CheckId, Exception], None]
+MAX_ERROR_TEXT: Final = 300
 
 # The node checks in report order. Storage and peer checks need the network and live with
 # the agent runtime, not here.
@@ -56,20 +59,69 @@ def _run(_group: str, judge: Callable[[], list[CheckResult]]) -> list[CheckResul
     return judge()
 
 
+def check_raised(check: CheckId, subject: str, exc: BaseException) -> CheckResult:
+    """The `error` result standing in for a check that raised: it names the check and the
+    exception (type and message, cut short), never a traceback."""
+    text = str(exc).replace("\n", " ")
+    if len(text) > MAX_ERROR_TEXT:
+        text = text[: MAX_ERROR_TEXT - 3] + "..."
+    kind = type(exc).__name__
+    return CheckResult(
+        check=check,
+        subject=subject,
+        status=Status.ERROR,
+        message=f"check {check.value} raised {kind}: {text}"
+        if text
+        else f"check {check.value} raised {kind}",
+        observed={"exception": kind},
+    )
+
+
 def run_node_checks(
-    snapshot: NodeSnapshot, checks: Checks, run_group: GroupRunner = _run
+    snapshot: NodeSnapshot,
+    checks: Checks,
+    run_group: GroupRunner = _run,
+    *,
+    on_raise: OnRaise | None = None,
 ) -> list[CheckResult]:
     """The node checks' results in report order, one check group at a time through
-    `run_group` (the agent's runner wraps each group in a span)."""
-    ctx = make_context(snapshot, checks)
+    `run_group` (the agent's runner wraps each group in a span).
+
+    Each check is isolated: one that raises gives one `error` result (subject: the node)
+    and the others still run, so a bug or a surprising snapshot names the broken check
+    instead of dropping the report."""
+    try:
+        ctx = make_context(snapshot, checks)
+    except Exception as exc:  # nothing can be judged: say so for every check
+        for check_id in NODE_CHECKS:
+            if on_raise is not None:
+                on_raise(check_id, exc)
+        return [check_raised(check_id, snapshot.node, exc) for check_id in NODE_CHECKS]
+    groups: dict[CheckGroup, list[tuple[CheckId, CheckFn]]] = {}
+    for check_id, fn in NODE_CHECKS.items():
+        groups.setdefault(check_id.group, []).append((check_id, fn))
     results: list[CheckResult] = []
-    for group, fns in node_check_groups().items():
-        results.extend(run_group(group.value, partial(_judge, fns, ctx)))
+    for group, members in groups.items():
+        judge = partial(_judge, members, ctx, snapshot.node, on_raise)
+        results.extend(run_group(group.value, judge))
     return results
 
 
-def _judge(fns: list[CheckFn], ctx: CheckContext) -> list[CheckResult]:
-    return [r for fn in fns for r in fn(ctx)]
+def _judge(
+    members: list[tuple[CheckId, CheckFn]],
+    ctx: CheckContext,
+    node: str,
+    on_raise: OnRaise | None,
+) -> list[CheckResult]:
+    results: list[CheckResult] = []
+    for check_id, fn in members:
+        try:
+            results.extend(fn(ctx))
+        except Exception as exc:
+            if on_raise is not None:
+                on_raise(check_id, exc)
+            results.append(check_raised(check_id, node, exc))
+    return results
 
 
 __all__ = [
@@ -77,6 +129,8 @@ __all__ = [
     "CheckContext",
     "CheckFn",
     "GroupRunner",
+    "OnRaise",
+    "check_raised",
     "make_context",
     "node_check_groups",
     "run_node_checks",
