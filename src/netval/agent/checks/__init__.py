@@ -6,7 +6,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Final
 
-from netval.agent.checks import ecn, link, mtu, pfc, rdma
+from netval.agent.checks import ecn, gid, infiniband, link, mtu, pfc, rdma
 from netval.agent.checks.context import CheckContext
 from netval.agent.checks.judged import judged_subjects
 from netval.model.ids import CheckGroup, CheckId
@@ -25,12 +25,15 @@ NODE_CHECKS: Final[dict[CheckId, CheckFn]] = {
     CheckId.LINK_FLAPS: link.check_flaps,
     CheckId.MTU_INTERFACE: mtu.check_interface_mtu,
     CheckId.MTU_ROCE: mtu.check_roce_mtu,
+    CheckId.MTU_IPOIB: mtu.check_ipoib_mtu,
     CheckId.RDMA_DEVICES: rdma.check_devices,
     CheckId.RDMA_PORT_STATE: rdma.check_port_state,
     CheckId.RDMA_LINK_LAYER: rdma.check_link_layer,
     CheckId.RDMA_RATE: rdma.check_rate,
-    CheckId.RDMA_GID_ROCE_V2: rdma.check_gid_roce_v2,
+    CheckId.RDMA_GID_ROCE_V2: gid.check_gid_roce_v2,
+    CheckId.RDMA_GID_INDEX: gid.check_gid_index,
     CheckId.RDMA_ERRORS: rdma.check_errors,
+    CheckId.IB_PORT_ERRORS: infiniband.check_port_errors,
     CheckId.PFC_PRIORITIES: pfc.check_priorities,
     CheckId.PFC_TRUST: pfc.check_trust,
     CheckId.PFC_PAUSE_STORM: pfc.check_pause_storm,

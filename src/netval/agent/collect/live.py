@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Final
 
 from netval.agent.checks.drivers import all_hw_counter_names
+from netval.agent.checks.infiniband import port_counter_names
 from netval.agent.collect.dcb_netlink import DcbReader
 from netval.agent.collect.ethtool_stats import EthtoolStats
 from netval.agent.collect.sysfs import SysfsReader
@@ -42,6 +43,7 @@ class LiveCollector:
             rdma_cm_root=rdma_cm_root,
             strict=False,
             hw_counter_names=all_hw_counter_names(),
+            port_counter_names=port_counter_names(),
         )
         self.ethtool = EthtoolStats()
         self.dcb = DcbReader()
@@ -81,6 +83,7 @@ class LiveCollector:
                 wanted.extend(port.netdevs)
             if device.netdev_hint:
                 wanted.append(device.netdev_hint)
+            wanted.extend(device.pci_netdevs)  # a dual-port HCA's second port's netdev
         wanted.extend(self.interfaces)
         netdevs: dict[str, Netdev] = {}
         queue = list(dict.fromkeys(wanted))

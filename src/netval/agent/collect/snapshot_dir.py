@@ -15,6 +15,7 @@ from typing import Annotated, Any, Final
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from netval.agent.checks.drivers import all_hw_counter_names
+from netval.agent.checks.infiniband import port_counter_names
 from netval.agent.collect.sysfs import (
     DEVICE_FILES,
     NETDEV_FILES,
@@ -130,6 +131,7 @@ def _load_sample(root: Path, sample_dir: Path) -> Sample:
         rdma_cm_root=sample_dir / "rdma_cm",
         strict=True,
         hw_counter_names=all_hw_counter_names(),
+        port_counter_names=port_counter_names(),
     )
     try:
         rdma = {name: reader.read_rdma_device(name) for name in reader.rdma_device_names()}
@@ -231,6 +233,10 @@ def record_sample(
             (ib_dst / name / "device" / "net" / device.netdev_hint).mkdir(
                 parents=True, exist_ok=True
             )
+        for netdev_name in device.pci_netdevs:  # each port binds to its dev_port's netdev
+            rel = f"device/net/{netdev_name}/dev_port"
+            (ib_dst / name / "device" / "net" / netdev_name).mkdir(parents=True, exist_ok=True)
+            _copy(ib_src / name / rel, ib_dst / name / rel)
         for port in device.ports:
             src = ib_src / name / "ports" / str(port)
             dst = ib_dst / name / "ports" / str(port)

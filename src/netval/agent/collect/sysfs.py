@@ -29,9 +29,17 @@ NETDEV_FILES: Final = (
     "address",
     "device/uevent",
     "bonding/slaves",
+    # selection and transports (issue 11)
+    "flags",
+    "type",
+    "mode",
+    "dev_port",
 )
 PORT_FILES: Final = ("state", "phys_state", "rate", "link_layer")
-DEVICE_FILES: Final = ("node_type", "fw_ver", "board_id")
+DEVICE_FILES: Final = ("node_type", "fw_ver", "board_id", "device/uevent")
+# What show_pma_counter() in drivers/infiniband/core/sysfs.c prints for every counters/<name>
+# of a device without a performance management agent: no value, not malformed data.
+NO_PMA: Final = "N/A (no PMA)"
 
 
 class SnapshotDataError(ValueError):
@@ -82,7 +90,9 @@ class SysfsReader:
         return value or None
 
     def integer(self, path: Path) -> int | None:
-        value = self.text(path)
+        return self.parse_integer(path, self.text(path))
+
+    def parse_integer(self, path: Path, value: str | None) -> int | None:
         if value is None:
             return None
         try:
@@ -129,15 +139,24 @@ class SysfsReader:
             ecn_rp=self._ecn(base / "ecn" / "roce_rp" / "enable"),
             ethtool=ethtool,
             dcb=dcb,
+            flags=self.integer(base / "flags"),
+            type=self.integer(base / "type"),
+            ipoib_mode=self.text(base / "mode"),
+            pci_address=self._uevent_field(base / "device" / "uevent", "PCI_SLOT_NAME"),
+            dev_port=self.integer(base / "dev_port"),
         )
 
     def _driver(self, base: Path) -> str | None:
-        uevent = self.text(base / "device" / "uevent")
+        return self._uevent_field(base / "device" / "uevent", "DRIVER")
+
+    def _uevent_field(self, path: Path, key: str) -> str | None:
+        uevent = self.text(path)
         if uevent is None:
             return None
+        prefix = key + "="
         for line in uevent.splitlines():
-            if line.startswith("DRIVER="):
-                return line[len("DRIVER=") :] or None
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip() or None
         return None
 
     def _ecn(self, enable_dir: Path) -> dict[int, bool]:
@@ -177,6 +196,9 @@ class SysfsReader:
             board_id=self.text(base / "board_id"),
             netdev_hint=hint[0] if hint else None,
             ports=ports,
+            pci_address=self._uevent_field(base / "device" / "uevent", "PCI_SLOT_NAME"),
+            # Each port binds to the netdev of its own dev_port, not to the first name here.
+            pci_netdevs={n: self.integer(base / "device" / "net" / n / "dev_port") for n in hint},
         )
 
     def _read_port(
@@ -193,7 +215,7 @@ class SysfsReader:
             else self.all_gid_indices(gids_dir)
         )
         gids = tuple(g for g in (self.read_gid(base, i) for i in indices) if g is not None)
-        counters = self._counters(base / "counters", self.port_counter_names)
+        counters, counters_na = self._pma_counters(base / "counters")
         hw_counters = self._counters(base / "hw_counters", self.hw_counter_names)
         tos = None
         if self.rdma_cm_root is not None:
@@ -211,6 +233,7 @@ class SysfsReader:
             counters=counters,
             hw_counters=hw_counters,
             default_roce_tos=tos,
+            counters_na=counters_na,
         )
 
     def all_gid_indices(self, gids_dir: Path) -> list[int]:
@@ -227,6 +250,20 @@ class SysfsReader:
             type=self.text(port_dir / "gid_attrs" / "types" / str(index)),
             ndev=self.text(port_dir / "gid_attrs" / "ndevs" / str(index)),
         )
+
+    def _pma_counters(self, directory: Path) -> tuple[dict[str, int], tuple[str, ...]]:
+        """IB PortCounters; a device without a PMA answers "N/A (no PMA)" for each."""
+        values: dict[str, int] = {}
+        na: list[str] = []
+        for name in self.port_counter_names:
+            raw = self.text(directory / name)
+            if raw == NO_PMA:
+                na.append(name)
+                continue
+            value = self.parse_integer(directory / name, raw)
+            if value is not None:
+                values[name] = value
+        return values, tuple(na)
 
     def _counters(self, directory: Path, names: tuple[str, ...]) -> dict[str, int]:
         out: dict[str, int] = {}
