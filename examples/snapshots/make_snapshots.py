@@ -865,6 +865,10 @@ def main() -> None:
     for name, (node_name, fault) in SNAPSHOTS.items():
         count = build(name, node_name, fault)
         print(f"{name}: {count} files")
+    # InfiniBand and spare-port snapshots live in their own module (issue 11).
+    import make_ib_snapshots
+
+    make_ib_snapshots.main()
 
 
 if __name__ == "__main__":

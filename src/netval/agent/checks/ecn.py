@@ -20,7 +20,7 @@ _ROLE = {
 
 def _check_enabled(ctx: CheckContext, check: CheckId) -> list[CheckResult]:
     if not ctx.judged.qos_netdevs:
-        return [skipped(check, ctx.node, "no RDMA netdevs on this node: ECN is not judged")]
+        return [skipped(check, ctx.node, ctx.judged.no_qos_reason("ECN"))]
     directory, role = _ROLE[check]
     want = ctx.checks.ecn_priorities
     out: list[CheckResult] = []
@@ -79,9 +79,9 @@ def check_rp_enabled(ctx: CheckContext) -> list[CheckResult]:
 
 
 def check_cnp_flow(ctx: CheckContext) -> list[CheckResult]:
-    ports = [p for p in ctx.judged.ports if p.link_layer == "Ethernet"]
+    ports = ctx.judged.qos_ports()
     if not ports:
-        return [skipped(CheckId.ECN_CNP_FLOW, ctx.node, "no RoCE ports on this node")]
+        return [skipped(CheckId.ECN_CNP_FLOW, ctx.node, ctx.judged.no_qos_reason("ECN"))]
     spec = ctx.checks.ecn
     out: list[CheckResult] = []
     for port in ports:

@@ -39,6 +39,27 @@ class Judged:
     def ports_of(self, *transports: Transport) -> tuple[RdmaPort, ...]:
         return tuple(p for p in self.ports if self.transport(p) in transports)
 
+    def no_qos_reason(self, what: str) -> str:
+        """The node-level skip of a PFC/ECN check with no netdev to judge, true to why."""
+        if not self.qos_not_applicable:
+            return f"no RDMA netdevs on this node: {what} is not judged"
+        parts = []
+        for transport, why in _WHY_NO_QOS.items():
+            ports = [p.subject for p in self.ports_of(transport)]
+            if ports:
+                parts.append(f"{transport.value} port(s) {', '.join(ports)} ({why})")
+        return "not applicable: " + "; ".join(parts)
+
+    def qos_ports(self) -> tuple[RdmaPort, ...]:
+        """RoCE ports, and iWARP ports when checks.select.qosOnIWARP is set."""
+        qos = set(self.qos_netdevs)
+        return tuple(
+            p
+            for p in self.ports
+            if self.transport(p) is Transport.ROCE
+            or (self.transport(p) is Transport.IWARP and self.port_netdev.get(p.subject) in qos)
+        )
+
     def why_excluded(self, subject: str) -> str | None:
         return (self.excluded or {}).get(subject)
 
@@ -47,6 +68,10 @@ def _ordered(*groups: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(name for group in groups for name in group))
 
 
+_WHY_NO_QOS = {
+    Transport.INFINIBAND: "IB has credit-based flow control, no PFC/ECN",
+    Transport.IWARP: "iWARP runs over TCP; checks.select.qosOnIWARP judges it",
+}
 _NOT_APPLICABLE = {
     Transport.INFINIBAND: "not applicable: InfiniBand port {port} (no PFC/ECN on IB; credit-based flow control)",
     Transport.IWARP: "not applicable: iWARP port {port} (set checks.select.qosOnIWARP to judge PFC/ECN)",

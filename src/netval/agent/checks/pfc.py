@@ -11,7 +11,7 @@ from netval.model.snapshot import Netdev
 
 
 def _no_qos(check: CheckId, ctx: CheckContext) -> list[CheckResult]:
-    return [skipped(check, ctx.node, "no RDMA netdevs on this node: PFC is not judged")]
+    return [skipped(check, ctx.node, ctx.judged.no_qos_reason("PFC"))]
 
 
 def _dcb_missing(check: CheckId, name: str, netdev: Netdev | None) -> CheckResult:
