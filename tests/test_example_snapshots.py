@@ -213,3 +213,11 @@ def test_spare_port_fails_the_node_unless_admin_down_is_excused(
     skips = [r for r in report.results if r.status is Status.SKIP and "mlx5_2" in r.subject]
     assert [r.check.value for r in skips] == ["rdma.port_state"]
     assert "administratively down" in skips[0].message
+
+
+def test_every_node_check_id_has_its_section_in_the_checks_reference() -> None:
+    from netval.agent.checks import NODE_CHECKS
+
+    doc = (SNAPSHOTS.parent.parent / "docs" / "checks.md").read_text(encoding="utf-8")
+    missing = [c.value for c in NODE_CHECKS if f"\n## {c.value}\n" not in doc]
+    assert missing == []
