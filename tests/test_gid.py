@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -118,3 +119,42 @@ def test_no_routable_gid_leaves_the_index_to_gid_roce_v2() -> None:
     s = sample(v1v2(0, LINK_LOCAL))
     r = judge(CheckId.RDMA_GID_INDEX, s, s, roceV2GidIndex=3)
     assert r.status is Status.SKIP and "rdma.gid_roce_v2" in r.message
+
+
+def test_live_collector_finds_a_gid_that_moved_between_rescans(tmp_path: Path) -> None:
+    """Between full GID-table scans the collector re-reads only the slots it saw populated;
+    a slot that emptied (the GID moved after a flap) makes it scan the table again."""
+    from netval.agent.collect.live import LiveCollector
+
+    port = tmp_path / "class/infiniband/mlx5_0/ports/1"
+    for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
+        (port / sub).mkdir(parents=True)
+    for f, v in (("state", "4: ACTIVE"), ("phys_state", "5: LinkUp"), ("link_layer", "Ethernet")):
+        (port / f).write_text(v + "\n")
+
+    def put(index: int, gid: str, typ: str | None) -> None:
+        (port / f"gids/{index}").write_text(gid + "\n")
+        for sub, value in (("types", typ), ("ndevs", "ens1np0" if typ else None)):
+            path = port / f"gid_attrs/{sub}/{index}"
+            if value is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_text(value + "\n")
+
+    zero = "0000:0000:0000:0000:0000:0000:0000:0000"
+    for i in range(8):
+        put(i, zero, None)
+    put(0, LINK_LOCAL, "IB/RoCE v1")
+    put(1, LINK_LOCAL, "RoCE v2")
+    put(2, V4_MAPPED, "IB/RoCE v1")
+    put(3, V4_MAPPED, "RoCE v2")
+    collector = LiveCollector(sys_root=tmp_path, rdma_cm_root=None, gid_rescan_every=100)
+    before = collector.sample()
+    put(2, zero, None)
+    put(3, zero, None)
+    put(4, V4_MAPPED, "IB/RoCE v1")
+    put(5, V4_MAPPED, "RoCE v2")
+    after = collector.sample()
+    collector.close()
+    r = judge(CheckId.RDMA_GID_INDEX, before, after)
+    assert r.status is Status.WARN and "moved from index 3 to 5" in r.message

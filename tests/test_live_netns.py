@@ -47,6 +47,9 @@ NODE_SKIPS = {
     "ecn.np_enabled",
     "ecn.rp_enabled",
     "ecn.cnp_flow",
+    "mtu.ipoib",
+    "rdma.gid_index",
+    "ib.port_errors",
 }
 
 Report = dict[str, Any]
@@ -435,3 +438,88 @@ def test_probe_without_root_gives_the_same_verdict(
     live_code, live = live_static
     assert proc.returncode == live_code == 1
     assert verdicts(report) == verdicts(live)
+
+
+# -- selection on real links (issue 11) -------------------------------------------------------
+
+# The kernel cannot make an RDMA device in a namespace, so the RDMA part of the tree is a
+# recorded-style directory whose GIDs name real links; class/net/<if> are the kernel's own
+# /sys/class/net entries of the namespace (flags, type, carrier read live).
+_SELECT = """
+import json, os, sys, tempfile
+from pathlib import Path
+from netval.agent.checks import run_node_checks
+from netval.agent.collect.live import LiveCollector
+from netval.model.snapshot import NodeSnapshot
+from netval.model.spec import Checks
+
+root = Path(tempfile.mkdtemp())
+for name in ("r0", "r0.100", "spare0"):
+    (root / "class/net").mkdir(parents=True, exist_ok=True)
+    os.symlink(f"/sys/class/net/{name}", root / "class/net" / name)
+
+def port(dev, state, phys, gids):
+    base = root / "class/infiniband" / dev
+    (base / "ports/1/gids").mkdir(parents=True)
+    (base / "ports/1/gid_attrs/types").mkdir(parents=True)
+    (base / "ports/1/gid_attrs/ndevs").mkdir(parents=True)
+    (base / "node_type").write_text("1: CA\\n")
+    for f, v in (("state", state), ("phys_state", phys), ("rate", "100 Gb/sec (4X EDR)"),
+                 ("link_layer", "Ethernet")):
+        (base / "ports/1" / f).write_text(v + "\\n")
+    for i, (gid, typ, ndev) in enumerate(gids):
+        (base / f"ports/1/gids/{i}").write_text(gid + "\\n")
+        (base / f"ports/1/gid_attrs/types/{i}").write_text(typ + "\\n")
+        (base / f"ports/1/gid_attrs/ndevs/{i}").write_text(ndev + "\\n")
+
+v4 = "0000:0000:0000:0000:0000:ffff:0a0a:01{:02x}"
+port("rxe_a", "4: ACTIVE", "5: LinkUp",
+     [(v4.format(11), "RoCE v2", "r0"), (v4.format(12), "RoCE v2", "r0.100")])
+port("rxe_b", "1: DOWN", "3: Disabled",
+     [("fe80:0000:0000:0000:0000:00ff:fe00:0001", "RoCE v2", "spare0")])
+with LiveCollector(sys_root=root, rdma_cm_root=None) as collector:
+    samples = (collector.sample(), collector.sample())
+snap = NodeSnapshot("ns", "2025-01-01T00:00:00Z", 0.1, samples)
+out = {"netdevs": {n: [d.flags, d.type, d.admin_up] for n, d in samples[-1].netdevs.items()}}
+for key, spec in (("default", {}), ("skip", {"select": {"adminDown": "skip"}})):
+    results = run_node_checks(snap, Checks.model_validate(spec))
+    out[key] = {f"{r.check.value} {r.subject}": [r.status.value, r.message] for r in results}
+print(json.dumps(out))
+"""
+
+
+def test_admin_down_is_read_from_real_flags_and_upper_netdevs_are_judged() -> None:
+    with namespace() as ns:
+        ns.add_veth("r0", "rp0", mtu=9000, peer_mtu=9000)
+        ns.add_veth("spare0", "sp0", mtu=9000, peer_mtu=9000, up=False)
+        # An upper netdev with its own GIDs, as a VLAN has; this kernel has no 8021q (nor
+        # bonding), macvlan stands in for it.
+        ns.ipr.link("add", ifname="r0.100", kind="macvlan", link=ns.index("r0"))
+        ns.set_up("r0.100")
+        ns.wait_operstate("r0", "up")
+        ns.wait_operstate("r0.100", "up")
+        proc = ns.run([sys.executable, "-c", _SELECT], timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    # IFF_UP from the kernel's flags file; ARPHRD_ETHER (1) for the veth and its VLAN
+    flags, arp_type, admin_up = seen["netdevs"]["spare0"]
+    assert flags & 0x1 == 0 and arp_type == 1 and admin_up is False
+    assert seen["netdevs"]["r0.100"][2] is True and seen["netdevs"]["r0"][2] is True
+
+    def bad(key: str) -> set[str]:
+        return {k for k, (status, _) in seen[key].items() if status in ("fail", "error")}
+
+    # by default the admin-down spare fails; its link-local-only GID fails too
+    assert bad("default") == {
+        "link.carrier spare0",
+        "rdma.port_state rxe_b/1",
+        "rdma.gid_roce_v2 rxe_b/1",
+    }
+    # adminDown: skip leaves the spare out, reported once per kind of subject
+    assert bad("skip") == set()
+    assert seen["skip"]["link.carrier spare0"][0] == "skip"
+    assert "administratively down" in seen["skip"]["rdma.port_state rxe_b/1"][1]
+    # the upper netdev that carries the port's second GID is judged like its parent
+    for check in ("link.carrier", "mtu.interface"):
+        assert seen["skip"][f"{check} r0.100"][0] == "pass"
+    assert seen["skip"]["mtu.roce rxe_a/1"][0] == "pass"

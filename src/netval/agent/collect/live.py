@@ -74,6 +74,13 @@ class LiveCollector:
         rdma: dict[str, RdmaDevice] = {}
         for name in self.reader.rdma_device_names():
             device = self.reader.read_rdma_device(name, gid_indices=self._gid_indices)
+            if any(
+                len(port.gids) < len(self._populated_gids.get((name, port.port), ()))
+                for port in device.ports.values()
+            ):
+                # A slot seen populated is empty now: after a flap or an address change
+                # the GIDs may sit at other indices (rdma.gid_index), so look at them all.
+                device = self.reader.read_rdma_device(name)
             rdma[name] = device
             for port in device.ports.values():
                 self._populated_gids[(name, port.port)] = [g.index for g in port.gids]
