@@ -258,3 +258,77 @@ def test_roce_ports_bind_by_gid_netdev() -> None:
     device = RdmaDevice("mlx5_1", netdev_hint="ens2f0np0", ports={1: port},
                         pci_netdevs={"ens2f0np0": 0, "ens2f1np1": 1})  # fmt: skip
     assert bound_netdevs(device, port) == ("ens2f1np1",)
+
+
+# -- hostile but type-valid hardware ----------------------------------------------------------
+
+_text = st.one_of(st.none(), st.text(max_size=30), st.sampled_from(
+    ["4: ACTIVE", "1: DOWN", "5: LinkUp", "3: Disabled", "Ethernet", "InfiniBand", "4: RNIC",
+     "1: CA", "400 Gb/sec (4X NDR)", "garbage Gb/sec"]))  # fmt: skip
+_names = st.sampled_from(["ens1np0", "ib0", "ib1", "bond0", "gone0"])
+
+
+@st.composite
+def _devices(draw: st.DrawFn) -> dict[str, RdmaDevice]:
+    out: dict[str, RdmaDevice] = {}
+    for name in draw(st.lists(st.sampled_from(["mlx5_0", "irdma0", "rocep1s0"]), max_size=3,
+                              unique=True)):  # fmt: skip
+        ports = {}
+        for n in draw(st.lists(st.integers(1, 3), max_size=2, unique=True)):
+            gids = tuple(
+                Gid(
+                    i,
+                    draw(
+                        st.sampled_from(
+                            [
+                                "fe80:0000:0000:0000:0000:0000:0000:0001",
+                                "0000:0000:0000:0000:0000:ffff:0a00:0001",
+                                "zz",
+                                "",
+                            ]
+                        )
+                    ),
+                    draw(_text),
+                    draw(st.one_of(st.none(), _names)),
+                )
+                for i in range(draw(st.integers(0, 3)))
+            )
+            ports[n] = RdmaPort(name, n, draw(_text), draw(_text), draw(_text), draw(_text), gids)
+        pci = draw(st.dictionaries(_names, st.one_of(st.none(), st.integers(-1, 3)), max_size=3))
+        out[name] = RdmaDevice(name, draw(_text), ports=ports, pci_netdevs=pci,
+                               netdev_hint=draw(st.one_of(st.none(), _names)),
+                               pci_address=draw(st.one_of(st.none(), st.text(max_size=12))))  # fmt: skip
+    return out
+
+
+@st.composite
+def _netdevs(draw: st.DrawFn) -> dict[str, Netdev]:
+    out = {}
+    for name in draw(st.lists(_names, max_size=4, unique=True)):
+        out[name] = Netdev(
+            name,
+            mtu=draw(st.one_of(st.none(), st.integers(0, 70000))),
+            carrier=draw(st.one_of(st.none(), st.integers(-1, 2))),
+            operstate=draw(_text),
+            flags=draw(st.one_of(st.none(), st.integers(0, 0xFFFF))),
+            type=draw(st.one_of(st.none(), st.sampled_from([1, 32, 772]))),
+            ipoib_mode=draw(_text),
+            bond_slaves=tuple(draw(st.lists(_names, max_size=2))),
+        )
+    return out
+
+
+@given(_devices(), _netdevs(), _devices(), st.sampled_from(["judge", "skip"]), st.booleans())
+def test_any_hardware_is_judged_without_a_traceback(
+    rdma: dict[str, RdmaDevice],
+    netdevs: dict[str, Netdev],
+    earlier: dict[str, RdmaDevice],
+    admin: str,
+    iwarp_qos: bool,
+) -> None:
+    spec = checks(adminDown=admin, qosOnIWARP=iwarp_qos, devices={"exclude": ["irdma*"]})
+    snap = NodeSnapshot("n", "t", 10.0, (Sample(netdevs, earlier), Sample(netdevs, rdma)))
+    results = run_node_checks(snap, spec)
+    assert all(r.message for r in results)
+    judged = judged_subjects(snap.last, spec)
+    assert not any(p.device == "irdma0" for p in judged.ports)

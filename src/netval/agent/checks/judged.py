@@ -32,6 +32,7 @@ class Judged:
     excluded: dict[str, str] | None = None
     # netdev -> why PFC/ECN do not apply to it ("not applicable: InfiniBand port mlx5_0/1")
     qos_not_applicable: dict[str, str] | None = None
+    qos_transports: frozenset[Transport] = frozenset({Transport.ROCE})
 
     def transport(self, port: RdmaPort) -> Transport:
         return self.transports.get(port.subject, Transport.UNKNOWN)
@@ -52,13 +53,7 @@ class Judged:
 
     def qos_ports(self) -> tuple[RdmaPort, ...]:
         """RoCE ports, and iWARP ports when checks.select.qosOnIWARP is set."""
-        qos = set(self.qos_netdevs)
-        return tuple(
-            p
-            for p in self.ports
-            if self.transport(p) is Transport.ROCE
-            or (self.transport(p) is Transport.IWARP and self.port_netdev.get(p.subject) in qos)
-        )
+        return tuple(p for p in self.ports if self.transport(p) in self.qos_transports)
 
     def why_excluded(self, subject: str) -> str | None:
         return (self.excluded or {}).get(subject)
@@ -152,4 +147,7 @@ def judged_subjects(sample: Sample, checks: Checks) -> Judged:
         ipoib_netdevs=_ordered(ipoib, named_ipoib),
         excluded=excluded,
         qos_not_applicable={k: v for k, v in not_applicable.items() if k not in set(qos)},
+        qos_transports=frozenset(
+            {Transport.ROCE, Transport.IWARP} if select.qos_on_iwarp else {Transport.ROCE}
+        ),
     )

@@ -149,6 +149,18 @@ def check_link_layer(ctx: CheckContext) -> list[CheckResult]:
     )
     out: list[CheckResult] = []
     for port in ctx.judged.ports:
+        if not port.link_layer:
+            out.append(
+                result(
+                    CheckId.RDMA_LINK_LAYER,
+                    port.subject,
+                    Status.ERROR,
+                    f"not readable: {_IB}/{port.device}/ports/{port.port}/link_layer",
+                    {"linkLayer": None},
+                    expected,
+                )
+            )
+            continue
         ok = port.link_layer in wanted
         transport = ctx.judged.transport(port)
         shown = f" ({transport.value})" if transport is Transport.IWARP else ""
@@ -205,7 +217,8 @@ def check_rate(ctx: CheckContext) -> list[CheckResult]:
                     CheckId.RDMA_RATE,
                     port.subject,
                     Status.ERROR,
-                    f"rate not readable ({port.rate!r})",
+                    f"rate not readable ({port.rate!r}): "
+                    f"{_IB}/{port.device}/ports/{port.port}/rate",
                 )
             )
             continue
