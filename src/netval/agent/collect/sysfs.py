@@ -215,7 +215,11 @@ class SysfsReader:
             else self.all_gid_indices(gids_dir)
         )
         gids = tuple(g for g in (self.read_gid(base, i) for i in indices) if g is not None)
-        counters, counters_na = self._pma_counters(base / "counters")
+        link_layer = self.text(base / "link_layer")
+        # Each PortCounters file is a MAD to the HCA's PMA; only IB ports' are judged.
+        counters, counters_na = (
+            self._pma_counters(base / "counters") if link_layer == "InfiniBand" else ({}, ())
+        )
         hw_counters = self._counters(base / "hw_counters", self.hw_counter_names)
         tos = None
         if self.rdma_cm_root is not None:
@@ -228,7 +232,7 @@ class SysfsReader:
             state=self.text(base / "state"),
             phys_state=self.text(base / "phys_state"),
             rate=self.text(base / "rate"),
-            link_layer=self.text(base / "link_layer"),
+            link_layer=link_layer,
             gids=gids,
             counters=counters,
             hw_counters=hw_counters,
