@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from netval.agent.checks.context import (
     CheckContext,
+    missing_counters_text,
     port_counter_inputs,
+    port_driver,
     result,
     skipped,
 )
-from netval.agent.checks.counters import deltas
+from netval.agent.checks.counters import delta
+from netval.agent.checks.driver_discovery import netdev_driver
+from netval.agent.checks.drivers import pick
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
+from netval.model.spec import EcnMode
 
 _ROLE = {
     CheckId.ECN_NP_ENABLED: ("roce_np", "notification point (sends CNPs for marked packets)"),
@@ -18,9 +23,16 @@ _ROLE = {
 }
 
 
+_MODE_NONE = (
+    "not applicable: checks.ecn.mode is none (the fabric runs without ECN-based congestion control)"
+)
+
+
 def _check_enabled(ctx: CheckContext, check: CheckId) -> list[CheckResult]:
     if not ctx.judged.qos_netdevs:
         return [skipped(check, ctx.node, "no RDMA netdevs on this node: ECN is not judged")]
+    if ctx.checks.ecn.mode is EcnMode.NONE:
+        return [skipped(check, name, _MODE_NONE) for name in ctx.judged.qos_netdevs]
     directory, role = _ROLE[check]
     want = ctx.checks.ecn_priorities
     out: list[CheckResult] = []
@@ -32,6 +44,10 @@ def _check_enabled(ctx: CheckContext, check: CheckId) -> list[CheckResult]:
             )
             continue
         enables = netdev.ecn_np if check is CheckId.ECN_NP_ENABLED else netdev.ecn_rp
+        found = netdev_driver(ctx.snapshot.last, name)
+        if found.counters is not None and found.counters.no_qos_reason:
+            out.append(skipped(check, name, f"not applicable: {found.counters.no_qos_reason}"))
+            continue
         if not enables:
             out.append(
                 skipped(
@@ -93,34 +109,76 @@ def check_cnp_flow(ctx: CheckContext) -> list[CheckResult]:
             out.append(inputs)
             continue
         driver, first_hw = inputs
-        names = (
-            driver.np_ecn_marked,
-            driver.np_cnp_sent,
-            driver.rp_cnp_handled,
-            driver.rp_cnp_ignored,
-        )
-        got = deltas(first_hw, port.hw_counters, names)
-        if len(got) < len(names):
-            missing = [n for n in names if n not in got]
+        found = port_driver(ctx, port)
+        if driver.no_qos_reason:
             out.append(
-                skipped(
-                    CheckId.ECN_CNP_FLOW, subject, f"congestion counters {missing} not readable"
+                result(
+                    CheckId.ECN_CNP_FLOW,
+                    subject,
+                    Status.SKIP,
+                    f"not applicable: {driver.no_qos_reason}",
+                    found.observed,
                 )
             )
             continue
-        marked, sent, handled, ignored = (got[n] for n in names)
-        observed = {
+        signals = driver.congestion_signals
+        chosen = {key: pick(port.hw_counters, names) for key, names in signals.items()}
+        # A driver without a "CNP ignored" counter (bnxt_re, ionic) is judged on the rest.
+        required = [k for k in signals if (signals[k] and k != "cnpIgnored") or chosen[k]]
+        got = {
+            key: d
+            for key in required
+            if (name := chosen[key]) is not None
+            and (d := delta(first_hw.get(name) if first_hw else None, port.hw_counters[name]))
+            is not None
+        }
+        if len(got) < len(required) or not required:
+            missing = [chosen[k] or "/".join(signals[k]) for k in required if k not in got] or [
+                "/".join(n) for n in signals.values() if n
+            ]
+            no_congestion = not any(pick(port.hw_counters, n) for n in signals.values())
+            why = (
+                " (the port exposes no congestion counters at all: a VF or representor "
+                "has none, judge the PF)"
+                if no_congestion
+                else ""
+            )
+            out.append(
+                result(
+                    CheckId.ECN_CNP_FLOW,
+                    subject,
+                    Status.SKIP,
+                    f"{driver.name} congestion counter(s) "
+                    f"{missing_counters_text(port, missing, 'hw_counters')} not readable{why}",
+                    found.observed,
+                )
+            )
+            continue
+        marked = got.get("ecnMarked", 0)
+        sent = got.get("cnpSent", 0)
+        handled = got.get("cnpHandled", 0)
+        ignored = got.get("cnpIgnored")
+        observed: dict[str, object] = {
             "ecnMarked": marked,
             "cnpSent": sent,
             "cnpHandled": handled,
             "cnpIgnored": ignored,
+            "counters": [chosen[k] for k in required],
+            **found.observed,
         }
-        expected = {
+        expected: dict[str, object] = {
+            "mode": spec.mode.value,
             "maxCnpIgnoredPerInterval": spec.max_cnp_ignored_per_interval,
             "minMarksForCnp": spec.min_marks_for_cnp,
         }
         span = ctx.interval_text()
-        if ignored > spec.max_cnp_ignored_per_interval:
+        counts = f"{marked} marked, {sent} CNPs sent, {handled} handled" + (
+            f", {ignored} ignored" if ignored is not None else ""
+        )
+        if spec.mode is EcnMode.NONE:
+            status = Status.PASS
+            message = f"{counts} in {span} (checks.ecn.mode none: CNP flow is reported, not judged)"
+        elif ignored is not None and ignored > spec.max_cnp_ignored_per_interval:
             status = Status.FAIL
             message = (
                 f"{ignored} CNPs ignored in {span} ({handled} handled): senders are not slowing "
@@ -135,8 +193,6 @@ def check_cnp_flow(ctx: CheckContext) -> list[CheckResult]:
             )
         else:
             status = Status.PASS
-            message = (
-                f"{marked} marked, {sent} CNPs sent, {handled} handled, {ignored} ignored in {span}"
-            )
+            message = f"{counts} in {span}"
         out.append(result(CheckId.ECN_CNP_FLOW, subject, status, message, observed, expected))
     return out

@@ -88,14 +88,15 @@ class LiveCollector:
             name = queue.pop(0)
             if name in netdevs:
                 continue
+            dcb = self.dcb.read(name)
             netdev = self.reader.read_netdev(
-                name, ethtool=self.ethtool.read(name), dcb=self.dcb.read(name)
+                name, ethtool=self.ethtool.read(name), dcb=dcb, dcb_error=self.dcb.last_error
             )
             if netdev is None:
                 continue
             netdevs[name] = netdev
             # A RoCE LAG's PFC/ECN state and counters live on the bond's slaves.
-            queue.extend(s for s in netdev.bond_slaves if s not in netdevs)
+            queue.extend(s for s in netdev.ports_below if s not in netdevs)
         self._samples_taken += 1
         return Sample(netdevs=netdevs, rdma=rdma)
 

@@ -31,7 +31,9 @@ NETDEV_FILES: Final = (
     "bonding/slaves",
 )
 PORT_FILES: Final = ("state", "phys_state", "rate", "link_layer")
-DEVICE_FILES: Final = ("node_type", "fw_ver", "board_id")
+DEVICE_FILES: Final = ("node_type", "fw_ver", "board_id", "device/uevent")
+LOWER_PREFIX: Final = "lower_"
+NOT_AVAILABLE: Final = "N/A"
 
 
 class SnapshotDataError(ValueError):
@@ -85,6 +87,9 @@ class SysfsReader:
         value = self.text(path)
         if value is None:
             return None
+        return self._parse_int(path, value)
+
+    def _parse_int(self, path: Path, value: str) -> int | None:
         try:
             return int(value, 0) if value.startswith("0x") else int(value)
         except ValueError:
@@ -104,7 +109,12 @@ class SysfsReader:
         return (self.net_root / name).is_dir()
 
     def read_netdev(
-        self, name: str, *, ethtool: dict[str, int] | None = None, dcb: Dcb | None = None
+        self,
+        name: str,
+        *,
+        ethtool: dict[str, int] | None = None,
+        dcb: Dcb | None = None,
+        dcb_error: str | None = None,
     ) -> Netdev | None:
         """A netdev's sysfs state; ethtool stats and DCB come from the caller's source."""
         base = self.net_root / name
@@ -114,6 +124,16 @@ class SysfsReader:
             return None
         speed = self.integer(base / "speed")
         slaves = self.text(base / "bonding" / "slaves")
+        driver = self.driver_of(base / "device")
+        # A netdev without a device of its own (bond, team, VLAN) names what is below it in
+        # lower_* links; only then is the directory listed, so NIC netdevs cost no listdir.
+        lower: tuple[str, ...] = ()
+        if not slaves and driver is None:
+            lower = tuple(
+                n[len(LOWER_PREFIX) :]
+                for n in self.listdir(base)
+                if n.startswith(LOWER_PREFIX) and len(n) > len(LOWER_PREFIX)
+            )
         return Netdev(
             name=name,
             mtu=mtu,
@@ -123,22 +143,31 @@ class SysfsReader:
             # A down link reads -1 (or EINVAL) for speed: unknown either way.
             speed_mbps=speed if speed is not None and speed >= 0 else None,
             address=self.text(base / "address"),
-            driver=self._driver(base),
+            driver=driver,
             bond_slaves=tuple(slaves.split()) if slaves else (),
             ecn_np=self._ecn(base / "ecn" / "roce_np" / "enable"),
             ecn_rp=self._ecn(base / "ecn" / "roce_rp" / "enable"),
             ethtool=ethtool,
             dcb=dcb,
+            lower=lower,
+            dcb_error=dcb_error if dcb is None else None,
         )
 
-    def _driver(self, base: Path) -> str | None:
-        uevent = self.text(base / "device" / "uevent")
-        if uevent is None:
+    def driver_of(self, device: Path) -> str | None:
+        """The driver bound to a device directory: its uevent's DRIVER=, else the basename
+        of its `driver` link (recorded snapshots keep only the uevent)."""
+        uevent = self.text(device / "uevent")
+        if uevent is not None:
+            for line in uevent.splitlines():
+                if line.startswith("DRIVER="):
+                    value = line[len("DRIVER=") :].strip()
+                    if value:
+                        return value
+        try:
+            target = os.readlink(device / "driver")
+        except OSError:
             return None
-        for line in uevent.splitlines():
-            if line.startswith("DRIVER="):
-                return line[len("DRIVER=") :] or None
-        return None
+        return os.path.basename(target) or None
 
     def _ecn(self, enable_dir: Path) -> dict[int, bool]:
         out: dict[int, bool] = {}
@@ -177,6 +206,7 @@ class SysfsReader:
             board_id=self.text(base / "board_id"),
             netdev_hint=hint[0] if hint else None,
             ports=ports,
+            driver=self.driver_of(base / "device"),
         )
 
     def _read_port(
@@ -193,8 +223,9 @@ class SysfsReader:
             else self.all_gid_indices(gids_dir)
         )
         gids = tuple(g for g in (self.read_gid(base, i) for i in indices) if g is not None)
-        counters = self._counters(base / "counters", self.port_counter_names)
-        hw_counters = self._counters(base / "hw_counters", self.hw_counter_names)
+        unavailable: dict[str, str] = {}
+        counters = self._counters(base / "counters", self.port_counter_names, unavailable)
+        hw_counters = self._counters(base / "hw_counters", self.hw_counter_names, unavailable)
         tos = None
         if self.rdma_cm_root is not None:
             tos = self.integer(
@@ -211,6 +242,7 @@ class SysfsReader:
             counters=counters,
             hw_counters=hw_counters,
             default_roce_tos=tos,
+            unavailable=unavailable,
         )
 
     def all_gid_indices(self, gids_dir: Path) -> list[int]:
@@ -228,10 +260,21 @@ class SysfsReader:
             ndev=self.text(port_dir / "gid_attrs" / "ndevs" / str(index)),
         )
 
-    def _counters(self, directory: Path, names: tuple[str, ...]) -> dict[str, int]:
+    def _counters(
+        self, directory: Path, names: tuple[str, ...], unavailable: dict[str, str]
+    ) -> dict[str, int]:
         out: dict[str, int] = {}
         for name in names:
-            value = self.integer(directory / name)
+            path = directory / name
+            text = self.text(path)
+            if text is None:
+                continue
+            # ib_core answers "N/A (no PMA)" for PMA counters of a device without one: the
+            # kernel's own "no value", not bad input, and worth naming in the skip.
+            if text.startswith(NOT_AVAILABLE):
+                unavailable[f"{directory.name}/{name}"] = text[:40]
+                continue
+            value = self._parse_int(path, text)
             if value is not None:
                 out[name] = value
         return out
