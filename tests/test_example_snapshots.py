@@ -31,6 +31,12 @@ EXPECTED_FAILING = {
     "fault-roce-v1-only": {"rdma.gid_roce_v2"},
     "fault-degraded-rate": {"rdma.rate"},
     "fault-pause-storm": {"pfc.pause_storm"},
+    # Broadcom, Intel and RoCE LAG nodes (examples/snapshots/make_vendor_snapshots.py)
+    "healthy-bnxt-thor2": set(),
+    # Firmware NP off on bnxt_re0 (newer bnxt_re, mlx5-style counter names)
+    "fault-bnxt-ecn-np-disabled": {"ecn.cnp_flow"},
+    "healthy-intel-e810": set(),
+    "healthy-roce-lag-renamed": set(),
 }
 # The subject each fault is expected to pin the failure on.
 EXPECTED_SUBJECTS = {
@@ -40,6 +46,7 @@ EXPECTED_SUBJECTS = {
     "fault-link-down": {"ens2np0", "mlx5_1/1"},
     "fault-roce-v1-only": {"mlx5_0/1"},
     "fault-degraded-rate": {"mlx5_1/1"},
+    "fault-bnxt-ecn-np-disabled": {"bnxt_re0/1"},
 }
 
 

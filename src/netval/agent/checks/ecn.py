@@ -53,8 +53,10 @@ def _check_enabled(ctx: CheckContext, check: CheckId) -> list[CheckResult]:
                 skipped(
                     check,
                     name,
-                    f"no ECN controls in sysfs for {name} (ecn/{directory}/enable; driver "
-                    f"{netdev.driver or 'unknown'})",
+                    f"no ECN controls in sysfs for {name} (ecn/{directory}/enable is the "
+                    f"MLNX_OFED/DOCA mlx5_core interface; driver {netdev.driver or 'unknown'} "
+                    "sets ECN elsewhere, e.g. in firmware): its effect is judged by "
+                    "ecn.cnp_flow",
                 )
             )
             continue

@@ -157,8 +157,12 @@ def check_pause_storm(ctx: CheckContext) -> list[CheckResult]:
                         subject,
                         Status.SKIP,
                         f"{driver.name} has no per-priority pause-duration counter: pause time "
-                        "is not measurable on this NIC (pause-storm events and discards are "
-                        "still judged)",
+                        "is not measurable on this NIC"
+                        + (
+                            " (its pause-storm events are judged above)"
+                            if driver.pause_storm_events
+                            else " (drops are judged in pfc.discards)"
+                        ),
                         inputs.found.observed,
                     )
                 )
