@@ -81,6 +81,9 @@ class LiveCollector:
                 wanted.extend(port.netdevs)
             if device.netdev_hint:
                 wanted.append(device.netdev_hint)
+        # Only netdevs carrying RDMA traffic can be a LAG whose ports matter: the spec's
+        # extra interfaces are not searched for lower_* links.
+        rdma_bound = set(wanted)
         wanted.extend(self.interfaces)
         netdevs: dict[str, Netdev] = {}
         queue = list(dict.fromkeys(wanted))
@@ -90,7 +93,11 @@ class LiveCollector:
                 continue
             dcb = self.dcb.read(name)
             netdev = self.reader.read_netdev(
-                name, ethtool=self.ethtool.read(name), dcb=dcb, dcb_error=self.dcb.last_error
+                name,
+                ethtool=self.ethtool.read(name),
+                dcb=dcb,
+                dcb_error=self.dcb.last_error,
+                read_lower=name in rdma_bound,
             )
             if netdev is None:
                 continue

@@ -115,6 +115,7 @@ class SysfsReader:
         ethtool: dict[str, int] | None = None,
         dcb: Dcb | None = None,
         dcb_error: str | None = None,
+        read_lower: bool = True,
     ) -> Netdev | None:
         """A netdev's sysfs state; ethtool stats and DCB come from the caller's source."""
         base = self.net_root / name
@@ -126,9 +127,10 @@ class SysfsReader:
         slaves = self.text(base / "bonding" / "slaves")
         driver = self.driver_of(base / "device")
         # A netdev without a device of its own (bond, team, VLAN) names what is below it in
-        # lower_* links; only then is the directory listed, so NIC netdevs cost no listdir.
+        # lower_* links; only then is the directory listed, so NIC netdevs cost no listdir
+        # (and the live collector asks only for netdevs carrying RDMA traffic).
         lower: tuple[str, ...] = ()
-        if not slaves and driver is None:
+        if read_lower and not slaves and driver is None:
             lower = tuple(
                 n[len(LOWER_PREFIX) :]
                 for n in self.listdir(base)
