@@ -264,3 +264,14 @@ def all_hw_counter_names() -> tuple[str, ...]:
     for m in MAPS:
         names.update(m.hw_counter_names())
     return tuple(sorted(names))
+
+
+def hw_counter_names_for(device: str, driver: str | None) -> tuple[str, ...]:
+    """The hw_counters to read on a device: its driver's (by the device's PCI driver, else
+    its name prefix), or every known driver's when neither says. A missing counter file
+    costs a failed open, so a port does not pay for the names of drivers it is not."""
+    found = counters_for_driver(driver) or counters_for_rdma_prefix(device)
+    return _NAMES_BY_MAP[found.name] if found is not None else all_hw_counter_names()
+
+
+_NAMES_BY_MAP: Final = {m.name: tuple(sorted(m.hw_counter_names())) for m in MAPS}

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-from netval.agent.checks.drivers import all_hw_counter_names
+from netval.agent.checks.drivers import all_hw_counter_names, hw_counter_names_for
 from netval.agent.collect.dcb_netlink import DcbReader
 from netval.agent.collect.ethtool_stats import EthtoolStats
 from netval.agent.collect.sysfs import SysfsReader
@@ -42,6 +42,7 @@ class LiveCollector:
             rdma_cm_root=rdma_cm_root,
             strict=False,
             hw_counter_names=all_hw_counter_names(),
+            hw_counter_names_for=hw_counter_names_for,
         )
         self.ethtool = EthtoolStats()
         self.dcb = DcbReader()

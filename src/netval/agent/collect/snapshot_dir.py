@@ -15,7 +15,7 @@ from typing import Annotated, Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from netval.agent.checks.drivers import all_hw_counter_names
+from netval.agent.checks.drivers import all_hw_counter_names, hw_counter_names_for
 from netval.agent.collect.sysfs import (
     DEVICE_FILES,
     NETDEV_FILES,
@@ -150,6 +150,7 @@ def _load_sample(root: Path, sample_dir: Path) -> Sample:
         rdma_cm_root=sample_dir / "rdma_cm",
         strict=True,
         hw_counter_names=all_hw_counter_names(),
+        hw_counter_names_for=hw_counter_names_for,
     )
     try:
         rdma = {name: reader.read_rdma_device(name) for name in reader.rdma_device_names()}

@@ -54,6 +54,7 @@ class SysfsReader:
         strict: bool = False,
         hw_counter_names: Iterable[str] = (),
         port_counter_names: Iterable[str] = (),
+        hw_counter_names_for: Callable[[str, str | None], Iterable[str]] | None = None,
     ) -> None:
         self.sys_root = sys_root
         self.net_root = sys_root / "class" / "net"
@@ -64,6 +65,8 @@ class SysfsReader:
         # them all would cost more than the rest of the cycle.
         self.hw_counter_names = tuple(sorted(set(hw_counter_names)))
         self.port_counter_names = tuple(sorted(set(port_counter_names)))
+        # (device, its PCI driver) -> the hw_counters worth reading on it; default: all.
+        self.hw_counter_names_for = hw_counter_names_for
 
     # -- primitive reads -------------------------------------------------------------------
 
@@ -194,12 +197,20 @@ class SysfsReader:
     ) -> RdmaDevice:
         """`gid_indices(device, port, gids_dir)` lets the live collector skip empty slots."""
         base = self.ib_root / name
+        driver = self.driver_of(base / "device")
+        hw_names = (
+            tuple(self.hw_counter_names_for(name, driver))
+            if self.hw_counter_names_for is not None
+            else self.hw_counter_names
+        )
         ports: dict[int, RdmaPort] = {}
         for port_name in self.listdir(base / "ports"):
             if not port_name.isdigit():
                 continue
             port = int(port_name)
-            ports[port] = self._read_port(name, port, base / "ports" / port_name, gid_indices)
+            ports[port] = self._read_port(
+                name, port, base / "ports" / port_name, gid_indices, hw_names
+            )
         hint = self.listdir(base / "device" / "net")
         return RdmaDevice(
             name=name,
@@ -208,7 +219,7 @@ class SysfsReader:
             board_id=self.text(base / "board_id"),
             netdev_hint=hint[0] if hint else None,
             ports=ports,
-            driver=self.driver_of(base / "device"),
+            driver=driver,
         )
 
     def _read_port(
@@ -217,6 +228,7 @@ class SysfsReader:
         port: int,
         base: Path,
         gid_indices: Callable[[str, int, Path], Iterable[int]] | None,
+        hw_names: tuple[str, ...],
     ) -> RdmaPort:
         gids_dir = base / "gids"
         indices = (
@@ -227,7 +239,7 @@ class SysfsReader:
         gids = tuple(g for g in (self.read_gid(base, i) for i in indices) if g is not None)
         unavailable: dict[str, str] = {}
         counters = self._counters(base / "counters", self.port_counter_names, unavailable)
-        hw_counters = self._counters(base / "hw_counters", self.hw_counter_names, unavailable)
+        hw_counters = self._counters(base / "hw_counters", hw_names, unavailable)
         tos = None
         if self.rdma_cm_root is not None:
             tos = self.integer(
