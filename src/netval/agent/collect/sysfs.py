@@ -39,9 +39,9 @@ NOT_AVAILABLE: Final = "N/A"
 class SnapshotDataError(ValueError):
     """A recorded file is present but its content is not what the kernel writes."""
 
-    def __init__(self, path: Path, problem: str) -> None:
+    def __init__(self, path: Path | str, problem: str) -> None:
         super().__init__(f"{path}: {problem}")
-        self.path = path
+        self.path = Path(path)
         self.problem = problem
 
 
@@ -70,7 +70,9 @@ class SysfsReader:
 
     # -- primitive reads -------------------------------------------------------------------
 
-    def text(self, path: Path) -> str | None:
+    # Paths are Path or str: the per-counter and per-GID loops join strings, because a
+    # pathlib join costs more than the read itself (measured: bench/probe_cost.py).
+    def text(self, path: Path | str) -> str | None:
         try:
             with open(path, "rb") as fh:
                 raw = fh.read()
@@ -86,13 +88,13 @@ class SysfsReader:
         # that is no value, not the value "".
         return value or None
 
-    def integer(self, path: Path) -> int | None:
+    def integer(self, path: Path | str) -> int | None:
         value = self.text(path)
         if value is None:
             return None
         return self._parse_int(path, value)
 
-    def _parse_int(self, path: Path, value: str) -> int | None:
+    def _parse_int(self, path: Path | str, value: str) -> int | None:
         try:
             return int(value, 0) if value.startswith("0x") else int(value)
         except ValueError:
@@ -178,8 +180,9 @@ class SysfsReader:
         out: dict[int, bool] = {}
         if not enable_dir.is_dir():
             return out
+        base = str(enable_dir)
         for prio in PRIORITIES:
-            value = self.integer(enable_dir / str(prio))
+            value = self.integer(f"{base}/{prio}")
             if value is not None:
                 out[prio] = value != 0
         return out
@@ -264,22 +267,24 @@ class SysfsReader:
 
     def read_gid(self, port_dir: Path, index: int) -> Gid | None:
         """A populated GID slot; empty (all-zero) slots are None, like unreadable ones."""
-        gid = self.text(port_dir / "gids" / str(index))
+        base = str(port_dir)
+        gid = self.text(f"{base}/gids/{index}")
         if gid is None or gid == ZERO_GID:
             return None
         return Gid(
             index=index,
             gid=gid,
-            type=self.text(port_dir / "gid_attrs" / "types" / str(index)),
-            ndev=self.text(port_dir / "gid_attrs" / "ndevs" / str(index)),
+            type=self.text(f"{base}/gid_attrs/types/{index}"),
+            ndev=self.text(f"{base}/gid_attrs/ndevs/{index}"),
         )
 
     def _counters(
         self, directory: Path, names: tuple[str, ...], unavailable: dict[str, str]
     ) -> dict[str, int]:
         out: dict[str, int] = {}
+        base = str(directory)
         for name in names:
-            path = directory / name
+            path = f"{base}/{name}"
             text = self.text(path)
             if text is None:
                 continue
