@@ -12,9 +12,10 @@ from netval.agent.checks.context import (
 )
 from netval.agent.checks.counters import delta
 from netval.agent.checks.driver_discovery import netdev_driver
-from netval.agent.checks.drivers import pick
+from netval.agent.checks.drivers import DriverCounters, pick
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
+from netval.model.snapshot import RdmaPort
 from netval.model.spec import EcnMode
 
 _ROLE = {
@@ -96,6 +97,35 @@ def check_rp_enabled(ctx: CheckContext) -> list[CheckResult]:
     return _check_enabled(ctx, CheckId.ECN_RP_ENABLED)
 
 
+_NO_CONGESTION = (
+    " (the port exposes no congestion counters at all: a VF or representor has none, judge the PF)"
+)
+
+
+def _congestion_deltas(
+    driver: DriverCounters, first_hw: dict[str, int] | None, port: RdmaPort
+) -> tuple[dict[str, int], dict[str, str], list[str]]:
+    """(deltas by signal, the counter name read per signal, missing counters). A signal
+    the driver has no counter for is not required; "CNP ignored" is optional (bnxt_re and
+    ionic have none) unless the port exposes it."""
+    got: dict[str, int] = {}
+    chosen: dict[str, str] = {}
+    missing: list[str] = []
+    for key, names in driver.congestion_signals.items():
+        name = pick(port.hw_counters, names)
+        if name is None:
+            if names and key != "cnpIgnored":
+                missing.append("/".join(names))
+            continue
+        chosen[key] = name
+        d = delta(first_hw.get(name) if first_hw else None, port.hw_counters[name])
+        if d is None:
+            missing.append(name)
+        else:
+            got[key] = d
+    return got, chosen, missing
+
+
 def check_cnp_flow(ctx: CheckContext) -> list[CheckResult]:
     ports = [p for p in ctx.judged.ports if p.link_layer == "Ethernet"]
     if not ports:
@@ -123,35 +153,16 @@ def check_cnp_flow(ctx: CheckContext) -> list[CheckResult]:
                 )
             )
             continue
-        signals = driver.congestion_signals
-        chosen = {key: pick(port.hw_counters, names) for key, names in signals.items()}
-        # A driver without a "CNP ignored" counter (bnxt_re, ionic) is judged on the rest.
-        required = [k for k in signals if (signals[k] and k != "cnpIgnored") or chosen[k]]
-        got = {
-            key: d
-            for key in required
-            if (name := chosen[key]) is not None
-            and (d := delta(first_hw.get(name) if first_hw else None, port.hw_counters[name]))
-            is not None
-        }
-        if len(got) < len(required) or not required:
-            missing = [chosen[k] or "/".join(signals[k]) for k in required if k not in got] or [
-                "/".join(n) for n in signals.values() if n
-            ]
-            no_congestion = not any(pick(port.hw_counters, n) for n in signals.values())
-            why = (
-                " (the port exposes no congestion counters at all: a VF or representor "
-                "has none, judge the PF)"
-                if no_congestion
-                else ""
-            )
+        got, chosen, missing = _congestion_deltas(driver, first_hw, port)
+        if missing:
             out.append(
                 result(
                     CheckId.ECN_CNP_FLOW,
                     subject,
                     Status.SKIP,
                     f"{driver.name} congestion counter(s) "
-                    f"{missing_counters_text(port, missing, 'hw_counters')} not readable{why}",
+                    f"{missing_counters_text(port, missing, 'hw_counters')} not readable"
+                    + ("" if chosen else _NO_CONGESTION),
                     found.observed,
                 )
             )
@@ -165,7 +176,7 @@ def check_cnp_flow(ctx: CheckContext) -> list[CheckResult]:
             "cnpSent": sent,
             "cnpHandled": handled,
             "cnpIgnored": ignored,
-            "counters": [chosen[k] for k in required],
+            "counters": list(chosen.values()),
             **found.observed,
         }
         expected: dict[str, object] = {
