@@ -21,7 +21,13 @@ EXPECTED_FAILING = {
     "fault-ecn-np-disabled": {"ecn.np_enabled", "ecn.cnp_flow"},
     "fault-ecn-rp-disabled": {"ecn.rp_enabled", "ecn.cnp_flow"},
     # QPs on the dead port time out (local_ack_timeout_err) while the link flaps.
-    "fault-link-down": {"link.carrier", "link.flaps", "rdma.port_state", "rdma.errors"},
+    "fault-link-down": {
+        "link.carrier",
+        "link.flaps",
+        "link.phy_errors",  # link_down_events_phy
+        "rdma.port_state",
+        "rdma.errors",
+    },
     "fault-roce-v1-only": {"rdma.gid_roce_v2"},
     "fault-degraded-rate": {"rdma.rate"},
     "fault-pause-storm": {"pfc.pause_storm"},
@@ -29,6 +35,12 @@ EXPECTED_FAILING = {
     "healthy-infiniband": set(),
     "fault-ib-symbol-errors": {"ib.port_errors"},
     "excluded-spare-port": set(),
+    # Broadcom, Intel and RoCE LAG nodes (examples/snapshots/make_vendor_snapshots.py)
+    "healthy-bnxt-thor2": set(),
+    # Firmware NP off on bnxt_re0 (newer bnxt_re, mlx5-style counter names)
+    "fault-bnxt-ecn-np-disabled": {"ecn.cnp_flow"},
+    "healthy-intel-e810": set(),
+    "healthy-roce-lag-renamed": set(),
 }
 # The subject each fault is expected to pin the failure on.
 EXPECTED_SUBJECTS = {
@@ -39,6 +51,7 @@ EXPECTED_SUBJECTS = {
     "fault-roce-v1-only": {"mlx5_0/1"},
     "fault-degraded-rate": {"mlx5_1/1"},
     "fault-ib-symbol-errors": {"mlx5_1/1"},
+    "fault-bnxt-ecn-np-disabled": {"bnxt_re0/1"},
 }
 
 
@@ -84,10 +97,10 @@ def test_healthy_node_passes_everything_without_warnings(
     assert {r.status for r in report.results if r.check.value in not_applicable} == {Status.SKIP}
     judged = {r.check.value for r in report.results if r.status is Status.PASS}
     assert judged == {
-        "link.carrier", "link.flaps", "mtu.interface", "mtu.roce", "rdma.devices",
-        "rdma.port_state", "rdma.link_layer", "rdma.rate", "rdma.gid_roce_v2", "rdma.gid_index",
-        "rdma.errors", "pfc.priorities", "pfc.trust", "pfc.pause_storm", "pfc.discards",
-        "ecn.np_enabled", "ecn.rp_enabled", "ecn.cnp_flow",
+        "link.carrier", "link.flaps", "link.phy_errors", "mtu.interface", "mtu.roce",
+        "rdma.devices", "rdma.port_state", "rdma.link_layer", "rdma.rate", "rdma.gid_roce_v2",
+        "rdma.gid_index", "rdma.errors", "pfc.priorities", "pfc.trust", "pfc.pause_storm", "pfc.discards",
+        "pfc.global_pause", "ecn.np_enabled", "ecn.rp_enabled", "ecn.cnp_flow",
     }  # fmt: skip
     subjects = {r.subject for r in report.results}
     assert {"ens1np0", "ens2np0", "mlx5_0/1", "mlx5_1/1", "ens1np0/prio3"} <= subjects

@@ -33,6 +33,8 @@ pytestmark = [pytest.mark.netns, pytest.mark.timeout(60)]
 STATIC = ["v9000", "v1500", "vdown", "vadm"]
 # Node-level checks that have nothing to judge on a host without RDMA.
 NODE_SKIPS = {
+    "link.phy_errors",
+    "pfc.global_pause",
     "mtu.roce",
     "rdma.devices",
     "rdma.port_state",
@@ -212,7 +214,11 @@ def test_live_probe_judges_mtu_and_carrier(live_static: tuple[int, Report]) -> N
         ("mtu.interface", "v1500"),
     }
     # Only the named interfaces are judged: not the peers, not vflap, not lo.
-    judged = {s for (c, s) in results if c.startswith(("link.", "mtu.interface"))}
+    judged = {
+        s
+        for (c, s) in results
+        if c.startswith(("link.", "mtu.interface")) and c != "link.phy_errors"
+    }
     assert judged == set(STATIC)
     node = report["node"]
     for check in NODE_SKIPS:
@@ -325,10 +331,10 @@ def test_snapshot_replays_like_the_live_probe(
     assert verdicts(replayed) == verdicts(live)
     assert replayed["node"] == live["node"]
 
-    # Layout of netval-snapshot/1.
+    # Layout of netval-snapshot/1.1.
     meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
     assert set(meta) == {"format", "node", "captured_at", "interval_seconds"}
-    assert meta["format"] == "netval-snapshot/1"
+    assert meta["format"] == "netval-snapshot/1.1"
     assert meta["node"] == live["node"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", meta["captured_at"])
     assert 0.25 <= meta["interval_seconds"] <= 1.0
@@ -358,7 +364,9 @@ def test_snapshot_replays_like_the_live_probe(
         assert all(isinstance(v, int) for v in stats.values())
     peer = host.index("p9000")
     assert json.loads((last / "ethtool" / "v9000.json").read_text())["peer_ifindex"] == peer
-    assert not (last / "dcb").exists()
+    # No DCB state, and the reason as DCB netlink gave it (veth has no dcbnl ops).
+    assert sorted(p.name for p in (last / "dcb").iterdir()) == sorted(f"{n}.error" for n in STATIC)
+    assert (last / "dcb" / "v9000.error").read_text() == "EOPNOTSUPP\n"
 
 
 # -- the collector itself -----------------------------------------------------------------------
@@ -488,6 +496,24 @@ print(json.dumps(out))
 """
 
 
+# -- devices stacked on ports (lower_* links) -------------------------------------------------
+
+_STACKED = """
+import json, sys
+from pathlib import Path
+from netval.agent.collect.dcb_netlink import DcbReader
+from netval.agent.collect.sysfs import SysfsReader
+reader, dcb = SysfsReader(Path("/sys")), DcbReader()
+out = {}
+for name in sys.argv[1:]:
+    state = dcb.read(name)
+    d = reader.read_netdev(name, dcb=state, dcb_error=dcb.last_error)
+    out[name] = {"lower": list(d.lower), "ports_below": list(d.ports_below),
+                 "driver": d.driver, "dcb_error": d.dcb_error}
+print(json.dumps(out))
+"""
+
+
 def test_admin_down_is_read_from_real_flags_and_upper_netdevs_are_judged() -> None:
     with namespace() as ns:
         ns.add_veth("r0", "rp0", mtu=9000, peer_mtu=9000)
@@ -523,3 +549,24 @@ def test_admin_down_is_read_from_real_flags_and_upper_netdevs_are_judged() -> No
     for check in ("link.carrier", "mtu.interface"):
         assert seen["skip"][f"{check} r0.100"][0] == "pass"
     assert seen["skip"]["mtu.roce rxe_a/1"][0] == "pass"
+
+
+def test_live_sysfs_reads_lower_links_of_stacked_devices() -> None:
+    """A macvlan and a bridge name their ports in lower_* links, as a bond or team does (this
+    kernel has no bonding module): the live sysfs reader finds the ports below them, which the
+    collector then reads for a RoCE LAG's counters."""
+    with namespace() as ns:
+        ns.add_veth("pa", "pa-peer")
+        ns.add_veth("pb", "pb-peer")
+        ns.ipr.link("add", ifname="mv0", kind="macvlan", link=ns.index("pa"))
+        ns.ipr.link("add", ifname="br0", kind="bridge")
+        for port in ("pb", "pb-peer"):
+            ns.ipr.link("set", index=ns.index(port), master=ns.index("br0"))
+        proc = ns.run([sys.executable, "-c", _STACKED, "mv0", "br0", "pa"], timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        seen = json.loads(proc.stdout)
+    assert seen["mv0"]["lower"] == seen["mv0"]["ports_below"] == ["pa"]
+    assert sorted(seen["br0"]["lower"]) == ["pb", "pb-peer"]
+    assert seen["pa"]["lower"] == []  # a netdev with nothing below lists no lower_*
+    assert seen["mv0"]["driver"] is None
+    assert seen["mv0"]["dcb_error"] == "EOPNOTSUPP"

@@ -869,6 +869,10 @@ def main() -> None:
     import make_ib_snapshots
 
     make_ib_snapshots.main()
+    # Broadcom, Intel and RoCE LAG nodes (format 1.1) live in their own generator.
+    import make_vendor_snapshots
+
+    make_vendor_snapshots.main()
 
 
 if __name__ == "__main__":

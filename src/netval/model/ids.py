@@ -50,6 +50,9 @@ class CheckId(StrEnum):
     PEER_LOSS = "peer.loss"
     PEER_PATH_MTU = "peer.path_mtu"
     PEER_THROUGHPUT = "peer.throughput"
+    # -- driver counters (issue 11) --
+    LINK_PHY_ERRORS = "link.phy_errors"
+    PFC_GLOBAL_PAUSE = "pfc.global_pause"
 
     @property
     def group(self) -> CheckGroup:

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
-SNAPSHOT_FORMAT: Final = "netval-snapshot/1"
+SNAPSHOT_FORMAT: Final = "netval-snapshot/1.1"
+# Every 1.x reads as 1.x: a minor version only adds files, which older readers ignore.
+SNAPSHOT_MAJOR: Final = "netval-snapshot/1"
 
 ZERO_GID: Final = "0000:0000:0000:0000:0000:0000:0000:0000"
 IFF_UP: Final = 0x1
@@ -72,6 +74,17 @@ class Netdev:
     ipoib_mode: str | None = None  # "datagram" | "connected"
     pci_address: str | None = None  # PCI_SLOT_NAME of device/uevent
     dev_port: int | None = None  # the port of its PCI device, 0-based
+    # -- format 1.1 (drivers and counters) --
+    # lower_* links: the ports under a bond/team without bonding/slaves.
+    lower: tuple[str, ...] = ()
+    # Why `dcb` is None, as the DCB netlink reader saw it ("EOPNOTSUPP", "timeout", ...);
+    # None also when unknown (a 1.0 snapshot).
+    dcb_error: str | None = None
+
+    @property
+    def ports_below(self) -> tuple[str, ...]:
+        """The netdevs whose NIC carries this one's traffic (bond slaves, else lower_*)."""
+        return self.bond_slaves or self.lower
 
     @property
     def has_ecn_controls(self) -> bool:
@@ -119,8 +132,10 @@ class RdmaPort:
     counters: dict[str, int] = field(default_factory=dict)
     hw_counters: dict[str, int] = field(default_factory=dict)
     default_roce_tos: int | None = None
-    # counters/<name> files that read "N/A (no PMA)": the device has no PMA (issue 11)
-    counters_na: tuple[str, ...] = ()
+    # -- format 1.1 (drivers and counters) --
+    # Counter files the kernel answered with a non-number ("N/A (no PMA)" on a device
+    # without a performance-management agent): "hw_counters/<name>" -> the text read.
+    unavailable: dict[str, str] = field(default_factory=dict)
 
     @property
     def subject(self) -> str:
@@ -166,6 +181,11 @@ class RdmaDevice:
         if port.link_layer == "Ethernet":
             return Transport.ROCE
         return Transport.UNKNOWN
+
+    # -- format 1.1 (drivers and counters) --
+    # The PCI driver of the RDMA device's own device (device/uevent DRIVER= or the
+    # device/driver link): names the counter set even when udev renamed the device.
+    driver: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -107,7 +107,16 @@ class PfcChecks(_Spec):
     max_discards_per_interval: Annotated[int, Field(ge=0)] = 0
 
 
+class EcnMode(StrEnum):
+    """The fabric's congestion control: ECN-driven DCQCN, or none (PFC-only or lossy
+    fabrics, and fabrics whose congestion control does not use CNPs)."""
+
+    DCQCN = "dcqcn"
+    NONE = "none"
+
+
 class EcnChecks(_Spec):
+    mode: EcnMode = EcnMode.DCQCN
     # None means "the PFC priorities": RoCE congestion control only works when ECN and PFC
     # protect the same traffic class.
     priorities: Priorities | None = None

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Final
 
-from netval.agent.checks import ecn, gid, infiniband, link, mtu, pfc, rdma
+from netval.agent.checks import ecn, gid, infiniband, link, mtu, pfc, port_counters, rdma
 from netval.agent.checks.context import CheckContext
 from netval.agent.checks.judged import judged_subjects
 from netval.model.ids import CheckGroup, CheckId
@@ -23,6 +23,7 @@ GroupRunner = Callable[[str, Callable[[], list[CheckResult]]], list[CheckResult]
 NODE_CHECKS: Final[dict[CheckId, CheckFn]] = {
     CheckId.LINK_CARRIER: link.check_carrier,
     CheckId.LINK_FLAPS: link.check_flaps,
+    CheckId.LINK_PHY_ERRORS: port_counters.check_phy_errors,
     CheckId.MTU_INTERFACE: mtu.check_interface_mtu,
     CheckId.MTU_ROCE: mtu.check_roce_mtu,
     CheckId.MTU_IPOIB: mtu.check_ipoib_mtu,
@@ -38,6 +39,7 @@ NODE_CHECKS: Final[dict[CheckId, CheckFn]] = {
     CheckId.PFC_TRUST: pfc.check_trust,
     CheckId.PFC_PAUSE_STORM: pfc.check_pause_storm,
     CheckId.PFC_DISCARDS: pfc.check_discards,
+    CheckId.PFC_GLOBAL_PAUSE: port_counters.check_global_pause,
     CheckId.ECN_NP_ENABLED: ecn.check_np_enabled,
     CheckId.ECN_RP_ENABLED: ecn.check_rp_enabled,
     CheckId.ECN_CNP_FLOW: ecn.check_cnp_flow,

@@ -96,7 +96,8 @@ def _judge(ctx: CheckContext, port: RdmaPort) -> CheckResult:
     where = _COUNTERS_DIR.format(dev=port.device, port=port.port)
     if not ctx.snapshot.has_deltas:
         return skipped(check, subject, NO_DELTAS)
-    if port.counters_na and not port.counters:
+    no_pma = [k for k in port.unavailable if k.startswith("counters/")]
+    if no_pma and not port.counters:
         return skipped(
             check,
             subject,

@@ -126,7 +126,7 @@ def judged_subjects(sample: Sample, checks: Checks) -> Judged:
     qos: list[str] = []
     for name in _ordered(qos_candidates):
         netdev = sample.netdevs.get(name)
-        qos.extend(netdev.bond_slaves if netdev and netdev.bond_slaves else (name,))
+        qos.extend(netdev.ports_below if netdev and netdev.ports_below else (name,))
     for name in list(excluded):
         if name in rdma:  # another judged port carries it: judge it for that port
             del excluded[name]

@@ -274,7 +274,12 @@ def check_errors(ctx: CheckContext) -> list[CheckResult]:
         )
         if not grown:
             out.append(
-                skipped(CheckId.RDMA_ERRORS, subject, "no error counters readable in hw_counters")
+                skipped(
+                    CheckId.RDMA_ERRORS,
+                    subject,
+                    f"none of the {driver.name} error counters "
+                    f"({', '.join(driver.rdma_errors)}) is in hw_counters",
+                )
             )
             continue
         nonzero = {k: v for k, v in grown.items() if v}
