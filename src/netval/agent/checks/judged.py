@@ -64,7 +64,8 @@ def _ordered(*groups: tuple[str, ...] | list[str]) -> tuple[str, ...]:
 
 
 _WHY_NO_QOS = {
-    Transport.INFINIBAND: "IB has credit-based flow control, no PFC/ECN",
+    Transport.INFINIBAND: "IB has credit-based flow control and no Ethernet PHY, PFC or ECN; "
+    "its link errors are ib.port_errors",
     Transport.IWARP: "iWARP runs over TCP; checks.select.qosOnIWARP judges it",
 }
 _NOT_APPLICABLE = {

@@ -18,7 +18,7 @@ from netval.model.results import CheckResult
 
 
 def _none(check: CheckId, ctx: CheckContext) -> list[CheckResult]:
-    return [skipped(check, ctx.node, "no RDMA netdevs on this node: port counters not judged")]
+    return [skipped(check, ctx.node, ctx.judged.no_qos_reason("port counters"))]
 
 
 def check_global_pause(ctx: CheckContext) -> list[CheckResult]:
