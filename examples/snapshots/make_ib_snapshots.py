@@ -345,7 +345,7 @@ def write(name: str, node_name: str, render: Callable[[int], dict[str, str]], ch
         shutil.rmtree(out)
     out.mkdir(parents=True)
     meta = {
-        "format": roce.FORMAT,
+        "format": "netval-snapshot/1.1",  # flags, dev_port, mode, device/net/<if>/dev_port
         "node": node_name,
         "captured_at": roce.CAPTURED_AT,
         "interval_seconds": roce.INTERVAL,
