@@ -332,3 +332,29 @@ def test_any_hardware_is_judged_without_a_traceback(
     assert all(r.message for r in results)
     judged = judged_subjects(snap.last, spec)
     assert not any(p.device == "irdma0" for p in judged.ports)
+
+
+def test_iwarp_ports_get_no_pfc_or_ecn_intent_checks_unless_asked() -> None:
+    """A Chelsio/irdma iWARP port (node_type 4: RNIC) runs over TCP: no RoCE GID, no PFC/ECN."""
+    port = eth_port("iw_cxgb4_0", "enp3s0f4", 30, gids=())
+    sample = Sample(
+        netdevs={"enp3s0f4": up("enp3s0f4", "0000:03:00.4")},
+        rdma={
+            "iw_cxgb4_0": RdmaDevice(
+                "iw_cxgb4_0", node_type="4: RNIC", ports={1: port}, pci_netdevs={"enp3s0f4": 0}
+            )
+        },
+    )
+    results = run_node_checks(snapshot(sample), Checks())
+    by = {(r.check.value, r.subject): r for r in results}
+    assert bad(results) == set()
+    for check in ("pfc.priorities", "ecn.np_enabled", "ecn.cnp_flow"):
+        r = by[(check, "gpu-a01")]
+        assert r.status is Status.SKIP and r.message.startswith("not applicable: iWARP port(s)")
+    assert by[("rdma.gid_roce_v2", "iw_cxgb4_0/1")].status is Status.SKIP
+    assert by[("mtu.interface", "enp3s0f4")].status is Status.PASS
+    assert by[("rdma.link_layer", "iw_cxgb4_0/1")].observed["transport"] == "iWARP"
+    # asked: PFC/ECN intent is judged on the iWARP netdev (no DCB here: pfc skips per netdev)
+    asked = run_node_checks(snapshot(sample), checks(qosOnIWARP=True))
+    pfc = [r for r in asked if r.check.value == "pfc.priorities"]
+    assert [r.subject for r in pfc] == ["enp3s0f4"]
