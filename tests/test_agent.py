@@ -54,7 +54,7 @@ pytestmark = pytest.mark.timeout(60)
 VALIDATION = "v"
 NODE = "node-a"
 PREFIX = f"netval/v1/{VALIDATION}/{NODE}"
-NODE_GROUPS = ("link", "mtu", "rdma", "pfc", "ecn")
+NODE_GROUPS = ("link", "mtu", "rdma", "ib", "pfc", "ecn")
 EVENT_DEADLINE = 2.0  # seconds from a carrier change to the report (issue 3)
 
 

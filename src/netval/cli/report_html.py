@@ -44,6 +44,8 @@ ADVICE: Final[Mapping[str, str]] = {
     "look for pause storms from a stuck receiver",
     "ecn": "enable ECN notification and reaction points on the lossless priority "
     "(/sys/class/net/IF/ecn/roce_np|roce_rp/enable/N)",
+    "ib": "InfiniBand port errors grew: check the rail's cable or optic and its switch port "
+    "(perfquery -x, mlxlink -c, ibqueryerrors)",
     "storage": "check the path from the nodes to the storage endpoint (reachability, "
     "latency, throughput)",
     "peer": "east-west: look at the suspect nodes and the flagged pairs below; a flagged pair "

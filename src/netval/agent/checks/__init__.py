@@ -6,7 +6,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Final
 
-from netval.agent.checks import ecn, link, mtu, pfc, rdma
+from netval.agent.checks import ecn, gid, infiniband, link, mtu, pfc, port_counters, rdma
 from netval.agent.checks.context import CheckContext
 from netval.agent.checks.judged import judged_subjects
 from netval.model.ids import CheckGroup, CheckId, Status
@@ -26,18 +26,23 @@ MAX_ERROR_TEXT: Final = 300
 NODE_CHECKS: Final[dict[CheckId, CheckFn]] = {
     CheckId.LINK_CARRIER: link.check_carrier,
     CheckId.LINK_FLAPS: link.check_flaps,
+    CheckId.LINK_PHY_ERRORS: port_counters.check_phy_errors,
     CheckId.MTU_INTERFACE: mtu.check_interface_mtu,
     CheckId.MTU_ROCE: mtu.check_roce_mtu,
+    CheckId.MTU_IPOIB: mtu.check_ipoib_mtu,
     CheckId.RDMA_DEVICES: rdma.check_devices,
     CheckId.RDMA_PORT_STATE: rdma.check_port_state,
     CheckId.RDMA_LINK_LAYER: rdma.check_link_layer,
     CheckId.RDMA_RATE: rdma.check_rate,
-    CheckId.RDMA_GID_ROCE_V2: rdma.check_gid_roce_v2,
+    CheckId.RDMA_GID_ROCE_V2: gid.check_gid_roce_v2,
+    CheckId.RDMA_GID_INDEX: gid.check_gid_index,
     CheckId.RDMA_ERRORS: rdma.check_errors,
+    CheckId.IB_PORT_ERRORS: infiniband.check_port_errors,
     CheckId.PFC_PRIORITIES: pfc.check_priorities,
     CheckId.PFC_TRUST: pfc.check_trust,
     CheckId.PFC_PAUSE_STORM: pfc.check_pause_storm,
     CheckId.PFC_DISCARDS: pfc.check_discards,
+    CheckId.PFC_GLOBAL_PAUSE: port_counters.check_global_pause,
     CheckId.ECN_NP_ENABLED: ecn.check_np_enabled,
     CheckId.ECN_RP_ENABLED: ecn.check_rp_enabled,
     CheckId.ECN_CNP_FLOW: ecn.check_cnp_flow,
