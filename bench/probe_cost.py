@@ -25,9 +25,9 @@ cycle (LiveCollector.sample() + node checks) over a sysfs tree holding the bundl
 six RDMA devices (2 mlx5, 2 bnxt_re, 2 irdma; examples/snapshots) with their netdevs, GID
 tables and hw_counters, i.e. the per-driver counter reads. The host namespace gets veths of
 those netdevs' names, so the ethtool and DCB reads behave as on a node (veth: statistics, no
-DCB). With `--baseline-src DIR` (another checkout's src, e.g. the previous release) the same
-worker runs alternately with that code and with this one, round by round, and both are
-printed side by side.
+DCB). With `--baseline-src DIR` (another checkout's src, e.g. the previous release) every
+measurement runs alternately with that code and with this one (the veth cycles in three
+chunks per count, the RDMA cycles round by round), and both are printed side by side.
 """
 
 from __future__ import annotations
@@ -293,7 +293,22 @@ def run_rdma_rounds(host: str, tree: Path, args: argparse.Namespace) -> dict[str
     return out
 
 
-def run_worker(host: str, count: int, config: str, args: argparse.Namespace) -> dict[str, Any]:
+CHUNKS = 3  # with --baseline-src, each count alternates the two codes in this many chunks
+
+
+def run_worker(
+    host: str,
+    count: int,
+    config: str,
+    args: argparse.Namespace,
+    *,
+    src: str | None = None,
+    rounds: int | None = None,
+    cold_runs: int | None = None,
+) -> dict[str, Any]:
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = src
     argv = [
         "ip",
         "netns",
@@ -307,17 +322,37 @@ def run_worker(host: str, count: int, config: str, args: argparse.Namespace) -> 
         "--config",
         config,
         "--rounds",
-        str(args.rounds),
+        str(args.rounds if rounds is None else rounds),
         "--cycles-per-round",
         str(args.cycles_per_round),
         "--cold-runs",
-        str(args.cold_runs),
+        str(args.cold_runs if cold_runs is None else cold_runs),
     ]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, env=env)
     if proc.returncode != 0:
         sys.exit(f"worker for {count} background interfaces failed:\n{proc.stderr}")
     result: dict[str, Any] = json.loads(proc.stdout)
     return result
+
+
+def baseline_and_this(
+    host: str, count: int, config: str, args: argparse.Namespace
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The baseline code and this code alternately, chunk by chunk, so both see the same
+    machine load; their samples are pooled per code."""
+    pooled: dict[str, dict[str, Any]] = {}
+    chunk = max(1, args.rounds // CHUNKS)
+    for i in range(CHUNKS):
+        for label, src in (("baseline", os.path.abspath(args.baseline_src)), ("this", None)):
+            got = run_worker(
+                host, count, config, args, src=src, rounds=chunk,
+                cold_runs=args.cold_runs if i == 0 else 0,
+            )  # fmt: skip
+            into = pooled.setdefault(label, got)
+            if into is not got:
+                for key in ("warm", "collect", "shell", "dump", "cold", "rss_kib"):
+                    into[key].extend(got[key])
+    return pooled["baseline"], pooled["this"]
 
 
 def main() -> int:
@@ -368,6 +403,7 @@ def main() -> int:
             fh,
         )
     rows: list[dict[str, Any]] = []
+    baseline_rows: list[dict[str, Any]] = []
     created: list[str] = []
     try:
         for name in (host, pods):
@@ -381,7 +417,12 @@ def main() -> int:
             add_veths(host, pods, [f"bg{i}" for i in range(have, count)])
             have = count
             built = time.monotonic() - t0
-            result = run_worker(host, count, config, args)
+            if args.baseline_src:
+                base_row, result = baseline_and_this(host, count, config, args)
+                base_row["background"] = count
+                baseline_rows.append(base_row)
+            else:
+                result = run_worker(host, count, config, args)
             result["background"] = count
             result["build_s"] = built
             rows.append(result)
@@ -433,6 +474,20 @@ def main() -> int:
             f"netval cycle with {row['background']:>3} background: collector "
             f"{share:.3f} ms + checks {statistics.median(row['warm']) - share:.3f} ms (medians)"
         )
+    if baseline_rows:
+        print()
+        print(f"Warm cycle, baseline ({args.baseline_src}) vs this checkout, alternating:")
+        print()
+        print("| background interfaces | baseline median (p90) | this checkout median (p90) "
+              "| change | shell / this |")  # fmt: skip
+        print("|---:|---:|---:|---:|---:|")
+        for base, row in zip(baseline_rows, rows, strict=True):
+            b, t = statistics.median(base["warm"]), statistics.median(row["warm"])
+            print(
+                f"| {row['background']} | {b:.3f} ms ({quantile(base['warm'], 0.9):.3f}) "
+                f"| {t:.3f} ms ({quantile(row['warm'], 0.9):.3f}) | {(t / b - 1) * 100:+.1f} % "
+                f"| {statistics.median(row['shell']) / t:.0f}x |"
+            )
     print()
     any_row = next(iter(rdma.values()))
     print(

@@ -56,7 +56,13 @@ def check_global_pause(ctx: CheckContext) -> list[CheckResult]:
                 )
             else:
                 out.append(
-                    skipped(check, name, missing_text(inputs.missing(driver.global_pause), driver))
+                    skipped(
+                        check,
+                        name,
+                        missing_text(inputs.missing(driver.global_pause), driver)
+                        + " and PFC state unknown (a driver may list them only while "
+                        "link-level pause is configured)",
+                    )
                 )
             continue
         total_frames = sum(frames.values())
