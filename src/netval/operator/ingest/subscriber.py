@@ -27,6 +27,8 @@ from netval.operator.ingest.decode import Dropped, StateChange, decode_message
 log = logging.getLogger("netval.operator.ingest")
 
 LOG_EVERY_SECONDS: Final = 60.0
+# Topics remembered for rate-limiting internal-error logs; past this the memory starts over.
+MAX_LOGGED_TOPICS: Final = 1024
 # Retained messages arrive right after SUBACK; once none came for this long the initial
 # state is complete and status may be written without flipping conditions.
 SYNC_QUIET_SECONDS: Final = 0.5
@@ -41,6 +43,7 @@ class IngestStats:
         self.connected = False
         self.reconnects = 0
         self._last_log: dict[DropReason, float] = {}
+        self._last_topic_log: dict[str, float] = {}
 
     def drop(self, dropped: Dropped) -> None:
         self.dropped[dropped.reason] += 1
@@ -52,6 +55,24 @@ class IngestStats:
                 dropped.reason.value,
                 self.dropped[dropped.reason],
                 dropped.detail,
+            )
+
+    def internal_error(self, topic_name: str, exc: Exception) -> None:
+        """Handling a message raised: counted as a drop, logged with its traceback once per
+        topic and LOG_EVERY_SECONDS (a retained poison comes back on every resubscribe)."""
+        self.dropped[DropReason.INTERNAL_ERROR] += 1
+        now = time.monotonic()
+        if len(self._last_topic_log) > MAX_LOGGED_TOPICS:
+            self._last_topic_log.clear()
+        if now - self._last_topic_log.get(topic_name, float("-inf")) >= LOG_EVERY_SECONDS:
+            self._last_topic_log[topic_name] = now
+            log.error(
+                "dropped MQTT message on %s (internal_error, %d so far): %s: %s",
+                topic_name[:300],
+                self.dropped[DropReason.INTERNAL_ERROR],
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
             )
 
 
@@ -101,16 +122,21 @@ class ReportIngest:
             await self._retained_changed.wait()
 
     def handle(self, topic_name: str, payload: bytes, *, retained: bool = False) -> None:
-        """`retained`: replayed by the broker on subscribe, not sent just now."""
-        decoded = decode_message(topic_name, payload)
-        if isinstance(decoded, Dropped):
-            self.stats.drop(decoded)
-        elif isinstance(decoded, Report):
-            self.stats.reports += 1
-            self.on_report(decoded, retained)
-        elif isinstance(decoded, StateChange):
-            self.stats.states += 1
-            self.on_state(decoded)
+        """`retained`: replayed by the broker on subscribe, not sent just now. Never raises:
+        whatever goes wrong with one message is that message's drop, not the session's end
+        (the broker would replay a retained poison on every reconnect)."""
+        try:
+            decoded = decode_message(topic_name, payload)
+            if isinstance(decoded, Dropped):
+                self.stats.drop(decoded)
+            elif isinstance(decoded, Report):
+                self.on_report(decoded, retained)
+                self.stats.reports += 1
+            elif isinstance(decoded, StateChange):
+                self.on_state(decoded)
+                self.stats.states += 1
+        except Exception as exc:
+            self.stats.internal_error(topic_name, exc)
 
     async def run(self) -> None:
         failures = 0
