@@ -7,6 +7,7 @@ followed by the Events of the failures it starts or ends.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +32,9 @@ from netval.operator.status.events import Events
 log = logging.getLogger("netval.operator")
 
 MAX_LINKS_PER_WRITE: Final = 128  # trace links from a status write to the reports in it
+# Status writes in flight at once: one slow or failing validation never holds the others
+# (each call is bounded by the API client's timeout and retries, netval.operator.kube.api).
+STATUS_CONCURRENCY: Final = 4
 # Seconds between reads of the agent DaemonSets' status: it only explains missing reports
 # (Ready's message), so a read now and then is enough; a watch would need a cluster-wide
 # permission or a second, namespaced Kopf operator.
@@ -61,6 +65,8 @@ class StatusWriter:
         self.write_failures = 0
         self.agent_pods_every = AGENT_PODS_EVERY
         self._agent_pods_due = 0.0
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._limit = asyncio.Semaphore(STATUS_CONCURRENCY)
 
     def link(self, name: str, span: Span) -> None:
         """The next status write of `name` carries the report traced by `span`."""
@@ -121,26 +127,60 @@ class StatusWriter:
             vs.set_agent_pods(state, detail)
 
     async def write_due(self, now: datetime) -> None:
+        """Every validation whose status changed, written concurrently. A validation whose
+        status cannot be computed or written stays dirty (recomputed from the state of then
+        and written next window, so its change is not lost); one whose write is still in
+        flight (a slow API, retries) is left for a later window and delays no other: the
+        round waits for its writes at most one status window."""
         self.before_round()
-        await self.events.flush()
+        started: list[asyncio.Task[None]] = []
         for name, state in list(self.store.states.items()):
+            if name in self._inflight:
+                continue  # written when that write is done: never two at once, never stale
             deadline = vs.next_deadline(state, now)
             if not state.dirty and (deadline is None or deadline > now):
                 continue
             # Cleared before computing: a change made while the patch is in flight (ingest,
             # the gating task) marks it dirty again and is written next window.
             state.dirty = False
-            status = self.compute(name, now)
+            try:
+                status = self.compute(name, now)
+            except Exception:
+                state.dirty = True
+                self.write_failures += 1
+                log.exception("status of %s cannot be computed; retrying next window", name)
+                continue
             previous = self.store.previous.get(name)
             if previous is not None and status == previous:
                 continue
-            if not await self.write(name, status, previous):
+            task = asyncio.create_task(self._write_one(name, state, status))
+            self._inflight[name] = task
+            task.add_done_callback(functools.partial(self._done, name))
+            started.append(task)
+        flush = asyncio.create_task(self.events.flush())
+        await asyncio.wait([flush, *started], timeout=max(self.settings.status_window, 1.0))
+
+    def _done(self, name: str, _: asyncio.Task[None]) -> None:
+        self._inflight.pop(name, None)
+
+    async def _write_one(
+        self, name: str, state: vs.ValidationState, status: NetworkValidationStatus
+    ) -> None:
+        async with self._limit:
+            if not await self.write(name, status, self.store.previous.get(name)):
                 state.dirty = True
+
+    async def drain(self) -> None:
+        """Wait for the writes in flight (a stop, tests)."""
+        if self._inflight:
+            await asyncio.wait(list(self._inflight.values()))
 
     async def write(
         self, name: str, status: NetworkValidationStatus, previous: NetworkValidationStatus | None
     ) -> bool:
         links = self.links.pop(name, [])
+        if name not in self.store.states:
+            return True  # deleted while this write waited: nothing to write any more
         with self.tracer.start_as_current_span(
             "netval.status_write", links=links, attributes={"netval.validation": name}
         ) as span:
@@ -153,6 +193,7 @@ class StatusWriter:
                 log.warning("status write for %s failed: %s", name, exc)
                 return False
         self.writes += 1
-        self.store.previous[name] = status
+        if name in self.store.states:  # not deleted while the patch was in flight
+            self.store.previous[name] = status
         await self.events.transitions(name, previous, status)
         return True
