@@ -1,8 +1,16 @@
 """MQTT ingest: one subscription for every agent's report and state topics.
 
 Messages are decoded by `netval.operator.ingest.decode`; a dropped one is counted by reason
-and logged (rate-limited). The same connection keeps the operator's own retained messages
-(agent assignments) on the broker.
+and logged (rate-limited); whatever raises while a message is handled is an `internal_error`
+drop, never the session's end. The same connection keeps the operator's own retained
+messages (agent assignments) on the broker and clears the retained topics of deleted
+validations; that sync is supervised (a failed publish is logged, counted and retried).
+
+Reconnects back off exponentially (full jitter); a session that stayed up for
+`STABLE_SESSION_SECONDS` resets the backoff, so a broker restart after a long quiet spell
+is followed by a quick reconnect. After every (re)subscribe the retained replay is
+recorded (`replayed`: which validation/node reports came back) and handed to `on_replayed`,
+so a gap (targeted nodes without a retained report) is counted instead of trusted.
 """
 
 from __future__ import annotations
@@ -33,6 +41,15 @@ MAX_LOGGED_TOPICS: Final = 1024
 # state is complete and status may be written without flipping conditions.
 SYNC_QUIET_SECONDS: Final = 0.5
 SYNC_MAX_SECONDS: Final = 5.0
+# A session up this long counts as stable: the next reconnect starts from the base delay.
+STABLE_SESSION_SECONDS: Final = 10.0
+# The retained sync's wait after a failed publish (doubling, capped).
+RETAINED_RETRY_BASE: Final = 0.5
+RETAINED_RETRY_CAP: Final = 10.0
+# Topics to clear, at most: beyond, the oldest requests are dropped (and counted).
+MAX_CLEARS: Final = 200_000
+
+ReplayKey = tuple[str, str]  # (validation, node) of a retained report
 
 
 class IngestStats:
@@ -42,6 +59,11 @@ class IngestStats:
         self.dropped: Counter[DropReason] = Counter()
         self.connected = False
         self.reconnects = 0
+        self.sessions = 0  # subscribed sessions so far
+        self.failures_in_a_row = 0  # sessions that ended since the last stable one
+        self.backoff_resets = 0  # stable sessions that reset the reconnect backoff
+        self.retained_failures = 0  # failed publishes of the operator's retained messages
+        self.clears_dropped = 0  # topics to clear beyond MAX_CLEARS
         self._last_log: dict[DropReason, float] = {}
         self._last_topic_log: dict[str, float] = {}
 
@@ -85,12 +107,21 @@ class ReportIngest:
         *,
         on_report: Callable[[Report, bool], None],
         on_state: Callable[[StateChange], None],
+        on_replayed: Callable[[frozenset[ReplayKey]], None] = lambda keys: None,
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
+        stable_after: float = STABLE_SESSION_SECONDS,
     ) -> None:
         self.settings = settings
         self.on_report = on_report
         self.on_state = on_state
+        self.on_replayed = on_replayed
+        self.stable_after = stable_after
+        # the retained reports of the current session's replay
+        self.replayed: set[ReplayKey] = set()
+        self._replaying = False
+        # retained topics to clear (a deleted validation's), in order; kept across sessions
+        self._clears: dict[str, None] = {}
         self.stats = IngestStats()
         self.synced = asyncio.Event()
         # retained messages the operator owns (agent assignments): topic -> payload
@@ -108,18 +139,69 @@ class ReportIngest:
         self._desired = dict(desired)
         self._retained_changed.set()
 
+    def clear_retained(self, topics: list[str]) -> None:
+        """Publish empty retained payloads on `topics` (which deletes what the broker
+        retains there), from the connection task; kept until done, across reconnects."""
+        for name in topics:
+            self._clears[name] = None
+        while len(self._clears) > MAX_CLEARS:
+            del self._clears[next(iter(self._clears))]
+            self.stats.clears_dropped += 1
+        self._retained_changed.set()
+
     async def _sync_retained(self, client: aiomqtt.Client) -> None:
+        """Supervised: a publish that fails is logged and counted, and the whole sync is
+        tried again after a backoff (what was not published stays pending); only the
+        session's end stops it."""
+        failures = 0
         while True:
-            self._retained_changed.clear()
-            desired = dict(self._desired)
-            for name, payload in desired.items():
-                if self._published.get(name) != payload:
-                    await client.publish(name, payload, qos=1, retain=True)
-                    self._published[name] = payload
-            for name in [n for n in self._published if n not in desired]:
-                await client.publish(name, b"", qos=1, retain=True)  # clears the retained one
+            try:
+                await self._sync_retained_once(client)
+                failures = 0
+                await self._retained_changed.wait()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                self.stats.retained_failures += 1
+                log.warning(
+                    "publishing the operator's retained messages failed (%d in a row): %s",
+                    failures,
+                    exc,
+                )
+                await asyncio.sleep(
+                    min(RETAINED_RETRY_CAP, RETAINED_RETRY_BASE * 2 ** min(failures - 1, 10))
+                )
+
+    async def _sync_retained_once(self, client: aiomqtt.Client) -> None:
+        """Publish what differs; a topic that fails does not hold the others (it is raised
+        after the rest were tried, and tried again by the next pass)."""
+        self._retained_changed.clear()
+        desired = dict(self._desired)
+        failed: list[tuple[str, Exception]] = []
+
+        async def put(name: str, payload: bytes) -> bool:
+            try:
+                await client.publish(name, payload, qos=1, retain=True)
+            except MqttError:
+                raise  # the session is gone: the next one publishes everything again
+            except Exception as exc:
+                failed.append((name, exc))
+                return False
+            return True
+
+        for name, payload in desired.items():
+            if self._published.get(name) != payload and await put(name, payload):
+                self._published[name] = payload
+        for name in [n for n in self._published if n not in desired]:
+            if await put(name, b""):  # an empty retained payload clears the retained one
                 del self._published[name]
-            await self._retained_changed.wait()
+        for name in list(self._clears):
+            if name in desired or await put(name, b""):
+                self._clears.pop(name, None)
+        if failed:
+            name, exc = failed[0]
+            raise RuntimeError(f"{len(failed)} retained publishes failed, first {name!r}: {exc}")
 
     def handle(self, topic_name: str, payload: bytes, *, retained: bool = False) -> None:
         """`retained`: replayed by the broker on subscribe, not sent just now. Never raises:
@@ -130,6 +212,8 @@ class ReportIngest:
             if isinstance(decoded, Dropped):
                 self.stats.drop(decoded)
             elif isinstance(decoded, Report):
+                if retained and self._replaying:
+                    self.replayed.add((decoded.validation, decoded.node))
                 self.on_report(decoded, retained)
                 self.stats.reports += 1
             elif isinstance(decoded, StateChange):
@@ -139,19 +223,27 @@ class ReportIngest:
             self.stats.internal_error(topic_name, exc)
 
     async def run(self) -> None:
+        """The subscription until cancelled: reconnects for ever, with backoff."""
         failures = 0
         while True:
+            self._connected_at: float | None = None
             try:
                 await self._session()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self.stats.connected = False
                 if not isinstance(exc, MqttError):
                     log.exception("MQTT ingest: unexpected error")
                 else:
                     log.warning("MQTT ingest %s: %s", self.settings.url, exc)
+            finally:
+                self.stats.connected = False
+            up = self._connected_at
+            if up is not None and time.monotonic() - up >= self.stable_after:
+                failures = 0  # a stable session: start over from the base delay
+                self.stats.backoff_resets += 1
             failures += 1
+            self.stats.failures_in_a_row = failures
             self.stats.reconnects += 1
             await asyncio.sleep(
                 backoff_delay(
@@ -163,10 +255,14 @@ class ReportIngest:
         s = self.settings
         async with make_client(s, keepalive=30, tls_context=s.ssl_context()) as client:
             self.stats.connected = True
+            self._connected_at = time.monotonic()
             log.info("MQTT ingest connected to %s", s.url)
+            self.replayed = set()
+            self._replaying = True
             await client.subscribe(
                 [(subscription(TopicKind.REPORT), 1), (subscription(TopicKind.STATE), 1)]
             )
+            self.stats.sessions += 1
             sync = asyncio.create_task(self._mark_synced())
             self._published = {}  # a new session: publish everything again
             retained_task = asyncio.create_task(self._sync_retained(client))
@@ -190,4 +286,9 @@ class ReportIngest:
             await asyncio.sleep(SYNC_QUIET_SECONDS / 2)
             if time.monotonic() - self._last_retained >= SYNC_QUIET_SECONDS:
                 break
+        self._replaying = False
+        try:
+            self.on_replayed(frozenset(self.replayed))
+        except Exception:
+            log.exception("checking the retained replay failed")
         self.synced.set()

@@ -21,7 +21,12 @@ from netval.operator.ingest.decode import StateChange
 from netval.operator.state import validation as vs
 from netval.operator.state.validation import IngestResult, NodeHealth, ValidationState
 
-_PENDING_LIMIT: Final = 100_000
+# Reports and states parked for validations not known yet (a restart's replay arrives before
+# Kopf resumes the CRs): one entry per (validation, node), at most this many; beyond, new
+# keys are dropped and counted (`dropped`), so a flood for made-up validation names cannot
+# grow the operator without bound.
+PENDING_LIMIT: Final = 100_000
+OFFLINE_PENDING_LIMIT: Final = 100_000
 
 
 def utcnow() -> datetime:
@@ -50,6 +55,17 @@ class ValidationView:
 class _Pending:
     report: Report
     retained: bool
+    received_at: datetime  # folded as if at this time, not at the takeover
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayGap:
+    """Targeted nodes of a validation without a retained report after a (re)subscribe:
+    the broker lost or dropped them, or the nodes never reported."""
+
+    validation: str
+    targeted: int
+    missing: tuple[str, ...]  # sorted
 
 
 class Store:
@@ -71,7 +87,11 @@ class Store:
         # Reports for validations the operator has not seen yet (retained messages can
         # arrive before Kopf resumes the CRs after a restart).
         self.pending: dict[tuple[str, str], _Pending] = {}
-        self.offline_pending: dict[tuple[str, str], bool] = {}
+        self.offline_pending: dict[tuple[str, str], tuple[bool, datetime]] = {}
+        self.dropped: dict[str, int] = {"pending": 0, "offline_pending": 0}
+        # the (validation, node) keys of the last retained replay, and its number
+        self.replayed: frozenset[tuple[str, str]] = frozenset()
+        self.replays = 0
 
     # -- what MQTT tells us -----------------------------------------------------------------
 
@@ -79,15 +99,22 @@ class Store:
         """None: kept pending until the validation is known."""
         state = self.states.get(report.validation)
         if state is None:
-            if len(self.pending) < _PENDING_LIMIT:
-                self.pending[(report.validation, report.node)] = _Pending(report, retained)
+            key = (report.validation, report.node)
+            if key in self.pending or len(self.pending) < PENDING_LIMIT:
+                self.pending[key] = _Pending(report, retained, utcnow())
+            else:
+                self.dropped["pending"] += 1
             return None
         return vs.ingest_report(state, report, utcnow(), retained=retained)
 
     def on_state(self, change: StateChange) -> None:
         state = self.states.get(change.validation)
         if state is None:
-            self.offline_pending[(change.validation, change.node)] = change.online
+            key = (change.validation, change.node)
+            if key in self.offline_pending or len(self.offline_pending) < OFFLINE_PENDING_LIMIT:
+                self.offline_pending[key] = (change.online, utcnow())
+            else:
+                self.dropped["offline_pending"] += 1
             return
         if change.online:
             vs.node_online(state, change.node, utcnow())
@@ -119,12 +146,15 @@ class Store:
         self.specs[name] = spec
         self.bodies[name] = body
         self._retarget(name, now)
+        # Parked reports count from when they arrived (a live one) or from their own end
+        # time (a retained one, see `ingest_report`), never from now: a node silent since
+        # before a failover must turn stale on time.
         for key in [k for k in self.pending if k[0] == name]:
             pending = self.pending.pop(key)
-            vs.ingest_report(state, pending.report, now, retained=pending.retained)
+            vs.ingest_report(state, pending.report, pending.received_at, retained=pending.retained)
         for key in [k for k in self.offline_pending if k[0] == name]:
-            online = self.offline_pending.pop(key)
-            (vs.node_online if online else vs.node_offline)(state, key[1], now)
+            online, at = self.offline_pending.pop(key)
+            (vs.node_online if online else vs.node_offline)(state, key[1], at)
         self.on_targets_changed()
         return state
 
@@ -141,12 +171,40 @@ class Store:
         if state is not None:
             vs.set_agents_ready(state, True, utcnow())
 
-    def remove_validation(self, name: str) -> None:
+    def remove_validation(self, name: str) -> set[str]:
+        """Forget the validation and everything parked for it; returns the nodes it knew
+        (reported, targeted, offline or parked), whose retained topics may be cleared."""
         if self.expected_validations is not None:
             self.expected_validations.discard(name)
+        state = self.states.get(name)
+        nodes: set[str] = set()
+        if state is not None:
+            nodes |= set(state.nodes) | state.targeted | set(state.offline)
+        for key in [k for k in self.pending if k[0] == name]:
+            nodes.add(key[1])
+            del self.pending[key]
+        for key in [k for k in self.offline_pending if k[0] == name]:
+            nodes.add(key[1])
+            del self.offline_pending[key]
         for table in (self.states, self.selectors, self.specs, self.bodies, self.previous):
             table.pop(name, None)
         self.on_targets_changed()
+        return nodes
+
+    # -- what the retained replay says ------------------------------------------------------
+
+    def note_replay(self, keys: frozenset[tuple[str, str]]) -> None:
+        """The retained reports the broker replayed after a (re)subscribe."""
+        self.replayed = keys
+        self.replays += 1
+
+    def replay_gap(self, name: str) -> ReplayGap | None:
+        """The targeted nodes of `name` that the last replay had no report of."""
+        state = self.states.get(name)
+        if state is None or not self.replays:
+            return None
+        missing = tuple(sorted(n for n in state.targeted if (name, n) not in self.replayed))
+        return ReplayGap(name, len(state.targeted), missing)
 
     def on_node(
         self,

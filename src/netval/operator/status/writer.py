@@ -25,7 +25,7 @@ from netval.operator.kube.api import KubeApi
 from netval.operator.rounds import every_window
 from netval.operator.settings import OperatorSettings
 from netval.operator.state import validation as vs
-from netval.operator.state.store import Store, utcnow
+from netval.operator.state.store import ReplayGap, Store, utcnow
 from netval.operator.status.compute import validation_status
 from netval.operator.status.events import Events
 
@@ -66,6 +66,10 @@ class StatusWriter:
         self.agent_pods_every = AGENT_PODS_EVERY
         self._agent_pods_due = 0.0
         self._inflight: dict[str, asyncio.Task[None]] = {}
+        # per validation: the gap of the last retained replay, and which replay was checked
+        self.gaps: dict[str, ReplayGap] = {}
+        self.gap_events = 0  # checks that found targeted nodes without a retained report
+        self._gap_checked: dict[str, int] = {}
         self._limit = asyncio.Semaphore(STATUS_CONCURRENCY)
 
     def link(self, name: str, span: Span) -> None:
@@ -76,6 +80,36 @@ class StatusWriter:
 
     def forget(self, name: str) -> None:
         self.links.pop(name, None)
+        self.gaps.pop(name, None)
+        self._gap_checked.pop(name, None)
+
+    def check_replay_gaps(self) -> None:
+        """Once per retained replay and validation (the first window that knows both): the
+        targeted nodes the broker had no retained report of are counted and logged, not
+        trusted to be silent (a broker that dropped its queue or lost its store looks
+        the same as healthy nodes that just have not reported)."""
+        store = self.store
+        for name in list(store.states):
+            if self._gap_checked.get(name) == store.replays:
+                continue
+            gap = store.replay_gap(name)
+            if gap is None or not gap.targeted:
+                continue
+            self._gap_checked[name] = store.replays
+            self.gaps[name] = gap
+            if gap.missing:
+                self.gap_events += 1
+                shown = ", ".join(gap.missing[:5])
+                more = f" and {len(gap.missing) - 5} more" if len(gap.missing) > 5 else ""
+                log.warning(
+                    "retained replay of %s: %d of %d targeted nodes have no retained report"
+                    " (never reported, or the broker lost or dropped them): %s%s",
+                    name,
+                    len(gap.missing),
+                    gap.targeted,
+                    shown,
+                    more,
+                )
 
     def compute(self, name: str, now: datetime) -> NetworkValidationStatus:
         store = self.store
@@ -98,6 +132,7 @@ class StatusWriter:
         )
 
     async def _round(self) -> None:
+        self.check_replay_gaps()
         if time.monotonic() >= self._agent_pods_due and self.store.states:
             self._agent_pods_due = time.monotonic() + self.agent_pods_every
             await self.refresh_agent_pods()
