@@ -25,6 +25,8 @@ from netval.model import Status
 from netval.model.keys import LabelKey
 from netval.operator.ingest.subscriber import ReportIngest
 from netval.operator.runtime import OperatorRuntime
+from netval.operator.state.aggregation import compute_status
+from netval.operator.state.store import utcnow
 from operator_env import NODES, publish, report, report_msg, settings_for, validation
 from test_ingest_faults import POOL, store_with_pool, topic, until
 
@@ -140,6 +142,13 @@ def test_a_replay_gap_is_recorded(mosquitto_broker: MosquittoBroker) -> None:
     asyncio.run(main())
     gap = store.replay_gap(POOL)
     assert gap is not None and gap.targeted == 4 and gap.missing == (NODES[3],)
+    assert not gap.suspicious  # gpu-d never reported: nothing says the broker lost it
+    # after an operator restart, the last written status said 4 nodes were reporting
+    status = compute_status(store.states[POOL], utcnow(), previous=None)
+    counts = status.nodes.model_copy(update={"reporting": 4})
+    store.previous[POOL] = status.model_copy(update={"nodes": counts})
+    gap = store.replay_gap(POOL)
+    assert gap is not None and gap.replayed == 3 and gap.expected == 4 and gap.suspicious
 
 
 # -- the whole operator ------------------------------------------------------------------
@@ -237,8 +246,13 @@ def test_broker_restart_mid_stream(
         # every node's retained report came back in the replay: nothing the broker held lost
         assert {n for v, n in runtime.store.replayed if v == "pool-a"} == set(NODES)
         wait_for(converged, timeout=30, what="status after the restart")
-        gap = runtime.status.gaps.get("pool-a")
-        assert gap is None or not gap.missing
+        replays = runtime.store.replays
+        gap = wait_for(
+            lambda: (g := runtime.status.gaps.get("pool-a")) and g.replay == replays and g,
+            timeout=10,
+            what="the replay checked",
+        )
+        assert not gap.missing and runtime.status.gap_events == 0
     finally:
         agents.close()
     assert not any(taints_ever(cluster, n) for n in NODES if n != "gpu-d")
@@ -267,7 +281,7 @@ def test_a_broker_that_lost_its_store_is_a_counted_gap(
     mosquitto_broker.start()
     wait_for(lambda: runtime.status.gap_events >= 1, timeout=30, what="the gap counted")
     gap = runtime.status.gaps["pool-a"]
-    assert gap.targeted == 4 and gap.missing == tuple(NODES)
+    assert gap.targeted == 4 and gap.missing == gap.lost == tuple(NODES) and gap.suspicious
     assert any(
         "have no retained report" in r.getMessage()
         for r in caplog.records

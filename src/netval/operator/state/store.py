@@ -61,11 +61,24 @@ class _Pending:
 @dataclass(frozen=True, slots=True)
 class ReplayGap:
     """Targeted nodes of a validation without a retained report after a (re)subscribe:
-    the broker lost or dropped them, or the nodes never reported."""
+    the broker lost or dropped them, or the nodes never reported (a fresh install)."""
 
     validation: str
+    replay: int  # which replay (Store.replays)
     targeted: int
     missing: tuple[str, ...]  # sorted
+    # of those, nodes known to have reported (in memory from before the replay): the
+    # broker must have retained their last report, so it lost or dropped it
+    lost: tuple[str, ...]
+    replayed: int  # targeted nodes whose report came back
+    # the nodes the last written status counted as reporting (after an operator restart)
+    expected: int | None
+
+    @property
+    def suspicious(self) -> bool:
+        """The broker did not replay what it should hold (not just nodes that never
+        reported)."""
+        return bool(self.lost) or (self.expected is not None and self.replayed < self.expected)
 
 
 class Store:
@@ -92,6 +105,7 @@ class Store:
         # the (validation, node) keys of the last retained replay, and its number
         self.replayed: frozenset[tuple[str, str]] = frozenset()
         self.replays = 0
+        self.replayed_at: datetime | None = None
 
     # -- what MQTT tells us -----------------------------------------------------------------
 
@@ -197,6 +211,7 @@ class Store:
         """The retained reports the broker replayed after a (re)subscribe."""
         self.replayed = keys
         self.replays += 1
+        self.replayed_at = utcnow()
 
     def replay_gap(self, name: str) -> ReplayGap | None:
         """The targeted nodes of `name` that the last replay had no report of."""
@@ -204,7 +219,23 @@ class Store:
         if state is None or not self.replays:
             return None
         missing = tuple(sorted(n for n in state.targeted if (name, n) not in self.replayed))
-        return ReplayGap(name, len(state.targeted), missing)
+        # reports folded after the replay (live ones) say nothing about what the broker held
+        before = self.replayed_at or utcnow()
+        lost = tuple(
+            n
+            for n in missing
+            if (rec := state.nodes.get(n)) is not None and rec.reported_at < before
+        )
+        previous = self.previous.get(name)
+        return ReplayGap(
+            validation=name,
+            replay=self.replays,
+            targeted=len(state.targeted),
+            missing=missing,
+            lost=lost,
+            replayed=len(state.targeted) - len(missing),
+            expected=previous.nodes.reporting if previous is not None else None,
+        )
 
     def on_node(
         self,

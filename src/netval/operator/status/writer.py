@@ -85,9 +85,11 @@ class StatusWriter:
 
     def check_replay_gaps(self) -> None:
         """Once per retained replay and validation (the first window that knows both): the
-        targeted nodes the broker had no retained report of are counted and logged, not
-        trusted to be silent (a broker that dropped its queue or lost its store looks
-        the same as healthy nodes that just have not reported)."""
+        targeted nodes the broker had no retained report of are recorded (a gauge). When
+        the broker should have held them (nodes that reported before, or fewer than the
+        last status counted as reporting) the gap is counted and logged as a warning, not
+        trusted: a broker that dropped its queue or lost its store looks just like nodes
+        that have not reported."""
         store = self.store
         for name in list(store.states):
             if self._gap_checked.get(name) == store.replays:
@@ -97,19 +99,33 @@ class StatusWriter:
                 continue
             self._gap_checked[name] = store.replays
             self.gaps[name] = gap
-            if gap.missing:
-                self.gap_events += 1
-                shown = ", ".join(gap.missing[:5])
-                more = f" and {len(gap.missing) - 5} more" if len(gap.missing) > 5 else ""
-                log.warning(
-                    "retained replay of %s: %d of %d targeted nodes have no retained report"
-                    " (never reported, or the broker lost or dropped them): %s%s",
+            if not gap.missing:
+                continue
+            shown = ", ".join(gap.missing[:5])
+            more = f" and {len(gap.missing) - 5} more" if len(gap.missing) > 5 else ""
+            if not gap.suspicious:
+                log.info(
+                    "retained replay of %s: %d of %d targeted nodes have not reported yet: %s%s",
                     name,
                     len(gap.missing),
                     gap.targeted,
                     shown,
                     more,
                 )
+                continue
+            self.gap_events += 1
+            expected = f", the last status counted {gap.expected}" if gap.expected else ""
+            log.warning(
+                "retained replay of %s: %d of %d targeted nodes have no retained report"
+                " (%d of them reported before%s): the broker lost or dropped them: %s%s",
+                name,
+                len(gap.missing),
+                gap.targeted,
+                len(gap.lost),
+                expected,
+                shown,
+                more,
+            )
 
     def compute(self, name: str, now: datetime) -> NetworkValidationStatus:
         store = self.store
