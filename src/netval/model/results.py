@@ -6,7 +6,6 @@ fields; `netval probe --output json` prints exactly this shape.
 
 from __future__ import annotations
 
-import math
 from datetime import datetime, timedelta
 from typing import Annotated, Final
 
@@ -28,6 +27,7 @@ MAX_RESULTS_PER_REPORT: Final = 4096
 # Every number and time is bounded, so nothing downstream (timedelta arithmetic, medians,
 # the status patch the API server parses as int64/float64 JSON) can overflow or turn NaN.
 MAX_INT: Final = 2**63 - 1  # Kubernetes' JSON integers are int64
+_MIN_INT: Final = -(2**63)
 MAX_DURATION_MS: Final = 86_400_000.0  # one day: no probe cycle lasts longer
 MAX_JSON_DEPTH: Final = 16  # nesting of observed/expected values
 # startedAt must lie in [now - STARTED_AT_PAST, now + STARTED_AT_FUTURE] when the validator
@@ -38,25 +38,23 @@ STARTED_AT_FUTURE: Final = timedelta(minutes=10)
 _Name = Annotated[str, Field(min_length=1, max_length=253)]
 
 
-def check_json_value(value: JsonValue, depth: int = 0) -> None:
-    """Raise ValueError unless `value` holds only finite floats, int64 integers and at most
-    MAX_JSON_DEPTH levels of nesting (the JSON parser accepts NaN, Infinity and 1e400)."""
+def check_json_value(value: dict[str, JsonValue] | list[JsonValue], depth: int = 0) -> None:
+    """Raise ValueError unless the object or array `value` holds only finite floats, int64
+    integers and at most MAX_JSON_DEPTH levels of nesting (the JSON parser accepts NaN,
+    Infinity and 1e400). Runs on every result of every report: one pass, type() tests, no
+    call per scalar (str, bool and null need no test)."""
     if depth > MAX_JSON_DEPTH:
         raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"non-finite number {value!r}")
-    elif isinstance(value, int):
-        if not -MAX_INT - 1 <= value <= MAX_INT:
-            raise ValueError("integer outside int64")
-    elif isinstance(value, list):
-        for item in value:
-            check_json_value(item, depth + 1)
-    elif isinstance(value, dict):
-        for item in value.values():
-            check_json_value(item, depth + 1)
+    for item in value.values() if type(value) is dict else value:
+        kind = type(item)
+        if kind is float:
+            if item - item != 0.0:  # type: ignore[operator]  # inf - inf and nan - nan are nan
+                raise ValueError(f"non-finite number {item!r}")
+        elif kind is int:
+            if not _MIN_INT <= item <= MAX_INT:  # type: ignore[operator]
+                raise ValueError("integer outside int64")
+        elif kind is dict or kind is list:
+            check_json_value(item, depth + 1)  # type: ignore[arg-type]
 
 
 class CheckResult(BaseModel):

@@ -40,7 +40,11 @@ MAX_LOGGED_TOPICS: Final = 1024
 # Retained messages arrive right after SUBACK; once none came for this long the initial
 # state is complete and status may be written without flipping conditions.
 SYNC_QUIET_SECONDS: Final = 0.5
-SYNC_MAX_SECONDS: Final = 5.0
+# A safety cap only: the replay of a big fleet takes as long as the ingest needs to decode it
+# (10,000 nodes: several seconds on a loaded 2-core machine), and status written before its
+# end would call the nodes not replayed yet "awaiting". Retained messages stop coming once
+# the replay is over, so the quiet condition above ends the wait.
+SYNC_MAX_SECONDS: Final = 60.0
 # A session up this long counts as stable: the next reconnect starts from the base delay.
 STABLE_SESSION_SECONDS: Final = 10.0
 # The retained sync's wait after a failed publish (doubling, capped).
