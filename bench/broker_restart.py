@@ -212,7 +212,7 @@ def main() -> None:
     print(f"\ncommand: python bench/broker_restart.py {' '.join(sys.argv[1:])}".rstrip())
     print("broker: mosquitto with the chart's limits and persistence; operator in-process, "
           "status patches to an in-memory stand-in; times from the restarted broker "
-          f"accepting connections, medians of {args.restarts} restarts")  # fmt: skip
+          f"accepting connections (replay over includes the 0.5 s quiet wait that ends it), medians of {args.restarts} restarts")  # fmt: skip
     print()
     print("| nodes | reconnected | replay over, all nodes back | status |")
     print("|---:|---:|---:|---|")

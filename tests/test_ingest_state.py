@@ -122,3 +122,12 @@ def test_delete_clears_state_metrics_and_retained_topics(
     )
     assert "pool-a" not in runtime.store.states and not runtime.store.pending
     assert 'validation="pool-a"' not in scrape(runtime)
+    # the agents' last words (a clean stop publishes a retained offline) are cleared too
+    publish(mosquitto_broker, [state_msg("gpu-a", b"offline"), report_msg(report("gpu-b"))])
+    wait_for(lambda: runtime.ingest.stats.cleared_late == 2, timeout=30, what="late messages")
+    wait_for(
+        lambda: not asyncio.run(retained_on(mosquitto_broker, "netval/#")),
+        timeout=30,
+        what="the late messages cleared",
+    )
+    assert not runtime.store.pending and not runtime.store.offline_pending

@@ -61,6 +61,7 @@ class OperatorRuntime:
             on_report=self.on_report,
             on_state=self.store.on_state,
             on_replayed=self.store.note_replay,
+            deleted=self.store.is_deleted,
         )
         self.peer_ports = PeerPortCheck()
         self.metrics_server: asyncio.Server | None = None

@@ -68,6 +68,7 @@ class IngestStats:
         self.backoff_resets = 0  # stable sessions that reset the reconnect backoff
         self.retained_failures = 0  # failed publishes of the operator's retained messages
         self.clears_dropped = 0  # topics to clear beyond MAX_CLEARS
+        self.cleared_late = 0  # messages of a just-deleted validation, cleared on arrival
         self._last_log: dict[DropReason, float] = {}
         self._last_topic_log: dict[str, float] = {}
 
@@ -112,6 +113,7 @@ class ReportIngest:
         on_report: Callable[[Report, bool], None],
         on_state: Callable[[StateChange], None],
         on_replayed: Callable[[frozenset[ReplayKey]], None] = lambda keys: None,
+        deleted: Callable[[str], bool] = lambda validation: False,
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
         stable_after: float = STABLE_SESSION_SECONDS,
@@ -120,6 +122,8 @@ class ReportIngest:
         self.on_report = on_report
         self.on_state = on_state
         self.on_replayed = on_replayed
+        # a validation deleted moments ago: what its agents still publish is cleared
+        self.deleted = deleted
         self.stable_after = stable_after
         # the retained reports of the current session's replay
         self.replayed: set[ReplayKey] = set()
@@ -215,6 +219,10 @@ class ReportIngest:
             decoded = decode_message(topic_name, payload)
             if isinstance(decoded, Dropped):
                 self.stats.drop(decoded)
+            elif isinstance(decoded, Report | StateChange) and self.deleted(decoded.validation):
+                if payload:
+                    self.stats.cleared_late += 1
+                    self.clear_retained([topic_name])
             elif isinstance(decoded, Report):
                 if retained and self._replaying:
                     self.replayed.add((decoded.validation, decoded.node))
@@ -263,11 +271,12 @@ class ReportIngest:
             log.info("MQTT ingest connected to %s", s.url)
             self.replayed = set()
             self._replaying = True
+            self._live_seen = False
             await client.subscribe(
                 [(subscription(TopicKind.REPORT), 1), (subscription(TopicKind.STATE), 1)]
             )
             self.stats.sessions += 1
-            sync = asyncio.create_task(self._mark_synced())
+            sync = asyncio.create_task(self._mark_synced(client))
             self._published = {}  # a new session: publish everything again
             retained_task = asyncio.create_task(self._sync_retained(client))
             try:
@@ -276,18 +285,30 @@ class ReportIngest:
                     data = payload if isinstance(payload, bytes) else str(payload or "").encode()
                     if message.retain:
                         self._last_retained = time.monotonic()
+                    else:
+                        self._live_seen = True
                     self.handle(message.topic.value, data, retained=bool(message.retain))
             finally:
                 sync.cancel()
                 retained_task.cancel()
 
     _last_retained: float = 0.0
+    _live_seen = False
 
-    async def _mark_synced(self) -> None:
+    async def _mark_synced(self, client: aiomqtt.Client) -> None:
+        """The replay is over once a live (not retained) message was handled: the broker
+        queues a subscription's retained messages before anything published after it; or
+        when no retained message was handled for SYNC_QUIET_SECONDS and none waits in the
+        client's queue (a loop busy elsewhere, e.g. computing a big status, handles none for
+        a while without the replay being over)."""
         start = time.monotonic()
         self._last_retained = start
         while time.monotonic() - start < SYNC_MAX_SECONDS:
             await asyncio.sleep(SYNC_QUIET_SECONDS / 2)
+            if self._live_seen:
+                break
+            if len(client.messages):
+                continue
             if time.monotonic() - self._last_retained >= SYNC_QUIET_SECONDS:
                 break
         self._replaying = False

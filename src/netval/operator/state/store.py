@@ -27,6 +27,11 @@ from netval.operator.state.validation import IngestResult, NodeHealth, Validatio
 # grow the operator without bound.
 PENDING_LIMIT: Final = 100_000
 OFFLINE_PENDING_LIMIT: Final = 100_000
+# After a validation is deleted, messages for it are its agents' last words (a clean stop
+# publishes a retained `offline`, a report may be in flight): for this long they are cleared
+# from the broker instead of parked. A validation created again under the name ends it.
+TOMBSTONE_SECONDS: Final = 600.0
+MAX_TOMBSTONES: Final = 10_000
 
 
 def utcnow() -> datetime:
@@ -106,6 +111,7 @@ class Store:
         self.replayed: frozenset[tuple[str, str]] = frozenset()
         self.replays = 0
         self.replayed_at: datetime | None = None
+        self.deleted: dict[str, datetime] = {}  # validation -> when it was deleted
 
     # -- what MQTT tells us -----------------------------------------------------------------
 
@@ -202,8 +208,22 @@ class Store:
             del self.offline_pending[key]
         for table in (self.states, self.selectors, self.specs, self.bodies, self.previous):
             table.pop(name, None)
+        self.deleted[name] = utcnow()
+        while len(self.deleted) > MAX_TOMBSTONES:
+            del self.deleted[next(iter(self.deleted))]
         self.on_targets_changed()
         return nodes
+
+    def is_deleted(self, name: str) -> bool:
+        """Deleted within TOMBSTONE_SECONDS and not created again: its messages are to be
+        cleared from the broker, not parked."""
+        at = self.deleted.get(name)
+        if at is None or name in self.states:
+            return False
+        if (utcnow() - at).total_seconds() > TOMBSTONE_SECONDS:
+            del self.deleted[name]
+            return False
+        return True
 
     # -- what the retained replay says ------------------------------------------------------
 

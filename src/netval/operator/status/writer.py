@@ -66,6 +66,7 @@ class StatusWriter:
         self.agent_pods_every = AGENT_PODS_EVERY
         self._agent_pods_due = 0.0
         self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._event_tasks: set[asyncio.Task[None]] = set()
         # per validation: the gap of the last retained replay, and which replay was checked
         self.gaps: dict[str, ReplayGap] = {}
         self.gap_events = 0  # checks that found targeted nodes without a retained report
@@ -222,9 +223,10 @@ class StatusWriter:
                 state.dirty = True
 
     async def drain(self) -> None:
-        """Wait for the writes in flight (a stop, tests)."""
-        if self._inflight:
-            await asyncio.wait(list(self._inflight.values()))
+        """Wait for the writes and Events in flight (a stop, tests)."""
+        pending = [*self._inflight.values(), *self._event_tasks]
+        if pending:
+            await asyncio.wait(pending)
 
     async def write(
         self, name: str, status: NetworkValidationStatus, previous: NetworkValidationStatus | None
@@ -246,5 +248,8 @@ class StatusWriter:
         self.writes += 1
         if name in self.store.states:  # not deleted while the patch was in flight
             self.store.previous[name] = status
-        await self.events.transitions(name, previous, status)
+        # Posted in the background: a slow Events API must not hold status writes.
+        task = asyncio.create_task(self.events.transitions(name, previous, status))
+        self._event_tasks.add(task)
+        task.add_done_callback(self._event_tasks.discard)
         return True
