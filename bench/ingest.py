@@ -21,7 +21,10 @@ What runs, per N (each N gets a fresh broker and a fresh operator process):
   not exported), its own `ReportIngest` subscription and its own `write_loop` (one status
   write round per window, 2 s by default). Kopf and the API server are replaced by a
   `KubeApi`-shaped sink whose `patch_status`/`post_event`/node writes append to in-memory
-  lists: API-server latency is NOT part of these figures. One NetworkValidation (default
+  lists: API-server latency is NOT part of these figures. The sink fails loudly: a call it
+  does not implement raises, and such a call, any warning the operator logs, or a run
+  without status patches fails the bench (exit 1, named on stderr) instead of printing
+  figures of a run that did not do its work. One NetworkValidation (default
   spec: node labels on, taints off) targets all N nodes (the worst case for status size and
   compute); the node-gating label writes it asks for are counted, by label value. The cost
   of one Node event (`on_node` for an already known node) is timed before the run.
