@@ -21,7 +21,10 @@ What runs, per N (each N gets a fresh broker and a fresh operator process):
   not exported), its own `ReportIngest` subscription and its own `write_loop` (one status
   write round per window, 2 s by default). Kopf and the API server are replaced by a
   `KubeApi`-shaped sink whose `patch_status`/`post_event`/node writes append to in-memory
-  lists: API-server latency is NOT part of these figures. One NetworkValidation (default
+  lists: API-server latency is NOT part of these figures. The sink fails loudly: a call it
+  does not implement raises, and such a call, any warning the operator logs, or a run
+  without status patches fails the bench (exit 1, named on stderr) instead of printing
+  figures of a run that did not do its work. One NetworkValidation (default
   spec: node labels on, taints off) targets all N nodes (the worst case for status size and
   compute); the node-gating label writes it asks for are counted, by label value. The cost
   of one Node event (`on_node` for an already known node) is timed before the run.
@@ -397,6 +400,8 @@ class Probe:
         self.events = 0
         self.node_writes: Counter[str] = Counter()  # by label value written
         self.other_kube_calls: Counter[str] = Counter()
+        self.unknown_calls: Counter[str] = Counter()  # KubeApi methods the stand-in lacks
+        self.nodes = 0
 
     def on_report(self, report: Any, retained: bool) -> None:
         if retained:
@@ -422,7 +427,14 @@ class Probe:
 
 class RecordingKube:
     """A `KubeApi`-shaped, latency-free stand-in for the API server: what the operator
-    writes is recorded in memory. BENCHMARK ONLY: the figures exclude API-server latency."""
+    writes is recorded in memory. BENCHMARK ONLY: the figures exclude API-server latency.
+
+    It fails loudly: a `KubeApi` method the runtime calls and this class lacks raises
+    AttributeError and is recorded (`probe.unknown_calls`), and the bench then exits with
+    an error instead of printing figures of a run that did not do its work (an earlier
+    version answered None to any name and reported 0 status patches for months)."""
+
+    retries = 0  # KubeApi's retry counter, read by the metrics
 
     def __init__(self, probe: Probe) -> None:
         self.probe = probe
@@ -439,8 +451,19 @@ class RecordingKube:
         self.probe.node_writes[f"{label}{'+taint' if taint else ''}"] += 1
         return True
 
+    async def set_node_label(self, node: str, label: str | None) -> bool:
+        self.probe.node_writes[f"{label}"] += 1
+        return True
+
     async def list_validation_names(self) -> list[str]:
         return [VALIDATION]
+
+    async def agent_pod_counts(
+        self, namespace: str, label_selector: str, label: str
+    ) -> dict[str, tuple[int, int]]:
+        # every targeted node has a ready agent pod: nothing for the Ready message
+        self.probe.other_kube_calls["agent_pod_counts"] += 1
+        return {}  # no agent DaemonSet status: nothing for the Ready message
 
     async def apply_configmap(self, body: dict[str, Any]) -> None:
         self.probe.other_kube_calls["apply_configmap"] += 1
@@ -451,15 +474,25 @@ class RecordingKube:
     async def delete_agent_objects(self, namespace: str, name: str) -> None:
         self.probe.other_kube_calls["delete_agent_objects"] += 1
 
+    def close(self) -> None:
+        pass
+
     def __getattr__(self, name: str) -> Any:
-        # a KubeApi method added after this bench was written: record it, answer None
-        if name.startswith("_"):
-            raise AttributeError(name)
+        self.probe.unknown_calls[name] += 1
+        raise AttributeError(f"RecordingKube has no {name!r}: add it to the bench's stand-in")
 
-        async def record(*_: Any, **__: Any) -> None:
-            self.probe.other_kube_calls[name] += 1
 
-        return record
+class ProblemLog(logging.Handler):
+    """Warnings and errors the operator logs during a run: a healthy run has none, so any is
+    printed and fails the bench (a swallowed exception must not pass for a figure)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if len(self.records) < 20:
+            self.records.append(f"{record.levelname} {record.name}: {record.getMessage()}")
 
 
 class GcClock:
@@ -529,8 +562,11 @@ async def operator_main(cfg: dict[str, Any]) -> None:
     from netval.model.spec import NetworkValidationSpec
 
     probe = Probe()
+    problems = ProblemLog()
+    logging.getLogger("netval").addHandler(problems)
     gc_clock = GcClock()
     n = cfg["nodes"]
+    probe.nodes = n
     workdir = Path(cfg["workdir"])
     runtime = make_runtime(cfg, probe, workdir)
 
@@ -649,6 +685,8 @@ async def operator_main(cfg: dict[str, Any]) -> None:
                 "other_kube_calls": dict(probe.other_kube_calls),
                 "dropped": dropped,
                 "reconnects": reconnects,
+                "unknown_kube_calls": dict(probe.unknown_calls),
+                "problems": problems.records,
                 "profile": profile_text,
             }
         }
@@ -1034,6 +1072,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--connections", type=int, default=4, help="per publisher process")
     parser.add_argument("--failing-percent", type=float, default=1.0)
     parser.add_argument("--profile", action="store_true", help="cProfile the operator")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per N (medians printed)")
     parser.add_argument("--role", choices=["main", "operator", "publisher"], default="main")
     parser.add_argument("--child-config", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -1053,18 +1092,55 @@ def main() -> None:
         sys.exit(mosquitto.MISSING_REASON)
     command = shlex.join(["python", "bench/ingest.py", *sys.argv[1:]])
     results = []
-    for n in args.nodes:
-        started = time.monotonic()
-        r = asyncio.run(run_one(n, args))
-        print(
-            f"{n:,} nodes: {r.op['reports_in_window'] / args.window:,.0f} reports/s, "
-            f"operator {r.op['cpu_percent']:.0f} % CPU, HWM {r.op['hwm_mib']:.0f} MiB "
-            f"({time.monotonic() - started:.0f} s)",
-            file=sys.stderr,
-            flush=True,
-        )
-        results.append(r)
+    for _ in range(args.repeat):
+        for n in args.nodes:
+            started = time.monotonic()
+            r = asyncio.run(run_one(n, args))
+            print(
+                f"{n:,} nodes: {r.op['reports_in_window'] / args.window:,.0f} reports/s, "
+                f"operator {r.op['cpu_percent']:.0f} % CPU, HWM {r.op['hwm_mib']:.0f} MiB, "
+                f"{r.op['patches_in_window']} patches ({time.monotonic() - started:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            results.append(r)
+    results.sort(key=lambda r: r.nodes)
     report(results, args, command)
+    if args.repeat > 1:
+        medians(results)
+    broken = [
+        (r.nodes, r.op["unknown_kube_calls"], r.op["problems"])
+        for r in results
+        if r.op["unknown_kube_calls"] or r.op["problems"] or not r.op["patches_in_window"]
+    ]
+    for n, unknown, problems in broken:
+        print(f"\nFAILED run at {n:,} nodes: the figures above do not count", file=sys.stderr)
+        if unknown:
+            print(f"  KubeApi calls the stand-in lacks: {unknown}", file=sys.stderr)
+        for line in problems:
+            print(f"  operator logged: {line}", file=sys.stderr)
+    if broken:
+        sys.exit(1)
+
+
+def medians(results: list[RunResult]) -> None:
+    """Per N, the median of each headline figure over the repeated runs."""
+    print()
+    print("medians over the repeated runs:")
+    print("| nodes | runs | ingested rep/s | latency p50 / p99 | operator CPU | RSS max (HWM) |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for n in sorted({r.nodes for r in results}):
+        runs = [r.op for r in results if r.nodes == n]
+
+        def med(key: str, runs: list[dict[str, Any]] = runs) -> float:
+            return statistics.median(op[key] for op in runs)
+
+        window = runs[0]["wall"]
+        print(
+            f"| {n:,} | {len(runs)} | {med('reports_in_window') / window:,.0f} | "
+            f"{med('lat_p50') * 1e3:,.0f} / {med('lat_p99') * 1e3:,.0f} ms | "
+            f"{med('cpu_percent'):.0f} % | {med('rss_mib_max'):.0f} MiB ({med('hwm_mib'):.0f}) |"
+        )
 
 
 if __name__ == "__main__":

@@ -55,7 +55,9 @@ What a real apiserver does and this one does too (kmock 0.8 gaps closed here):
   ``/api/v1/namespaces/NAME`` as a namespace with no resource; ``_parse_path`` below fixes both
   (installed into kmock once, at import; it only changes those two shapes).
 
-Faults: kmock reactions still come first (``kube.api[kmock.action.CREATE,
+Faults: ``kube.inject(method, path_regex, status=503 | 409 | ..., hang=seconds, times=n)``
+fails or hangs chosen requests before anything else sees them (``Fault.hits`` counts them;
+``clear_faults()``). kmock reactions still come next (``kube.api[kmock.action.CREATE,
 kmock.resource("v1/configmaps")] << 503``, added through ``kube.call``); a write a reaction
 answers is not applied. Mind kmock's slices (``[:1]``) count every matching request so far.
 
@@ -433,6 +435,36 @@ def _version_priority(version: str) -> tuple[int, int, int]:
 ObjKey = tuple[kmock.resource, str | None, str]
 
 
+@attrs.define
+class Fault:
+    """An injected fault (``KubeCluster.inject``): requests whose method is ``method`` ("*":
+    any) and whose path (with query) matches ``path`` (a regex, searched) wait ``hang``
+    seconds (a hung apiserver: the client's timeout ends it first, or `clear_faults`), then are answered
+    ``status`` with a Kubernetes Status body (None: served normally after the wait). At most
+    ``times`` requests (None: all of them); ``hits`` counts those it caught."""
+
+    method: str
+    path: re.Pattern[str]
+    status: int | None = None
+    hang: float = 0.0
+    times: int | None = None
+    hits: int = 0
+    released: asyncio.Event = attrs.field(factory=asyncio.Event)
+
+    _REASONS = {409: "Conflict", 429: "TooManyRequests", 500: "InternalError",
+                503: "ServiceUnavailable", 504: "Timeout"}  # fmt: skip
+
+    def catches(self, method: str, path: str) -> bool:
+        if self.times is not None and self.hits >= self.times:
+            return False
+        return self.method in ("*", method) and self.path.search(path) is not None
+
+    def error(self) -> kmock.KubernetesError:
+        assert self.status is not None
+        reason = self._REASONS.get(self.status, "InternalError")
+        return _error(self.status, reason, f"injected fault: {self.status} {reason}")
+
+
 @attrs.define(kw_only=True)
 class StatefulKubeAPI(kmock.KubernetesEmulator):
     """kmock's emulator with the bookkeeping of a real apiserver (see the module docstring).
@@ -456,6 +488,7 @@ class StatefulKubeAPI(kmock.KubernetesEmulator):
         default=None, init=False
     )
     impersonation: bool = attrs.field(default=True, init=False)
+    faults: list[Fault] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -476,9 +509,24 @@ class StatefulKubeAPI(kmock.KubernetesEmulator):
                 NAMESPACES, None, {"metadata": {"name": name}, "status": {"phase": "Active"}}
             )
 
+    def release_faults(self) -> None:
+        for fault in self.faults:
+            fault.released.set()
+        self.faults.clear()
+
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         # Skip KubernetesEmulator._handle: it applies every write before any reaction runs and
         # without the checks here; the write handlers below apply them (and only when reached).
+        method, path = str(request.method.value), str(request.url.relative())
+        for fault in self.faults:
+            if fault.catches(method, path):
+                fault.hits += 1
+                if fault.hang:  # cancelled when the client gives up; ended by clear_faults()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(fault.released.wait(), fault.hang)
+                if fault.status is not None:
+                    return await self._render_error(fault.error())
+                break
         return await kmock.RawHandler._handle(self, request)
 
     # -- resources ---------------------------------------------------------------------------
@@ -1151,6 +1199,10 @@ class KubeCluster:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
+        if self._api is not None and self._loop is not None and not self._loop.is_closed():
+            # ends hung requests, which would hold the server
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._api.release_faults)
         if self._loop is not None and self._stopping is not None and not self._loop.is_closed():
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._stopping.set)
@@ -1201,6 +1253,32 @@ class KubeCluster:
         """Run ``fn()`` (a coroutine function) in the server's loop and return its result."""
         assert self._loop is not None
         return asyncio.run_coroutine_threadsafe(fn(), self._loop).result(timeout)
+
+    def inject(
+        self,
+        method: str,
+        path: str,
+        *,
+        status: int | None = None,
+        hang: float = 0.0,
+        times: int | None = None,
+    ) -> Fault:
+        """Fail or hang requests (see :class:`Fault`), e.g. ``inject("PATCH", r"/status$",
+        status=503, times=2)`` or ``inject("PATCH", r"/nodes/", hang=30)``. Returns the
+        fault: its ``hits``, and ``times`` may be changed; :meth:`clear_faults` ends all."""
+        fault = Fault(method.upper(), re.compile(path), status=status, hang=hang, times=times)
+
+        async def add() -> None:
+            self.api.faults.append(fault)
+
+        self.call(add)
+        return fault
+
+    def clear_faults(self) -> None:
+        async def clear() -> None:
+            self.api.release_faults()
+
+        self.call(clear)
 
     def add_crd(self, crd: dict[str, Any] | str | Path) -> None:
         """Serve the resources of a CustomResourceDefinition (a dict or a YAML file)."""

@@ -6,7 +6,8 @@
     broker.close()
 
 Optional TLS: ``MosquittoBroker(tmp_dir, tls=(ca_file, cert_file, key_file))`` makes the
-listener speak TLS only.
+listener speak TLS only. ``extra_config`` lines are appended to mosquitto.conf (e.g. the
+chart's per-client limits, ``CHART_LIMITS``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,16 @@ MOSQUITTO = shutil.which("mosquitto") or next(
 )
 MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd")
 MISSING_REASON = "mosquitto / mosquitto_passwd not installed (Debian: apt-get install -y mosquitto)"
+
+
+# The chart's per-client limits (values mqtt.broker.limits; tests/test_chart_broker.py checks
+# the rendering): Mosquitto's defaults would drop a burst or a big retained replay.
+CHART_LIMITS = (
+    "max_queued_messages 100000",
+    "max_queued_bytes 0",
+    "max_inflight_messages 100",
+    "max_packet_size 2097152",
+)
 
 
 def available() -> bool:
@@ -55,6 +66,7 @@ class MosquittoBroker:
         password: str = "s3cret-pw",
         tls: tuple[Path, Path, Path] | None = None,
         start_timeout: float = 5.0,
+        extra_config: tuple[str, ...] = (),
     ) -> None:
         if not available():
             raise RuntimeError(MISSING_REASON)
@@ -92,6 +104,7 @@ class MosquittoBroker:
         if tls is not None:
             ca, cert, key = tls
             lines += [f"cafile {ca}", f"certfile {cert}", f"keyfile {key}"]
+        lines += extra_config  # e.g. the chart's per-client limits
         self.config = workdir / "mosquitto.conf"
         self.config.write_text("\n".join(lines) + "\n")
 

@@ -22,6 +22,7 @@ class DropReason(StrEnum):
     NODE_MISMATCH = "node_mismatch"  # operator: a report speaks for another node
     VALIDATION_MISMATCH = "validation_mismatch"  # operator
     BAD_STATE = "bad_state"  # operator: neither online nor offline
+    INTERNAL_ERROR = "internal_error"  # operator: handling the message raised (a bug)
     INVALID_ENDPOINT = "invalid_endpoint"  # agent: a peer's responder announcement
     INVALID_ASSIGNMENT = "invalid_assignment"  # agent: the operator's assignment
     TABLE_FULL = "table_full"  # agent: too many peer endpoints

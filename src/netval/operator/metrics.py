@@ -1,5 +1,6 @@
-"""The operator's Prometheus metrics: MQTT ingest (accepted, dropped by reason), status and
-gating writes, validations and nodes by health."""
+"""The operator's Prometheus metrics: MQTT ingest (accepted, dropped by reason, retained
+replay gaps, parked messages dropped), status and gating writes, Kubernetes API retries,
+validations and nodes by health."""
 
 from __future__ import annotations
 
@@ -50,6 +51,48 @@ class _RuntimeCollector(Collector):
         )
         yield CounterMetricFamily(
             "netval_operator_gating_writes", "Node label/taint writes", value=rt.gating.writes
+        )
+        yield CounterMetricFamily(
+            "netval_operator_retained_publish_failures",
+            "Failed publishes of the operator's retained messages (retried)",
+            value=stats.retained_failures,
+        )
+        parked = CounterMetricFamily(
+            "netval_operator_parked_dropped",
+            "Reports (pending) and states (offline_pending) for unknown validations dropped"
+            " because the table was full",
+            labels=["table"],
+        )
+        for table, count in sorted(rt.store.dropped.items()):
+            parked.add_metric([table], count)
+        yield parked
+        yield GaugeMetricFamily(
+            "netval_operator_parked",
+            "Reports and states held for validations not known yet",
+            value=len(rt.store.pending) + len(rt.store.offline_pending),
+        )
+        yield CounterMetricFamily(
+            "netval_operator_replay_gaps",
+            "Retained replays after which targeted nodes had no retained report",
+            value=rt.status.gap_events,
+        )
+        gap = GaugeMetricFamily(
+            "netval_operator_replay_missing_nodes",
+            "Targeted nodes without a retained report in the last replay, per validation",
+            labels=["validation"],
+        )
+        for name, found in sorted(rt.status.gaps.items()):
+            gap.add_metric([name], len(found.missing))
+        yield gap
+        yield CounterMetricFamily(
+            "netval_operator_api_retries",
+            "Kubernetes API calls retried after a 5xx, 429, 409 or transport error",
+            value=rt.kube.retries,
+        )
+        yield CounterMetricFamily(
+            "netval_operator_events_dropped",
+            "Events dropped because the queue for the next window was full",
+            value=rt.events.dropped,
         )
         nodes = GaugeMetricFamily(
             "netval_operator_nodes",

@@ -23,7 +23,7 @@ from netval.infra.task_stop import cancel_and_wait
 from netval.model.results import Report
 from netval.model.spec import NetworkValidationSpec
 from netval.operator.gating.node_writer import NodeGating
-from netval.operator.ingest.assignments import assignments
+from netval.operator.ingest.assignments import assignments, leftover_topics
 from netval.operator.ingest.subscriber import ReportIngest
 from netval.operator.kube.api import KubeApi
 from netval.operator.settings import OperatorSettings
@@ -60,6 +60,8 @@ class OperatorRuntime:
             settings.mqtt,
             on_report=self.on_report,
             on_state=self.store.on_state,
+            on_replayed=self.store.note_replay,
+            deleted=self.store.is_deleted,
             tracer=self.tracer,
         )
         self.peer_ports = PeerPortCheck()
@@ -117,7 +119,8 @@ class OperatorRuntime:
     def remove_validation(self, name: str) -> None:
         self.gating.forget(name)
         self.status.forget(name)
-        self.store.remove_validation(name)
+        nodes = self.store.remove_validation(name)
+        self.ingest.clear_retained(leftover_topics(name, nodes))
 
     # -- targets ----------------------------------------------------------------------------
 

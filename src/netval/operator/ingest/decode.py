@@ -2,12 +2,15 @@
 
 Every payload is untrusted: decoded and validated with pydantic; a bad one is dropped with
 a reason, never disturbing other data. A report whose node differs from its topic's node is
-rejected (an agent may only speak for itself).
+rejected (an agent may only speak for itself). Numbers and times are bounded by the model
+(`netval.model.results`: finite floats, int64 integers, durationMs at most a day, startedAt
+within a day before and ten minutes after `now`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Final
 
 from pydantic import ValidationError
@@ -33,6 +36,7 @@ INGEST_DROP_REASONS: Final = (
     DropReason.NODE_MISMATCH,
     DropReason.VALIDATION_MISMATCH,
     DropReason.BAD_STATE,
+    DropReason.INTERNAL_ERROR,
 )
 
 
@@ -52,8 +56,9 @@ class StateChange:
 Decoded = Report | StateChange | Dropped | None
 
 
-def decode_message(topic_name: str, payload: bytes) -> Decoded:
-    """Pure: what a message means, or why it is dropped (None: a topic we don't consume)."""
+def decode_message(topic_name: str, payload: bytes, *, now: datetime | None = None) -> Decoded:
+    """What a message means, or why it is dropped (None: a topic we don't consume). Pure
+    given `now` (the clock startedAt is checked against; default: the current time)."""
     parsed = parse_topic(topic_name)
     if parsed is None:
         return Dropped(DropReason.BAD_TOPIC, f"unexpected topic {topic_name[:200]!r}")
@@ -71,7 +76,7 @@ def decode_message(topic_name: str, payload: bytes) -> Decoded:
     except UnicodeDecodeError:
         return Dropped(DropReason.NOT_UTF8, f"report from {parsed.node} is not UTF-8")
     try:
-        report = Report.model_validate_json(text)
+        report = Report.model_validate_json(text, context={"now": now or datetime.now(UTC)})
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "(payload)"

@@ -1,8 +1,16 @@
 """MQTT ingest: one subscription for every agent's report and state topics.
 
 Messages are decoded by `netval.operator.ingest.decode`; a dropped one is counted by reason
-and logged (rate-limited). The same connection keeps the operator's own retained messages
-(agent assignments) on the broker.
+and logged (rate-limited); whatever raises while a message is handled is an `internal_error`
+drop, never the session's end. The same connection keeps the operator's own retained
+messages (agent assignments) on the broker and clears the retained topics of deleted
+validations; that sync is supervised (a failed publish is logged, counted and retried).
+
+Reconnects back off exponentially (full jitter); a session that stayed up for
+`STABLE_SESSION_SECONDS` resets the backoff, so a broker restart after a long quiet spell
+is followed by a quick reconnect. After every (re)subscribe the retained replay is
+recorded (`replayed`: which validation/node reports came back) and handed to `on_replayed`,
+so a gap (targeted nodes without a retained report) is counted instead of trusted.
 """
 
 from __future__ import annotations
@@ -30,10 +38,25 @@ from netval.operator.ingest.decode import Dropped, StateChange, decode_message
 log = logging.getLogger("netval.operator.ingest")
 
 LOG_EVERY_SECONDS: Final = 60.0
+# Topics remembered for rate-limiting internal-error logs; past this the memory starts over.
+MAX_LOGGED_TOPICS: Final = 1024
 # Retained messages arrive right after SUBACK; once none came for this long the initial
 # state is complete and status may be written without flipping conditions.
 SYNC_QUIET_SECONDS: Final = 0.5
-SYNC_MAX_SECONDS: Final = 5.0
+# A safety cap only: the replay of a big fleet takes as long as the ingest needs to decode it
+# (10,000 nodes: several seconds on a loaded 2-core machine), and status written before its
+# end would call the nodes not replayed yet "awaiting". Retained messages stop coming once
+# the replay is over, so the quiet condition above ends the wait.
+SYNC_MAX_SECONDS: Final = 60.0
+# A session up this long counts as stable: the next reconnect starts from the base delay.
+STABLE_SESSION_SECONDS: Final = 10.0
+# The retained sync's wait after a failed publish (doubling, capped).
+RETAINED_RETRY_BASE: Final = 0.5
+RETAINED_RETRY_CAP: Final = 10.0
+# Topics to clear, at most: beyond, the oldest requests are dropped (and counted).
+MAX_CLEARS: Final = 200_000
+
+ReplayKey = tuple[str, str]  # (validation, node) of a retained report
 
 
 class IngestStats:
@@ -43,7 +66,14 @@ class IngestStats:
         self.dropped: Counter[DropReason] = Counter()
         self.connected = False
         self.reconnects = 0
+        self.sessions = 0  # subscribed sessions so far
+        self.failures_in_a_row = 0  # sessions that ended since the last stable one
+        self.backoff_resets = 0  # stable sessions that reset the reconnect backoff
+        self.retained_failures = 0  # failed publishes of the operator's retained messages
+        self.clears_dropped = 0  # topics to clear beyond MAX_CLEARS
+        self.cleared_late = 0  # messages of a just-deleted validation, cleared on arrival
         self._last_log: dict[DropReason, float] = {}
+        self._last_topic_log: dict[str, float] = {}
 
     def drop(self, dropped: Dropped) -> None:
         self.dropped[dropped.reason] += 1
@@ -57,6 +87,24 @@ class IngestStats:
                 dropped.detail,
             )
 
+    def internal_error(self, topic_name: str, exc: Exception) -> None:
+        """Handling a message raised: counted as a drop, logged with its traceback once per
+        topic and LOG_EVERY_SECONDS (a retained poison comes back on every resubscribe)."""
+        self.dropped[DropReason.INTERNAL_ERROR] += 1
+        now = time.monotonic()
+        if len(self._last_topic_log) > MAX_LOGGED_TOPICS:
+            self._last_topic_log.clear()
+        if now - self._last_topic_log.get(topic_name, float("-inf")) >= LOG_EVERY_SECONDS:
+            self._last_topic_log[topic_name] = now
+            log.error(
+                "dropped MQTT message on %s (internal_error, %d so far): %s: %s",
+                topic_name[:300],
+                self.dropped[DropReason.INTERNAL_ERROR],
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
+
 
 class ReportIngest:
     """Owns the operator's MQTT subscription; hands decoded messages to callbacks."""
@@ -67,14 +115,26 @@ class ReportIngest:
         *,
         on_report: Callable[[Report, bool], None],
         on_state: Callable[[StateChange], None],
+        on_replayed: Callable[[frozenset[ReplayKey]], None] = lambda keys: None,
+        deleted: Callable[[str], bool] = lambda validation: False,
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
+        stable_after: float = STABLE_SESSION_SECONDS,
         tracer: Tracer | None = None,
     ) -> None:
         self.settings = settings
         self._tracer = tracer or trace.NoOpTracer()  # CONSUMER spans, netval.infra.telemetry
         self.on_report = on_report
         self.on_state = on_state
+        self.on_replayed = on_replayed
+        # a validation deleted moments ago: what its agents still publish is cleared
+        self.deleted = deleted
+        self.stable_after = stable_after
+        # the retained reports of the current session's replay
+        self.replayed: set[ReplayKey] = set()
+        self._replaying = False
+        # retained topics to clear (a deleted validation's), in order; kept across sessions
+        self._clears: dict[str, None] = {}
         self.stats = IngestStats()
         self.synced = asyncio.Event()
         # retained messages the operator owns (agent assignments): topic -> payload
@@ -92,45 +152,115 @@ class ReportIngest:
         self._desired = dict(desired)
         self._retained_changed.set()
 
+    def clear_retained(self, topics: list[str]) -> None:
+        """Publish empty retained payloads on `topics` (which deletes what the broker
+        retains there), from the connection task; kept until done, across reconnects."""
+        for name in topics:
+            self._clears[name] = None
+        while len(self._clears) > MAX_CLEARS:
+            del self._clears[next(iter(self._clears))]
+            self.stats.clears_dropped += 1
+        self._retained_changed.set()
+
     async def _sync_retained(self, client: aiomqtt.Client) -> None:
-        while True:
-            self._retained_changed.clear()
-            desired = dict(self._desired)
-            for name, payload in desired.items():
-                if self._published.get(name) != payload:
-                    await client.publish(name, payload, qos=1, retain=True)
-                    self._published[name] = payload
-            for name in [n for n in self._published if n not in desired]:
-                await client.publish(name, b"", qos=1, retain=True)  # clears the retained one
-                del self._published[name]
-            await self._retained_changed.wait()
-
-    def handle(self, topic_name: str, payload: bytes, *, retained: bool = False) -> None:
-        """`retained`: replayed by the broker on subscribe, not sent just now."""
-        decoded = decode_message(topic_name, payload)
-        if isinstance(decoded, Dropped):
-            self.stats.drop(decoded)
-        elif isinstance(decoded, Report):
-            self.stats.reports += 1
-            self.on_report(decoded, retained)
-        elif isinstance(decoded, StateChange):
-            self.stats.states += 1
-            self.on_state(decoded)
-
-    async def run(self) -> None:
+        """Supervised: a publish that fails is logged and counted, and the whole sync is
+        tried again after a backoff (what was not published stays pending); only the
+        session's end stops it."""
         failures = 0
         while True:
+            try:
+                await self._sync_retained_once(client)
+                failures = 0
+                await self._retained_changed.wait()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                self.stats.retained_failures += 1
+                log.warning(
+                    "publishing the operator's retained messages failed (%d in a row): %s",
+                    failures,
+                    exc,
+                )
+                await asyncio.sleep(
+                    min(RETAINED_RETRY_CAP, RETAINED_RETRY_BASE * 2 ** min(failures - 1, 10))
+                )
+
+    async def _sync_retained_once(self, client: aiomqtt.Client) -> None:
+        """Publish what differs; a topic that fails does not hold the others (it is raised
+        after the rest were tried, and tried again by the next pass)."""
+        self._retained_changed.clear()
+        desired = dict(self._desired)
+        failed: list[tuple[str, Exception]] = []
+
+        async def put(name: str, payload: bytes) -> bool:
+            try:
+                await client.publish(name, payload, qos=1, retain=True)
+            except MqttError:
+                raise  # the session is gone: the next one publishes everything again
+            except Exception as exc:
+                failed.append((name, exc))
+                return False
+            return True
+
+        for name, payload in desired.items():
+            if self._published.get(name) != payload and await put(name, payload):
+                self._published[name] = payload
+        for name in [n for n in self._published if n not in desired]:
+            if await put(name, b""):  # an empty retained payload clears the retained one
+                del self._published[name]
+        for name in list(self._clears):
+            if name in desired or await put(name, b""):
+                self._clears.pop(name, None)
+        if failed:
+            name, exc = failed[0]
+            raise RuntimeError(f"{len(failed)} retained publishes failed, first {name!r}: {exc}")
+
+    def handle(self, topic_name: str, payload: bytes, *, retained: bool = False) -> None:
+        """`retained`: replayed by the broker on subscribe, not sent just now. Never raises:
+        whatever goes wrong with one message is that message's drop, not the session's end
+        (the broker would replay a retained poison on every reconnect)."""
+        try:
+            decoded = decode_message(topic_name, payload)
+            if isinstance(decoded, Dropped):
+                self.stats.drop(decoded)
+            elif isinstance(decoded, Report | StateChange) and self.deleted(decoded.validation):
+                if payload:
+                    self.stats.cleared_late += 1
+                    self.clear_retained([topic_name])
+            elif isinstance(decoded, Report):
+                if retained and self._replaying:
+                    self.replayed.add((decoded.validation, decoded.node))
+                self.on_report(decoded, retained)
+                self.stats.reports += 1
+            elif isinstance(decoded, StateChange):
+                self.on_state(decoded)
+                self.stats.states += 1
+        except Exception as exc:
+            self.stats.internal_error(topic_name, exc)
+
+    async def run(self) -> None:
+        """The subscription until cancelled: reconnects for ever, with backoff."""
+        failures = 0
+        while True:
+            self._connected_at: float | None = None
             try:
                 await self._session()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self.stats.connected = False
                 if not isinstance(exc, MqttError):
                     log.exception("MQTT ingest: unexpected error")
                 else:
                     log.warning("MQTT ingest %s: %s", self.settings.url, exc)
+            finally:
+                self.stats.connected = False
+            up = self._connected_at
+            if up is not None and time.monotonic() - up >= self.stable_after:
+                failures = 0  # a stable session: start over from the base delay
+                self.stats.backoff_resets += 1
             failures += 1
+            self.stats.failures_in_a_row = failures
             self.stats.reconnects += 1
             await asyncio.sleep(
                 backoff_delay(
@@ -142,11 +272,16 @@ class ReportIngest:
         s = self.settings
         async with make_client(s, keepalive=30, tls_context=s.ssl_context()) as client:
             self.stats.connected = True
+            self._connected_at = time.monotonic()
             log.info("MQTT ingest connected to %s", s.url)
+            self.replayed = set()
+            self._replaying = True
+            self._live_seen = False
             await client.subscribe(
                 [(subscription(TopicKind.REPORT), 1), (subscription(TopicKind.STATE), 1)]
             )
-            sync = asyncio.create_task(self._mark_synced())
+            self.stats.sessions += 1
+            sync = asyncio.create_task(self._mark_synced(client))
             self._published = {}  # a new session: publish everything again
             retained_task = asyncio.create_task(self._sync_retained(client))
             try:
@@ -155,6 +290,8 @@ class ReportIngest:
                     data = payload if isinstance(payload, bytes) else str(payload or "").encode()
                     if message.retain:
                         self._last_retained = time.monotonic()
+                    else:
+                        self._live_seen = True
                     with process_span(
                         self._tracer,
                         message.topic.value,
@@ -169,12 +306,27 @@ class ReportIngest:
                 retained_task.cancel()
 
     _last_retained: float = 0.0
+    _live_seen = False
 
-    async def _mark_synced(self) -> None:
+    async def _mark_synced(self, client: aiomqtt.Client) -> None:
+        """The replay is over once a live (not retained) message was handled: the broker
+        queues a subscription's retained messages before anything published after it; or
+        when no retained message was handled for SYNC_QUIET_SECONDS and none waits in the
+        client's queue (a loop busy elsewhere, e.g. computing a big status, handles none for
+        a while without the replay being over)."""
         start = time.monotonic()
         self._last_retained = start
         while time.monotonic() - start < SYNC_MAX_SECONDS:
             await asyncio.sleep(SYNC_QUIET_SECONDS / 2)
+            if self._live_seen:
+                break
+            if len(client.messages):
+                continue
             if time.monotonic() - self._last_retained >= SYNC_QUIET_SECONDS:
                 break
+        self._replaying = False
+        try:
+            self.on_replayed(frozenset(self.replayed))
+        except Exception:
+            log.exception("checking the retained replay failed")
         self.synced.set()

@@ -1,17 +1,30 @@
 """The operator's writes to the Kubernetes API, through the official client.
 
-The client is synchronous; calls run in a worker thread so Kopf's event loop never blocks.
+The client is synchronous; calls run in worker threads so Kopf's event loop never blocks.
 Applies are idempotent: create, or replace what differs; a 404 on delete is success.
+
+Every request is bounded: a (connect, read) timeout on every call made through a client from
+`load_kube_client` or given to `KubeApi` (the gate releaser's and Kueue's direct calls
+included), and `KubeApi`'s calls retry 5xx, 429, 409 and transport errors (timeouts, reset
+connections) with jittered exponential backoff (status patches excepted: the status writer
+retries them at its next window, with fresh content). Status writes, Node writes and the rest run in
+three separate thread pools, so hung Node PATCHes never delay a status write.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
+import random
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any, Final, cast
+from typing import Any, Final, TypeVar, cast
 
+import urllib3.exceptions
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -26,26 +39,120 @@ PLURAL: Final = "networkvalidations"
 EVENT_NAMESPACE: Final = "default"
 MAX_EVENT_MESSAGE: Final = 1024
 NODE_WRITE_ATTEMPTS: Final = 5
+# (connect, read) seconds for every request: a half-open connection or a hung apiserver
+# ends in a timeout error, never in a writer stuck for good.
+API_TIMEOUT: Final = (5.0, 15.0)
+# Attempts per call for retryable failures, and the backoff between them (full jitter).
+API_ATTEMPTS: Final = 3
+BACKOFF_BASE: Final = 0.2
+BACKOFF_CAP: Final = 2.0
+RETRY_STATUSES: Final = frozenset({409, 429, 500, 502, 503, 504})
+# Worker threads: status writes, Node writes (the gating round's concurrency), the rest.
+STATUS_WORKERS: Final = 4
+NODE_WORKERS: Final = 16
+OTHER_WORKERS: Final = 4
+
+T = TypeVar("T")
 
 
-def load_kube_client() -> client.ApiClient:
-    """In-cluster configuration inside a pod, else KUBECONFIG (development, tests)."""
+def load_kube_client(timeout: tuple[float, float] | None = None) -> client.ApiClient:
+    """In-cluster configuration inside a pod, else KUBECONFIG (development, tests); every
+    request through it is bounded by `timeout` (default API_TIMEOUT)."""
     try:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
         config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
-    return client.ApiClient()
+    return bound_requests(client.ApiClient(), timeout or API_TIMEOUT)
+
+
+def bound_requests(api_client: client.ApiClient, timeout: tuple[float, float]) -> client.ApiClient:
+    """Give every request of `api_client` that names no timeout of its own this one (the
+    official client has no default: without it a call can wait forever)."""
+    rest = cast(Any, api_client.rest_client)
+    original: Callable[..., Any] = getattr(rest, "_netval_unbounded", rest.request)
+
+    @functools.wraps(original)
+    def request(*args: Any, **kwargs: Any) -> Any:
+        kwargs["_request_timeout"] = kwargs.get("_request_timeout") or timeout
+        return original(*args, **kwargs)
+
+    rest._netval_unbounded = original
+    rest.request = request
+    return api_client
+
+
+def retryable(exc: BaseException) -> bool:
+    """A failure worth another attempt: the server said try again (5xx, 429), another
+    writer won (409), or the transport failed (timeout, refused or reset connection)."""
+    if isinstance(exc, ApiException):
+        return exc.status in RETRY_STATUSES
+    return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
 
 
 class KubeApi:
-    def __init__(self, api_client: client.ApiClient) -> None:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        timeout: tuple[float, float] | None = None,
+        attempts: int = API_ATTEMPTS,
+        backoff: tuple[float, float] = (BACKOFF_BASE, BACKOFF_CAP),
+    ) -> None:
+        bound_requests(api_client, timeout or API_TIMEOUT)
         self.core = client.CoreV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.api_client = api_client
+        self.attempts = attempts
+        self.backoff = backoff
+        self.retries = 0  # attempts after a retryable failure, for the metrics
+        self._rng = random.Random()  # noqa: S311 - jitter
+        self._status_pool = ThreadPoolExecutor(STATUS_WORKERS, thread_name_prefix="kube-status")
+        self._node_pool = ThreadPoolExecutor(NODE_WORKERS, thread_name_prefix="kube-nodes")
+        self._other_pool = ThreadPoolExecutor(OTHER_WORKERS, thread_name_prefix="kube-other")
+
+    def close(self) -> None:
+        for pool in (self._status_pool, self._node_pool, self._other_pool):
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _retrying(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        _idempotent: bool = True,
+        _attempts: int | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """`fn(*args, **kwargs)` with up to `attempts` tries for retryable failures (run in a
+        worker thread: the backoff sleeps there). Not `_idempotent`: only failures the
+        server answered (5xx, 429) are retried, not timeouts or 409."""
+        base, cap = self.backoff
+        attempts = _attempts or self.attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                again = retryable(exc) and (
+                    _idempotent or (isinstance(exc, ApiException) and exc.status != 409)
+                )
+                if attempt == attempts or not again:
+                    raise
+                self.retries += 1
+                delay = self._rng.uniform(0, min(cap, base * 2 ** (attempt - 1)))
+                log.debug("kube call %s failed (%s); retry in %.2fs", fn.__name__, exc, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    async def _run(
+        self, pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            pool, functools.partial(self._retrying, fn, *args, **kwargs)
+        )
 
     async def apply_configmap(self, body: dict[str, Any]) -> None:
-        await asyncio.to_thread(self._apply_configmap, body)
+        await self._run(self._other_pool, self._apply_configmap, body)
 
     def _apply_configmap(self, body: dict[str, Any]) -> None:
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -65,7 +172,7 @@ class KubeApi:
             )
 
     async def apply_daemonset(self, body: dict[str, Any]) -> None:
-        await asyncio.to_thread(self._apply_daemonset, body)
+        await self._run(self._other_pool, self._apply_daemonset, body)
 
     def _apply_daemonset(self, body: dict[str, Any]) -> None:
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -81,7 +188,7 @@ class KubeApi:
         self.apps.replace_namespaced_daemon_set(name, ns, cast(Any, body))
 
     async def delete_agent_objects(self, namespace: str, name: str) -> None:
-        await asyncio.to_thread(self._delete_agent_objects, namespace, name)
+        await self._run(self._other_pool, self._delete_agent_objects, namespace, name)
 
     def _delete_agent_objects(self, namespace: str, name: str) -> None:
         for delete in (
@@ -113,7 +220,15 @@ class KubeApi:
             "lastTimestamp": now,
             "count": 1,
         }
-        await asyncio.to_thread(self.core.create_namespaced_event, EVENT_NAMESPACE, cast(Any, body))
+        # A create is not idempotent: retried only when the server answered that it failed,
+        # not after a timeout (the Event may exist).
+        await self._run(
+            self._other_pool,
+            self.core.create_namespaced_event,
+            EVENT_NAMESPACE,
+            cast(Any, body),
+            _idempotent=False,
+        )
 
     async def set_node_gating(self, node: str, label: str | None, taint: bool) -> bool:
         """Set our label (None removes it) and our taint on a Node; False if the Node is gone.
@@ -122,7 +237,7 @@ class KubeApi:
         taint list, so the list written must be the one read, minus or plus ours; a 409 means
         another writer won and the round is retried on fresh data.
         """
-        return await asyncio.to_thread(self._set_node_gating, node, label, taint)
+        return await self._run(self._node_pool, self._set_node_gating, node, label, taint)
 
     def _set_node_gating(self, node: str, label: str | None, taint: bool) -> bool:
         for _ in range(NODE_WRITE_ATTEMPTS):
@@ -153,7 +268,7 @@ class KubeApi:
 
     async def set_node_label(self, node: str, label: str | None) -> bool:
         """Only our label (None removes it): a merge patch of one key touches nothing else."""
-        return await asyncio.to_thread(self._set_node_label, node, label)
+        return await self._run(self._node_pool, self._set_node_label, node, label)
 
     def _set_node_label(self, node: str, label: str | None) -> bool:
         try:
@@ -169,8 +284,8 @@ class KubeApi:
         return True
 
     async def list_validation_names(self) -> list[str]:
-        found = await asyncio.to_thread(
-            self.custom.list_cluster_custom_object, API_GROUP, VERSION, PLURAL
+        found = await self._run(
+            self._other_pool, self.custom.list_cluster_custom_object, API_GROUP, VERSION, PLURAL
         )
         items: list[dict[str, Any]] = cast(dict[str, Any], found).get("items", [])
         return [item["metadata"]["name"] for item in items]
@@ -181,8 +296,11 @@ class KubeApi:
         """Per value of the label `label`: (desiredNumberScheduled, numberReady) of the
         DaemonSets in `namespace` that `label_selector` selects; those without a status yet
         (no DaemonSet controller has looked at them) are left out."""
-        found = await asyncio.to_thread(
-            self.apps.list_namespaced_daemon_set, namespace, label_selector=label_selector
+        found = await self._run(
+            self._other_pool,
+            self.apps.list_namespaced_daemon_set,
+            namespace,
+            label_selector=label_selector,
         )
         counts: dict[str, tuple[int, int]] = {}
         for ds in cast(Any, found).items:
@@ -193,11 +311,16 @@ class KubeApi:
         return counts
 
     async def patch_status(self, name: str, status: dict[str, Any]) -> None:
-        await asyncio.to_thread(
+        """A merge patch of the status subresource, one attempt: the status writer retries
+        a failed write at its next window with the status computed then, so a retry never
+        writes a status older than one computed since."""
+        await self._run(
+            self._status_pool,
             self.custom.patch_cluster_custom_object_status,
             API_GROUP,
             VERSION,
             PLURAL,
             name,
             {"status": status},
+            _attempts=1,
         )

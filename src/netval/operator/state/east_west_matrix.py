@@ -29,6 +29,7 @@ so it fits the CR status.
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -261,8 +262,22 @@ def east_west(
     )
 
 
+def _mid(values: list[float]) -> float:
+    """The median without overflow: statistics.median averages the two middle values as
+    (a + b) / 2, which is inf for two finite numbers near the float maximum."""
+    ordered = sorted(values)
+    half = len(ordered) // 2
+    return ordered[half] if len(ordered) % 2 else ordered[half - 1] / 2 + ordered[half] / 2
+
+
 def _median(values: list[float], digits: int) -> float | None:
-    return round(statistics.median(values), digits) if values else None
+    return round(_mid(values), digits) if values else None
+
+
+def _ratio(num: float, den: float, digits: int) -> float | None:
+    """num / den, or None where it is not a finite number (a huge over a tiny one)."""
+    value = num / den
+    return round(value, digits) if math.isfinite(value) else None
 
 
 def _cells(cells: Mapping[tuple[str, str], _Acc], min_ratio: float) -> list[Cell]:
@@ -273,10 +288,10 @@ def _cells(cells: Mapping[tuple[str, str], _Acc], min_ratio: float) -> list[Cell
         ratio = over = None
         if a != b and cross is not None:
             pool = intra.get(a, []) + intra.get(b, [])
-            base = statistics.median(pool) if pool else None
+            base = _mid(pool) if pool else None
             if base:
-                ratio = round(cross / base, 4)
-                over = round(base / cross, 3) if cross > 0 else None
+                ratio = _ratio(cross, base, 4)
+                over = _ratio(base, cross, 3) if cross > 0 else None
         out.append(
             Cell(
                 a=a,

@@ -21,7 +21,17 @@ from netval.operator.ingest.decode import StateChange
 from netval.operator.state import validation as vs
 from netval.operator.state.validation import IngestResult, NodeHealth, ValidationState
 
-_PENDING_LIMIT: Final = 100_000
+# Reports and states parked for validations not known yet (a restart's replay arrives before
+# Kopf resumes the CRs): one entry per (validation, node), at most this many; beyond, new
+# keys are dropped and counted (`dropped`), so a flood for made-up validation names cannot
+# grow the operator without bound.
+PENDING_LIMIT: Final = 100_000
+OFFLINE_PENDING_LIMIT: Final = 100_000
+# After a validation is deleted, messages for it are its agents' last words (a clean stop
+# publishes a retained `offline`, a report may be in flight): for this long they are cleared
+# from the broker instead of parked. A validation created again under the name ends it.
+TOMBSTONE_SECONDS: Final = 600.0
+MAX_TOMBSTONES: Final = 10_000
 
 
 def utcnow() -> datetime:
@@ -50,6 +60,30 @@ class ValidationView:
 class _Pending:
     report: Report
     retained: bool
+    received_at: datetime  # folded as if at this time, not at the takeover
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayGap:
+    """Targeted nodes of a validation without a retained report after a (re)subscribe:
+    the broker lost or dropped them, or the nodes never reported (a fresh install)."""
+
+    validation: str
+    replay: int  # which replay (Store.replays)
+    targeted: int
+    missing: tuple[str, ...]  # sorted
+    # of those, nodes known to have reported (in memory from before the replay): the
+    # broker must have retained their last report, so it lost or dropped it
+    lost: tuple[str, ...]
+    replayed: int  # targeted nodes whose report came back
+    # the nodes the last written status counted as reporting (after an operator restart)
+    expected: int | None
+
+    @property
+    def suspicious(self) -> bool:
+        """The broker did not replay what it should hold (not just nodes that never
+        reported)."""
+        return bool(self.lost) or (self.expected is not None and self.replayed < self.expected)
 
 
 class Store:
@@ -71,7 +105,13 @@ class Store:
         # Reports for validations the operator has not seen yet (retained messages can
         # arrive before Kopf resumes the CRs after a restart).
         self.pending: dict[tuple[str, str], _Pending] = {}
-        self.offline_pending: dict[tuple[str, str], bool] = {}
+        self.offline_pending: dict[tuple[str, str], tuple[bool, datetime]] = {}
+        self.dropped: dict[str, int] = {"pending": 0, "offline_pending": 0}
+        # the (validation, node) keys of the last retained replay, and its number
+        self.replayed: frozenset[tuple[str, str]] = frozenset()
+        self.replays = 0
+        self.replayed_at: datetime | None = None
+        self.deleted: dict[str, datetime] = {}  # validation -> when it was deleted
 
     # -- what MQTT tells us -----------------------------------------------------------------
 
@@ -79,15 +119,22 @@ class Store:
         """None: kept pending until the validation is known."""
         state = self.states.get(report.validation)
         if state is None:
-            if len(self.pending) < _PENDING_LIMIT:
-                self.pending[(report.validation, report.node)] = _Pending(report, retained)
+            key = (report.validation, report.node)
+            if key in self.pending or len(self.pending) < PENDING_LIMIT:
+                self.pending[key] = _Pending(report, retained, utcnow())
+            else:
+                self.dropped["pending"] += 1
             return None
         return vs.ingest_report(state, report, utcnow(), retained=retained)
 
     def on_state(self, change: StateChange) -> None:
         state = self.states.get(change.validation)
         if state is None:
-            self.offline_pending[(change.validation, change.node)] = change.online
+            key = (change.validation, change.node)
+            if key in self.offline_pending or len(self.offline_pending) < OFFLINE_PENDING_LIMIT:
+                self.offline_pending[key] = (change.online, utcnow())
+            else:
+                self.dropped["offline_pending"] += 1
             return
         if change.online:
             vs.node_online(state, change.node, utcnow())
@@ -119,12 +166,15 @@ class Store:
         self.specs[name] = spec
         self.bodies[name] = body
         self._retarget(name, now)
+        # Parked reports count from when they arrived (a live one) or from their own end
+        # time (a retained one, see `ingest_report`), never from now: a node silent since
+        # before a failover must turn stale on time.
         for key in [k for k in self.pending if k[0] == name]:
             pending = self.pending.pop(key)
-            vs.ingest_report(state, pending.report, now, retained=pending.retained)
+            vs.ingest_report(state, pending.report, pending.received_at, retained=pending.retained)
         for key in [k for k in self.offline_pending if k[0] == name]:
-            online = self.offline_pending.pop(key)
-            (vs.node_online if online else vs.node_offline)(state, key[1], now)
+            online, at = self.offline_pending.pop(key)
+            (vs.node_online if online else vs.node_offline)(state, key[1], at)
         self.on_targets_changed()
         return state
 
@@ -141,12 +191,71 @@ class Store:
         if state is not None:
             vs.set_agents_ready(state, True, utcnow())
 
-    def remove_validation(self, name: str) -> None:
+    def remove_validation(self, name: str) -> set[str]:
+        """Forget the validation and everything parked for it; returns the nodes it knew
+        (reported, targeted, offline or parked), whose retained topics may be cleared."""
         if self.expected_validations is not None:
             self.expected_validations.discard(name)
+        state = self.states.get(name)
+        nodes: set[str] = set()
+        if state is not None:
+            nodes |= set(state.nodes) | state.targeted | set(state.offline)
+        for key in [k for k in self.pending if k[0] == name]:
+            nodes.add(key[1])
+            del self.pending[key]
+        for key in [k for k in self.offline_pending if k[0] == name]:
+            nodes.add(key[1])
+            del self.offline_pending[key]
         for table in (self.states, self.selectors, self.specs, self.bodies, self.previous):
             table.pop(name, None)
+        self.deleted[name] = utcnow()
+        while len(self.deleted) > MAX_TOMBSTONES:
+            del self.deleted[next(iter(self.deleted))]
         self.on_targets_changed()
+        return nodes
+
+    def is_deleted(self, name: str) -> bool:
+        """Deleted within TOMBSTONE_SECONDS and not created again: its messages are to be
+        cleared from the broker, not parked."""
+        at = self.deleted.get(name)
+        if at is None or name in self.states:
+            return False
+        if (utcnow() - at).total_seconds() > TOMBSTONE_SECONDS:
+            del self.deleted[name]
+            return False
+        return True
+
+    # -- what the retained replay says ------------------------------------------------------
+
+    def note_replay(self, keys: frozenset[tuple[str, str]]) -> None:
+        """The retained reports the broker replayed after a (re)subscribe."""
+        self.replayed = keys
+        self.replays += 1
+        self.replayed_at = utcnow()
+
+    def replay_gap(self, name: str) -> ReplayGap | None:
+        """The targeted nodes of `name` that the last replay had no report of."""
+        state = self.states.get(name)
+        if state is None or not self.replays:
+            return None
+        missing = tuple(sorted(n for n in state.targeted if (name, n) not in self.replayed))
+        # reports folded after the replay (live ones) say nothing about what the broker held
+        before = self.replayed_at or utcnow()
+        lost = tuple(
+            n
+            for n in missing
+            if (rec := state.nodes.get(n)) is not None and rec.reported_at < before
+        )
+        previous = self.previous.get(name)
+        return ReplayGap(
+            validation=name,
+            replay=self.replays,
+            targeted=len(state.targeted),
+            missing=missing,
+            lost=lost,
+            replayed=len(state.targeted) - len(missing),
+            expected=previous.nodes.reporting if previous is not None else None,
+        )
 
     def on_node(
         self,

@@ -252,7 +252,7 @@ def ingest_report(
         return IngestResult.STALE_GENERATION
 
     if retained:
-        reported_at = min(now, started + timedelta(milliseconds=report.duration_ms))
+        reported_at = min(now, end_time(report))
     else:
         reported_at = now
         state.offline.pop(node, None)  # a live report: the agent is evidently running
@@ -263,6 +263,16 @@ def ingest_report(
         return IngestResult.NOT_TARGETED
     state.dirty = True
     return IngestResult.ACCEPTED
+
+
+def end_time(report: Report) -> datetime:
+    """startedAt + durationMs, timezone-aware. The model bounds both; past them (a model
+    built without the decoder's clock) the latest representable time stands in, which
+    `min(now, ...)` turns into now."""
+    try:
+        return _aware(report.started_at) + timedelta(milliseconds=report.duration_ms)
+    except (OverflowError, ValueError):
+        return datetime.max.replace(tzinfo=UTC)
 
 
 def node_online(state: ValidationState, node: str, now: datetime) -> None:

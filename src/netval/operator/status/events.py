@@ -20,6 +20,7 @@ from netval.operator.state.store import Store
 log = logging.getLogger("netval.operator")
 
 EVENTS_PER_MINUTE: Final = 10
+MAX_QUEUED: Final = 1000  # events waiting for the next window; beyond, new ones are dropped
 
 
 class Events:
@@ -28,15 +29,20 @@ class Events:
         self.store = store
         self._times: dict[str, list[float]] = {}
         self._queued: list[tuple[str, str, str, str]] = []
+        self.dropped = 0  # queued Events dropped because the queue was full
 
     def queue(self, name: str, type_: str, reason: str, message: str) -> None:
         """Posted by the next `flush` (the status writer's next window)."""
-        self._queued.append((name, type_, reason, message))
+        if len(self._queued) < MAX_QUEUED:
+            self._queued.append((name, type_, reason, message))
+        else:
+            self.dropped += 1
 
     async def flush(self) -> None:
-        for name, type_, reason, message in self._queued:
+        # taken first: a flush still posting (a slow API) never posts the same Event twice
+        queued, self._queued = self._queued, []
+        for name, type_, reason, message in queued:
             await self.post(name, type_, reason, message)
-        self._queued.clear()
 
     async def transitions(
         self, name: str, before: NetworkValidationStatus | None, after: NetworkValidationStatus

@@ -7,6 +7,7 @@ followed by the Events of the failures it starts or ends.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -24,13 +25,16 @@ from netval.operator.kube.api import KubeApi
 from netval.operator.rounds import every_window
 from netval.operator.settings import OperatorSettings
 from netval.operator.state import validation as vs
-from netval.operator.state.store import Store, utcnow
+from netval.operator.state.store import ReplayGap, Store, utcnow
 from netval.operator.status.compute import validation_status
 from netval.operator.status.events import Events
 
 log = logging.getLogger("netval.operator")
 
 MAX_LINKS_PER_WRITE: Final = 128  # trace links from a status write to the reports in it
+# Status writes in flight at once: one slow or failing validation never holds the others
+# (each call is bounded by the API client's timeout and retries, netval.operator.kube.api).
+STATUS_CONCURRENCY: Final = 4
 # Seconds between reads of the agent DaemonSets' status: it only explains missing reports
 # (Ready's message), so a read now and then is enough; a watch would need a cluster-wide
 # permission or a second, namespaced Kopf operator.
@@ -61,6 +65,13 @@ class StatusWriter:
         self.write_failures = 0
         self.agent_pods_every = AGENT_PODS_EVERY
         self._agent_pods_due = 0.0
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._event_tasks: set[asyncio.Task[None]] = set()
+        # per validation: the gap of the last retained replay, and which replay was checked
+        self.gaps: dict[str, ReplayGap] = {}
+        self.gap_events = 0  # checks that found targeted nodes without a retained report
+        self._gap_checked: dict[str, int] = {}
+        self._limit = asyncio.Semaphore(STATUS_CONCURRENCY)
 
     def link(self, name: str, span: Span) -> None:
         """The next status write of `name` carries the report traced by `span`."""
@@ -70,6 +81,52 @@ class StatusWriter:
 
     def forget(self, name: str) -> None:
         self.links.pop(name, None)
+        self.gaps.pop(name, None)
+        self._gap_checked.pop(name, None)
+
+    def check_replay_gaps(self) -> None:
+        """Once per retained replay and validation (the first window that knows both): the
+        targeted nodes the broker had no retained report of are recorded (a gauge). When
+        the broker should have held them (nodes that reported before, or fewer than the
+        last status counted as reporting) the gap is counted and logged as a warning, not
+        trusted: a broker that dropped its queue or lost its store looks just like nodes
+        that have not reported."""
+        store = self.store
+        for name in list(store.states):
+            if self._gap_checked.get(name) == store.replays:
+                continue
+            gap = store.replay_gap(name)
+            if gap is None or not gap.targeted:
+                continue
+            self._gap_checked[name] = store.replays
+            self.gaps[name] = gap
+            if not gap.missing:
+                continue
+            shown = ", ".join(gap.missing[:5])
+            more = f" and {len(gap.missing) - 5} more" if len(gap.missing) > 5 else ""
+            if not gap.suspicious:
+                log.info(
+                    "retained replay of %s: %d of %d targeted nodes have not reported yet: %s%s",
+                    name,
+                    len(gap.missing),
+                    gap.targeted,
+                    shown,
+                    more,
+                )
+                continue
+            self.gap_events += 1
+            expected = f", the last status counted {gap.expected}" if gap.expected else ""
+            log.warning(
+                "retained replay of %s: %d of %d targeted nodes have no retained report"
+                " (%d of them reported before%s): the broker lost or dropped them: %s%s",
+                name,
+                len(gap.missing),
+                gap.targeted,
+                len(gap.lost),
+                expected,
+                shown,
+                more,
+            )
 
     def compute(self, name: str, now: datetime) -> NetworkValidationStatus:
         store = self.store
@@ -92,6 +149,7 @@ class StatusWriter:
         )
 
     async def _round(self) -> None:
+        self.check_replay_gaps()
         if time.monotonic() >= self._agent_pods_due and self.store.states:
             self._agent_pods_due = time.monotonic() + self.agent_pods_every
             await self.refresh_agent_pods()
@@ -121,26 +179,61 @@ class StatusWriter:
             vs.set_agent_pods(state, detail)
 
     async def write_due(self, now: datetime) -> None:
+        """Every validation whose status changed, written concurrently. A validation whose
+        status cannot be computed or written stays dirty (recomputed from the state of then
+        and written next window, so its change is not lost); one whose write is still in
+        flight (a slow API, retries) is left for a later window and delays no other: the
+        round waits for its writes at most one status window."""
         self.before_round()
-        await self.events.flush()
+        started: list[asyncio.Task[None]] = []
         for name, state in list(self.store.states.items()):
+            if name in self._inflight:
+                continue  # written when that write is done: never two at once, never stale
             deadline = vs.next_deadline(state, now)
             if not state.dirty and (deadline is None or deadline > now):
                 continue
             # Cleared before computing: a change made while the patch is in flight (ingest,
             # the gating task) marks it dirty again and is written next window.
             state.dirty = False
-            status = self.compute(name, now)
+            try:
+                status = self.compute(name, now)
+            except Exception:
+                state.dirty = True
+                self.write_failures += 1
+                log.exception("status of %s cannot be computed; retrying next window", name)
+                continue
             previous = self.store.previous.get(name)
             if previous is not None and status == previous:
                 continue
-            if not await self.write(name, status, previous):
+            task = asyncio.create_task(self._write_one(name, state, status))
+            self._inflight[name] = task
+            task.add_done_callback(functools.partial(self._done, name))
+            started.append(task)
+        flush = asyncio.create_task(self.events.flush())
+        await asyncio.wait([flush, *started], timeout=max(self.settings.status_window, 1.0))
+
+    def _done(self, name: str, _: asyncio.Task[None]) -> None:
+        self._inflight.pop(name, None)
+
+    async def _write_one(
+        self, name: str, state: vs.ValidationState, status: NetworkValidationStatus
+    ) -> None:
+        async with self._limit:
+            if not await self.write(name, status, self.store.previous.get(name)):
                 state.dirty = True
+
+    async def drain(self) -> None:
+        """Wait for the writes and Events in flight (a stop, tests)."""
+        pending = [*self._inflight.values(), *self._event_tasks]
+        if pending:
+            await asyncio.wait(pending)
 
     async def write(
         self, name: str, status: NetworkValidationStatus, previous: NetworkValidationStatus | None
     ) -> bool:
         links = self.links.pop(name, [])
+        if name not in self.store.states:
+            return True  # deleted while this write waited: nothing to write any more
         with self.tracer.start_as_current_span(
             "netval.status_write", links=links, attributes={"netval.validation": name}
         ) as span:
@@ -153,6 +246,10 @@ class StatusWriter:
                 log.warning("status write for %s failed: %s", name, exc)
                 return False
         self.writes += 1
-        self.store.previous[name] = status
-        await self.events.transitions(name, previous, status)
+        if name in self.store.states:  # not deleted while the patch was in flight
+            self.store.previous[name] = status
+        # Posted in the background: a slow Events API must not hold status writes.
+        task = asyncio.create_task(self.events.transitions(name, previous, status))
+        self._event_tasks.add(task)
+        task.add_done_callback(self._event_tasks.discard)
         return True

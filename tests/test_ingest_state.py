@@ -1,0 +1,133 @@
+"""What the ingest keeps: parked reports fold at their own time (a node silent since before a
+failover turns stale on time), parked tables are bounded and count what they drop, and a
+deleted validation leaves nothing behind: no state, no metrics, no retained topics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from kube import KubeCluster, wait_for
+from mosquitto import MosquittoBroker
+from netval.model import Status
+from netval.model.spec import NetworkValidationSpec
+from netval.operator.ingest.decode import StateChange
+from netval.operator.runtime import OperatorRuntime
+from netval.operator.state import store as store_module
+from netval.operator.state.aggregation import compute_status
+from netval.operator.state.store import Store
+from operator_env import GPU, NODES, NV, publish, report, report_msg, state_msg, validation
+from test_broker_restart import retained_on
+from test_operator import scrape
+
+SPEC = NetworkValidationSpec.model_validate({"nodeSelector": GPU, "interval": "60s"})
+
+
+def fresh_store() -> Store:
+    store = Store()
+    for node in NODES:
+        store.on_node(node, GPU)
+    return store
+
+
+def at(monkeypatch: pytest.MonkeyPatch, when: datetime) -> None:
+    monkeypatch.setattr(store_module, "utcnow", lambda: when)
+
+
+def test_parked_reports_count_from_their_own_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's failover case: reports parked while the validation was unknown were
+    folded as received at the takeover, so a node silent for 170 s looked fresh for another
+    180 s. Now a live one counts from its arrival, a retained one from its end time."""
+    now = datetime.now(UTC)
+    store = fresh_store()
+    at(monkeypatch, now - timedelta(seconds=170))
+    store.ingest_report(report("gpu-a"), False)  # live, 170 s ago
+    at(monkeypatch, now - timedelta(seconds=5))
+    old = report("gpu-b", started=now - timedelta(seconds=100))
+    store.ingest_report(old, True)  # retained, replayed 5 s ago: ended 100 s ago (2 ms long)
+    at(monkeypatch, now)
+    store.ingest_report(report("gpu-c"), False)
+    state = store.upsert_validation("pool-a", generation=1, spec=SPEC, body={}, status=None)
+    assert state.nodes["gpu-a"].reported_at == now - timedelta(seconds=170)
+    assert state.nodes["gpu-b"].reported_at == old.started_at + timedelta(milliseconds=2)
+    assert state.nodes["gpu-c"].reported_at == now
+    later = compute_status(state, now + timedelta(seconds=11), previous=None)
+    assert later.nodes.reporting == 2  # gpu-a turned stale 180 s after its report, not later
+    stale = compute_status(state, now + timedelta(seconds=81), previous=None)
+    assert stale.nodes.reporting == 1
+
+
+def test_parked_states_fold_at_their_own_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = datetime.now(UTC)
+    store = fresh_store()
+    at(monkeypatch, now - timedelta(seconds=30))
+    store.on_state(StateChange("pool-a", "gpu-a", False))
+    at(monkeypatch, now)
+    state = store.upsert_validation("pool-a", generation=1, spec=SPEC, body={}, status=None)
+    assert state.offline["gpu-a"] == now - timedelta(seconds=30)
+
+
+def test_parked_tables_are_bounded_and_count_drops(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_module, "PENDING_LIMIT", 3)
+    monkeypatch.setattr(store_module, "OFFLINE_PENDING_LIMIT", 2)
+    store = fresh_store()
+    for i in range(5):
+        store.ingest_report(report("gpu-a", validation_name=f"ghost-{i}"), False)
+        store.on_state(StateChange(f"ghost-{i}", "gpu-a", False))
+    store.ingest_report(report("gpu-a", Status.FAIL, validation_name="ghost-0"), False)
+    assert len(store.pending) == 3 and len(store.offline_pending) == 2
+    assert store.dropped == {"pending": 2, "offline_pending": 3}
+    # a key already parked is replaced by its newer message, never dropped
+    assert store.pending[("ghost-0", "gpu-a")].report.status is Status.FAIL
+    assert store.remove_validation("ghost-0") == {"gpu-a"}
+    assert ("ghost-0", "gpu-a") not in store.pending
+
+
+def test_delete_clears_state_metrics_and_retained_topics(
+    cluster: KubeCluster,
+    operator: tuple[OperatorRuntime, InMemorySpanExporter],
+    mosquitto_broker: MosquittoBroker,
+) -> None:
+    runtime, _ = operator
+    cluster.create(validation(checks={"peers": {"enabled": True}}))
+    endpoint = json.dumps({"host": "10.0.0.1", "port": 7471}).encode()
+    msgs = [report_msg(report(n)) for n in NODES]
+    msgs += [state_msg(n, b"online") for n in NODES]
+    msgs += [(f"netval/v1/pool-a/{n}/endpoint", endpoint) for n in NODES]
+    publish(mosquitto_broker, msgs)
+    wait_for(
+        lambda: (
+            (cluster.stored(NV, "networkvalidations", "pool-a") or {})
+            .get("status", {})
+            .get("nodes", {})
+            .get("reporting")
+            == 4
+        ),
+        timeout=30,
+        what="4 nodes reporting",
+    )
+    kinds = {t.rsplit("/", 1)[1] for t in asyncio.run(retained_on(mosquitto_broker, "netval/#"))}
+    assert kinds == {"report", "state", "endpoint", "assignment"}
+    assert 'validation="pool-a"' in scrape(runtime)
+    cluster.delete(NV, "networkvalidations", "pool-a")
+    wait_for(
+        lambda: not asyncio.run(retained_on(mosquitto_broker, "netval/#")),
+        timeout=30,
+        what="the broker retains nothing of pool-a",
+    )
+    assert "pool-a" not in runtime.store.states and not runtime.store.pending
+    assert 'validation="pool-a"' not in scrape(runtime)
+    # the agents' last words (a clean stop publishes a retained offline) are cleared too
+    publish(mosquitto_broker, [state_msg("gpu-a", b"offline"), report_msg(report("gpu-b"))])
+    wait_for(lambda: runtime.ingest.stats.cleared_late == 2, timeout=30, what="late messages")
+    wait_for(
+        lambda: not asyncio.run(retained_on(mosquitto_broker, "netval/#")),
+        timeout=30,
+        what="the late messages cleared",
+    )
+    assert not runtime.store.pending and not runtime.store.offline_pending
