@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 import mosquitto as _mosquitto
+
+# Fuzz tests run on a shared 2-core CI machine: generation speed and size are not what they
+# test, so those health checks stay off. Under CI the examples are derandomized, so a red
+# build is reproducible from the commit alone (locally every run explores new inputs).
+_QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+settings.register_profile("ci", deadline=None, suppress_health_check=_QUIET, derandomize=True)
+settings.register_profile("dev", deadline=None, suppress_health_check=_QUIET)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
 @pytest.fixture

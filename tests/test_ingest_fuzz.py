@@ -37,7 +37,11 @@ GPU = {"nvidia.com/gpu.present": "true"}
 NODES = {"gpu-a": "rack-1", "gpu-b": "rack-1", "gpu-c": "rack-2", "gpu-d": "rack-2"}
 NOW = datetime.now(UTC)
 
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 # The whole path (decode, fold, status with the matrix) per example: fewer, to keep CI fast.
 WHOLE_PATH = settings(FUZZ, max_examples=60)
 
