@@ -19,10 +19,11 @@ import pytest
 
 import mosquitto
 from kube import wait_for
+from netns import netval_script
 from netval.infra.mqtt_client import make_client
 from netval.infra.mqtt_settings import MqttSettings, mqtt_settings_from_env
 from netval.operator.ingest.subscriber import ReportIngest
-from test_agent import LO_CHECKS, agent_config, netval_script, stop_process, tail, write_agent_files
+from test_agent import LO_CHECKS, agent_config, stop_process, tail, write_agent_files
 from tls_certs import Ca, issue, make_ca
 
 pytestmark = pytest.mark.skipif(not mosquitto.available(), reason=mosquitto.MISSING_REASON)
