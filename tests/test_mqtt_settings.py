@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given
+from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from netval.infra.mqtt_settings import MqttSettings, mqtt_settings_from_env, parse_mqtt_url
@@ -200,6 +201,7 @@ def test_client_certificate_errors(tmp_path: Path) -> None:
         mqtt_settings_from_env(plain)
 
 
+@hypothesis_settings(deadline=None)  # shared CI cores: no per-example timing
 @given(st.text(max_size=200))
 def test_any_url_parses_or_says_why(url: str) -> None:
     try:
