@@ -74,7 +74,8 @@ def check_tls(p: BrokerProbe) -> CheckResult:
     if not s.tls:
         return skip("broker.tls", "mqtt:// (no TLS): use mqtts:// to encrypt the reports")
     assert p.sock is not None
-    context = ssl.create_default_context(cafile=str(s.ca_file) if s.ca_file else None)
+    context = s.ssl_context()  # the agents' and operator's own: same CA, checks, client cert
+    assert context is not None
     try:
         p.sock = context.wrap_socket(p.sock, server_hostname=s.host)
     except ssl.SSLCertVerificationError as exc:
