@@ -17,9 +17,11 @@ import string
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -28,6 +30,7 @@ from kube import KubeCluster, wait_for
 from mosquitto import MosquittoBroker
 from netval.agent.storage.probe import probe_endpoint
 from netval.agent.storage.target import http_request_target, validate_host
+from netval.cli import main
 from netval.infra.log_redaction import install_log_redaction
 from netval.model import CheckId, Report, Status
 from netval.model.redaction import MASK, redact, redact_url
@@ -36,6 +39,7 @@ from netval.model.spec import StorageEndpoint
 from netval.operator.runtime import OperatorRuntime
 from operator_env import NODES, publish, validation, wait_status
 
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "status" / "roce-pool.yaml"
 SIGNATURE = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 CREDENTIAL = "AKIAIOSFODNN7EXAMPLE%2F20260101%2Fus-east-1%2Fs3%2Faws4_request"
 PRESIGNED = (
@@ -259,6 +263,28 @@ def test_operator_status_and_events_never_show_a_signature(
     assert_clean(json.dumps(events))
     for record in caplog.records:
         assert_clean(record.getMessage())
+
+
+def test_html_report_and_status_view_of_an_unredacted_object(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`netval report --from` / `netval status --from` of an object an older operator wrote
+    with the signature in its failures and conditions: neither output shows it."""
+    obj = yaml.safe_load(EXAMPLE.read_text())
+    obj["status"]["failures"][0]["message"] = f"HEAD {PRESIGNED} answered 403 Forbidden"
+    for condition in obj["status"]["conditions"]:
+        if condition["type"] == "Healthy":
+            condition["message"] += f"; storage: GET {PRESIGNED} answered 403"
+    source = tmp_path / "nv.yaml"
+    source.write_text(yaml.safe_dump(obj))
+    html = tmp_path / "report.html"
+    assert main(["report", "--from", str(source), "--html", str(html)]) == 1  # not healthy
+    page = html.read_text()
+    assert_clean(page)
+    assert "X-Amz-Signature=…" in page
+    main(["status", "--from", str(source), "--nodes", "--failing"])
+    out = capsys.readouterr().out
+    assert_clean(out)
 
 
 # ---------------------------------------------------------------- the redactor, fuzzed

@@ -11,10 +11,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from netval.model.east_west import EastWest
+from netval.model.redaction import redact, redact_message
 
 MAX_FAILURES: Final = 50
 
@@ -48,7 +49,10 @@ class Condition(_Status):
     reason: Annotated[
         str, Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024)
     ]
-    message: Annotated[str, Field(max_length=32768)] = ""
+    # Redacted when built or read (a status written by an older operator included).
+    message: Annotated[
+        str, Field(max_length=32768), AfterValidator(lambda m: redact_message(m, 32768))
+    ] = ""
     last_transition_time: datetime
     observed_generation: Annotated[int, Field(ge=0)]
 
@@ -74,7 +78,7 @@ class Failure(_Status):
     node: str
     check: str
     subject: str
-    message: str
+    message: Annotated[str, AfterValidator(redact)]
     since: datetime
 
 
