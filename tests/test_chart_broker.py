@@ -616,6 +616,13 @@ def test_plaintext_only_when_asked_for_and_then_warned() -> None:
     assert "NETVAL_MQTT_CA_FILE" not in env and "NETVAL_AGENT_MQTT_CA_SECRET" not in env
     assert "WARNING: mqtt.tls.enabled=false" in notes("broker-plaintext")
     assert "PLAINTEXT" in notes("broker-plaintext")
+    # an external broker reached in plaintext is warned about too
+    external = render({"mqtt": {"external": {"enabled": True, "url": "mqtt://emqx.mqtt:1883"}}})
+    assert (
+        "WARNING: mqtt.external.url is mqtt:// (plaintext)"
+        in external["netval/templates/NOTES.txt"]
+    )
+    assert "WARNING" not in notes("external-broker")  # mqtts://
 
 
 def test_broker_certificate_from_cert_manager_or_the_users_secret() -> None:
