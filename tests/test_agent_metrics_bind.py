@@ -7,6 +7,7 @@ The real `netval agent` process runs with the environment the operator's DaemonS
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -86,6 +87,7 @@ def test_agent_serves_on_the_node_address_only(tmp_path: Path) -> None:
     port = mosquitto.free_port()
     env = write_agent_files(tmp_path, broker, agent_config(LO_CHECKS)) | _kubelet_env(port)
     assert env[ENV_METRICS_ADDR] == f"[{NODE_IP}]:{port}"
+    env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")  # this tree's netval, not the venv's
     log_file = tmp_path / "agent.log"
     with log_file.open("wb") as log:
         proc = subprocess.Popen(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,6 +176,7 @@ def test_agent_process_refuses_a_mismatching_certificate(tmp_path: Path, ca: Ca)
     env = write_agent_files(tmp_path, broker, agent_config(LO_CHECKS))
     env["NETVAL_MQTT_URL"] = f"mqtts://localhost:{broker.port}"
     env["NETVAL_MQTT_CA_FILE"] = str(ca.cert_file)
+    env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")  # this tree's netval, not the venv's
     log_file = tmp_path / "agent.log"
     with log_file.open("wb") as log:
         proc = subprocess.Popen(
@@ -185,7 +187,7 @@ def test_agent_process_refuses_a_mismatching_certificate(tmp_path: Path, ca: Ca)
         )
     try:
         wait_for(
-            lambda: "not valid for 'localhost'" in tail(log_file, 20000),
+            lambda: "host names are always verified" in tail(log_file, 20000),
             timeout=30,
             what=f"the agent's TLS refusal in its log:\n{tail(log_file)}",
         )
@@ -238,3 +240,20 @@ def test_operator_ingest_refuses_a_mismatching_certificate(
         r.getMessage() for r in caplog.records if "not valid for 'localhost'" in r.getMessage()
     ]
     assert refusals, [r.getMessage() for r in caplog.records]
+
+
+def test_plaintext_is_used_only_as_written_and_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    plain = mosquitto.MosquittoBroker(tmp_path)
+    plain.start()
+    caplog.set_level(logging.WARNING, logger="netval.infra.mqtt_client")
+    try:
+        s = settings(plain, host="127.0.0.1", tls=False)
+        assert asyncio.run(_round_trip(s)) == b"hello"
+        assert asyncio.run(_round_trip(s)) == b"hello"
+    finally:
+        plain.close()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "netval.infra.mqtt_client"]
+    assert len(warnings) == 1, warnings  # once per process and broker, not per connection
+    assert "plaintext MQTT" in warnings[0] and "use mqtts://" in warnings[0]

@@ -4,6 +4,7 @@ reconnect delay (capped exponential backoff with full jitter), and connect error
 
 from __future__ import annotations
 
+import logging
 import random
 import ssl
 from typing import Self
@@ -14,6 +15,9 @@ from aiomqtt import MqttError, ProtocolVersion, Will
 from netval.infra.mqtt_settings import ENV_CA_FILE, MqttSettings
 
 __all__ = ["NetvalMqttClient", "backoff_delay", "explain_connect_error", "make_client"]
+
+log = logging.getLogger(__name__)
+_warned_plaintext: set[str] = set()
 
 
 def explain_connect_error(error: str, settings: MqttSettings) -> str:
@@ -72,6 +76,16 @@ def make_client(
     TLS URL never connects in plaintext."""
     if settings.tls and tls_context is None:
         raise ValueError(f"{settings.url}: TLS settings without a TLS context")
+    if not settings.tls and settings.url not in _warned_plaintext:
+        # Configured explicitly (the scheme says so), but never silently: once per process
+        # and broker, when the first connection is made (not at start, where a bad setting
+        # must stay the one line printed).
+        _warned_plaintext.add(settings.url)
+        log.warning(
+            "%s is plaintext MQTT: the password and every report cross the network "
+            'unencrypted; use mqtts:// (docs/operations.md "Broker TLS")',
+            settings.url,
+        )
     return NetvalMqttClient(
         settings,
         username=settings.username,
