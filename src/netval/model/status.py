@@ -11,7 +11,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from netval.model.east_west import EastWest
@@ -49,12 +49,16 @@ class Condition(_Status):
     reason: Annotated[
         str, Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024)
     ]
-    # Redacted when built or read (a status written by an older operator included).
-    message: Annotated[
-        str, Field(max_length=32768), AfterValidator(lambda m: redact_message(m, 32768))
-    ] = ""
+    message: Annotated[str, Field(max_length=32768)] = ""
     last_transition_time: datetime
     observed_generation: Annotated[int, Field(ge=0)]
+
+    # Redacted when built or read (a status written by an older operator included). A
+    # validator, not field metadata: the field's type stays what the CRD's schema says.
+    @field_validator("message")
+    @classmethod
+    def _redacted(cls, message: str) -> str:
+        return redact_message(message, 32768)
 
 
 class NodeCounts(_Status):
@@ -78,8 +82,13 @@ class Failure(_Status):
     node: str
     check: str
     subject: str
-    message: Annotated[str, AfterValidator(redact)]
+    message: str
     since: datetime
+
+    @field_validator("message")
+    @classmethod
+    def _redacted(cls, message: str) -> str:
+        return redact(message)
 
 
 class NetworkValidationStatus(_Status):
