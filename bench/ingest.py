@@ -6,6 +6,7 @@ Run from the repository root (mosquitto must be installed; root is not needed):
     python bench/ingest.py                          # 1,000 / 5,000 / 10,000 nodes, ~2.5 min
     python bench/ingest.py --nodes 10000 --window 60
     python bench/ingest.py --nodes 10000 --profile  # + cProfile of the operator's window
+    python bench/ingest.py --nodes 10000 --transport plaintext tls   # side by side
 
 What runs, per N (each N gets a fresh broker and a fresh operator process):
 
@@ -37,6 +38,11 @@ What runs, per N (each N gets a fresh broker and a fresh operator process):
   / CheckResult; 1 % of nodes fail a check and 1 % warn (--failing-percent). Real agents
   each hold a connection; 10,000 connections are beyond this box, so the broker's
   connection fan-in is not measured.
+- Transport (--transport, default plaintext): `tls` runs the same N again with the broker's
+  listener on TLS (a test CA and a certificate for localhost made with `cryptography`), the
+  operator on `mqtts://localhost` with NETVAL_MQTT_CA_FILE (verification and host name
+  checked, as in production) and the publishers on TLS too; each transport gets its own
+  fresh broker and operator, one after the other in the same run.
 - Latency: each report's startedAt + durationMs is its publish time (wall clock, same
   host); report-to-status latency is the time from that to the status patch that first
   reflects it (the first patch after the operator ingested it).
@@ -83,6 +89,7 @@ from typing import Any, Final
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import mosquitto  # type: ignore[import-not-found]  # tests/mosquitto.py: the tests' broker
+import tls_certs  # type: ignore[import-not-found]  # tests/tls_certs.py: a CA and certificates
 
 VALIDATION: Final = "fabric"
 POOL_LABEL: Final = ("netval.io/pool", "bench")
@@ -461,7 +468,6 @@ class RecordingKube:
     async def agent_pod_counts(
         self, namespace: str, label_selector: str, label: str
     ) -> dict[str, tuple[int, int]]:
-        # every targeted node has a ready agent pod: nothing for the Ready message
         self.probe.other_kube_calls["agent_pod_counts"] += 1
         return {}  # no agent DaemonSet status: nothing for the Ready message
 
@@ -546,8 +552,10 @@ def make_runtime(cfg: dict[str, Any], probe: Probe, workdir: Path) -> Any:
 
     password_file = workdir / "operator-password"
     password_file.write_text(cfg["password"] + "\n")
+    scheme = "mqtts" if cfg.get("ca_file") else "mqtt"
     env = {
-        "NETVAL_MQTT_URL": f"mqtt://{cfg['host']}:{cfg['port']}",
+        "NETVAL_MQTT_URL": f"{scheme}://{cfg['host']}:{cfg['port']}",
+        **({"NETVAL_MQTT_CA_FILE": cfg["ca_file"]} if cfg.get("ca_file") else {}),
         "NETVAL_MQTT_USERNAME": cfg["username"],
         "NETVAL_MQTT_PASSWORD_FILE": str(password_file),
         "NETVAL_STATUS_WINDOW_SECONDS": str(cfg["status_window"]),
@@ -712,6 +720,11 @@ async def publisher_main(cfg: dict[str, Any]) -> None:
     topics = {i: f"netval/v1/{VALIDATION}/{node_name(i)}/report" for i in mine}
     stdin = await stdin_reader()
 
+    tls_context = None
+    if cfg.get("ca_file"):
+        import ssl
+
+        tls_context = ssl.create_default_context(cafile=cfg["ca_file"])
     async with contextlib.AsyncExitStack() as stack:
         clients = []
         for c in range(cfg["connections"]):
@@ -725,6 +738,7 @@ async def publisher_main(cfg: dict[str, Any]) -> None:
                 max_inflight_messages=200,
                 keepalive=30,
                 logger=quiet,
+                tls_context=tls_context,
             )
             clients.append(await stack.enter_async_context(client))
 
@@ -809,6 +823,7 @@ class RunResult:
     pubs: list[dict[str, Any]]
     broker_cpu_percent: float
     machine_cpu_percent: float  # all processes of the machine, in % of one core
+    transport: str = "plaintext"
 
     @property
     def other_cpu_percent(self) -> float:
@@ -852,10 +867,15 @@ def send(proc: asyncio.subprocess.Process, msg: dict[str, Any]) -> None:
     proc.stdin.write((json.dumps(msg) + "\n").encode())
 
 
-async def run_one(n: int, args: argparse.Namespace) -> RunResult:
+async def run_one(n: int, args: argparse.Namespace, transport: str = "plaintext") -> RunResult:
     with tempfile.TemporaryDirectory(prefix="netval-bench-ingest-") as tmp:
         workdir = Path(tmp)
-        broker = mosquitto.MosquittoBroker(workdir)
+        tls: tuple[Path, Path, Path] | None = None
+        if transport == "tls":
+            ca = tls_certs.make_ca(workdir)
+            leaf = tls_certs.issue(ca, workdir, "broker", dns_names=("localhost",))
+            tls = (ca.cert_file, leaf.cert_file, leaf.key_file)
+        broker = mosquitto.MosquittoBroker(workdir, tls=tls)
         with broker.config.open("a") as conf:
             conf.write("\n".join(BROKER_SETTINGS) + "\n")
         broker.start()
@@ -863,7 +883,8 @@ async def run_one(n: int, args: argparse.Namespace) -> RunResult:
         try:
             assert broker.proc is not None
             base = {
-                "host": broker.host,
+                "host": "localhost" if tls else broker.host,  # the certificate's name
+                "ca_file": str(tls[0]) if tls else None,
                 "port": broker.port,
                 "username": broker.username,
                 "password": broker.password,
@@ -923,6 +944,7 @@ async def run_one(n: int, args: argparse.Namespace) -> RunResult:
                 pub_results,
                 100 * (b1[1] - b0[1]) / wall,
                 100 * (b1[2] - b0[2]) / wall,
+                transport,
             )
         finally:
             for proc in procs:
@@ -959,16 +981,16 @@ def report(results: list[RunResult], args: argparse.Namespace, command: str) -> 
     )
     print()
     print(
-        "| nodes | offered rep/s | ingested rep/s | behind | latency p50 / p99 | "
+        "| nodes | transport | offered rep/s | ingested rep/s | behind | latency p50 / p99 | "
         "patches (max/round) | status JSON | operator CPU | RSS max (HWM) | "
         "publishers CPU | broker CPU | other load |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         op = r.op
         behind = r.offered - op["latencies"]
         print(
-            f"| {r.nodes:,} | {r.offered / args.window:,.0f} | "
+            f"| {r.nodes:,} | {r.transport} | {r.offered / args.window:,.0f} | "
             f"{op['reports_in_window'] / args.window:,.0f} | {behind:,.0f} | "
             f"{op['lat_p50'] * 1e3:,.0f} / {op['lat_p99'] * 1e3:,.0f} ms | "
             f"{op['patches_in_window']} ({op['most_patches_per_round']}) | "
@@ -1006,7 +1028,7 @@ def report(results: list[RunResult], args: argparse.Namespace, command: str) -> 
         ]
         if op["other_kube_calls"]:
             parts.append(f"other kube calls {op['other_kube_calls']}")
-        print(f"  {r.nodes:>6,}: " + "; ".join(parts[:3]))
+        print(f"  {r.nodes:>6,} {r.transport}: " + "; ".join(parts[:3]))
         for k in range(3, len(parts), 3):
             print("          " + "; ".join(parts[k : k + 3]))
 
@@ -1073,6 +1095,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--failing-percent", type=float, default=1.0)
     parser.add_argument("--profile", action="store_true", help="cProfile the operator")
     parser.add_argument("--repeat", type=int, default=1, help="runs per N (medians printed)")
+    parser.add_argument(
+        "--transport",
+        nargs="+",
+        choices=["plaintext", "tls"],
+        default=["plaintext"],
+        help="MQTT transports to run, each N side by side (tls: verified, as in production)",
+    )
     parser.add_argument("--role", choices=["main", "operator", "publisher"], default="main")
     parser.add_argument("--child-config", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -1093,11 +1122,12 @@ def main() -> None:
     command = shlex.join(["python", "bench/ingest.py", *sys.argv[1:]])
     results = []
     for _ in range(args.repeat):
-        for n in args.nodes:
+        for n, transport in itertools.product(args.nodes, args.transport):
             started = time.monotonic()
-            r = asyncio.run(run_one(n, args))
+            r = asyncio.run(run_one(n, args, transport))
             print(
-                f"{n:,} nodes: {r.op['reports_in_window'] / args.window:,.0f} reports/s, "
+                f"{n:,} nodes ({transport}): "
+                f"{r.op['reports_in_window'] / args.window:,.0f} reports/s, "
                 f"operator {r.op['cpu_percent']:.0f} % CPU, HWM {r.op['hwm_mib']:.0f} MiB, "
                 f"{r.op['patches_in_window']} patches ({time.monotonic() - started:.0f} s)",
                 file=sys.stderr,

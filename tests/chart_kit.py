@@ -71,6 +71,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
         }
     },
     "no-webhook": {"webhook": {"enabled": False}},
+    # The bundled broker in plaintext (asked for), and its certificate from cert-manager or
+    # from a Secret of the user's (agents elsewhere: their CA-only Secret named).
+    "broker-plaintext": {"mqtt": {"tls": {"enabled": False}}},
+    "broker-cert-manager": {"mqtt": {"tls": {"certManager": {"enabled": True}}}},
+    "broker-tls-existing": {
+        "agent": {"namespace": AGENT_NAMESPACE},
+        "mqtt": {"tls": {"existingSecret": "corp-mqtt-tls", "agentCaSecret": "corp-mqtt-ca"}},
+    },
     # Agents in their own namespace (created with the Pod Security labels), with their own
     # pull secrets and priority.
     "agents-namespace": {
@@ -123,7 +131,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
             "broker": {
                 "operatorExistingSecret": "mqtt-operator",
                 "agentExistingSecret": "mqtt-agent",
-            }
+            },
+            "tls": {"existingSecret": "netval-mqtt-cert"},
         },
         "webhook": {"existingSecret": "netval-webhook-cert"},
     },

@@ -297,7 +297,12 @@ def test_operator_environment_builds_real_settings(variant: str, tmp_path: Path)
         assert settings.agent_mqtt_username == external["agentUsername"]
         assert not find(variant, "Deployment", "netval-mqtt")
     else:
-        assert settings.mqtt.url == f"mqtt://netval-mqtt.{NAMESPACE}.svc:1883"
+        if values.get("mqtt", {}).get("tls", {}).get("enabled", True):
+            assert settings.mqtt.url == f"mqtts://netval-mqtt.{NAMESPACE}.svc:8883"
+            assert settings.mqtt.tls and settings.agent_mqtt_ca_secret
+        else:
+            assert settings.mqtt.url == f"mqtt://netval-mqtt.{NAMESPACE}.svc:1883"
+            assert settings.agent_mqtt_ca_secret is None
         assert settings.mqtt.username == "netval-operator"
         assert settings.mqtt.password == "s3cret"
         assert settings.agent_mqtt_username == "netval-agent"
@@ -538,6 +543,7 @@ def test_operator_replicas_get_distinct_mqtt_client_ids(
     env = env_of(operator_container("default"))
     (tmp_path / "password").write_text("pw")
     env[mqtt_settings.ENV_PASSWORD_FILE] = str(tmp_path / "password")
+    env[mqtt_settings.ENV_CA_FILE] = certifi.where()  # the mounted CA, stood in for
     monkeypatch.setattr(os, "getpid", lambda: 1)  # netval is the container's init process
     ids = set()
     for pod in ("netval-operator-7d9f-abcde", "netval-operator-7d9f-fghij"):

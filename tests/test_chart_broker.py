@@ -10,6 +10,7 @@ import getpass
 import os
 import re
 import socket
+import ssl
 import stat
 import subprocess
 import threading
@@ -21,9 +22,50 @@ from typing import Any
 import pytest
 
 import mosquitto as broker_kit
-from chart_kit import one, render
+from chart_kit import NAMESPACE, one, render
 
 # --- the broker, for real -----------------------------------------------------------------
+
+# The name in the chart's URL and broker certificate. Clients here connect by it, with TLS and
+# host name verification as netval's clients do; `_resolving_broker_name` stands in for the
+# cluster DNS that points it at the Service.
+BROKER_HOST = f"netval-mqtt.{NAMESPACE}.svc"
+
+
+def rendered_ca(variant: str = "default") -> str:
+    """The CA the chart gives the operator and agents (Secret netval-mqtt-ca), PEM."""
+    return base64.b64decode(one(variant, "Secret", "netval-mqtt-ca")["data"]["ca.crt"]).decode()
+
+
+def secure(client: Any) -> str:
+    """TLS on a paho client as netval's clients do it (chart CA, host name verified); the
+    host to connect to."""
+    if client._ssl_context is None:  # reconnects keep the context set the first time
+        client.tls_set_context(ssl.create_default_context(cadata=rendered_ca()))
+    return BROKER_HOST
+
+
+@contextlib.contextmanager
+def _resolving_broker_name() -> Iterator[None]:
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        return real("127.0.0.1" if host == BROKER_HOST else host, port, *args, **kwargs)
+
+    socket.getaddrinfo = getaddrinfo  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        socket.getaddrinfo = real  # type: ignore[assignment]
+
+
+def _broker_tls(directory: Path) -> None:
+    """The broker's certificate, key and CA as the chart renders Secret netval-mqtt-tls."""
+    directory.mkdir()
+    data = one("default", "Secret", "netval-mqtt-tls")["data"]
+    for key in ("tls.crt", "tls.key", "ca.crt"):
+        (directory / key).write_bytes(base64.b64decode(data[key]))
+        (directory / key).chmod(0o600)
 
 
 def _broker_parts() -> tuple[str, str, dict[str, Any], dict[str, str]]:
@@ -57,7 +99,7 @@ class _Client:
             self.client.username_pw_set(username, password)
         self.client.on_connect = self._on_connect
         self.client.on_message = self._on_message
-        self.client.connect("127.0.0.1", port, keepalive=10)
+        self.client.connect(secure(self.client), port, keepalive=10)
         self.client.loop_start()
         self.connected.wait(5)
 
@@ -116,9 +158,11 @@ def run_chart_broker(
     subprocess.run(["/bin/sh", "-ec", init["command"][2]], env=env, check=True, timeout=30)
     (tmp_path / "acl").write_text(acl)
     (tmp_path / "data").mkdir()
+    _broker_tls(tmp_path / "tls")
     port = _free_port()
     replacements = {
-        "listener 1883\n": f"listener {port} 127.0.0.1\n",
+        "listener 8883\n": f"listener {port} 127.0.0.1\n",
+        "/mosquitto/tls/": f"{tmp_path / 'tls'}/",
         "/mosquitto/auth/passwd": str(auth / "passwd"),
         "/mosquitto/config/acl": str(tmp_path / "acl"),
         "/mosquitto/data/": f"{tmp_path / 'data'}/",
@@ -147,7 +191,8 @@ def run_chart_broker(
             except OSError:
                 assert time.monotonic() < deadline, "broker did not listen"
                 time.sleep(0.05)
-        yield port, {**passwords, "passwd": (auth / "passwd").read_text()}
+        with _resolving_broker_name():
+            yield port, {**passwords, "passwd": (auth / "passwd").read_text()}
     finally:
         proc.terminate()
         proc.wait(10)
@@ -278,7 +323,7 @@ class _Counter:
 
     def connect(self) -> None:
         self.connected.clear()
-        self.client.connect("127.0.0.1", self.port, keepalive=60)
+        self.client.connect(secure(self.client), self.port, keepalive=60)
         self.client.loop_start()
         assert self.connected.wait(5)
 
@@ -319,7 +364,7 @@ def _agent_publisher(port: int, password: str) -> Any:
     client.max_queued_messages_set(0)
     connected = threading.Event()
     client.on_connect = lambda *a: connected.set()
-    client.connect("127.0.0.1", port, keepalive=60)
+    client.connect(secure(client), port, keepalive=60)
     client.loop_start()
     assert connected.wait(5)
     return client
@@ -444,3 +489,176 @@ def test_mosquitto_defaults_would_drop_both(tmp_path: Path) -> None:
     print(f"mosquitto defaults: burst -> {burst}, retained {2 * RETAINED_NODES} -> {replay}")
     assert burst["away"] < BURST and burst["slow"] < BURST
     assert replay < 2 * RETAINED_NODES
+
+
+# --- TLS of the bundled broker -----------------------------------------------------------
+
+
+def _netval_round_trip(settings: Any) -> bytes:
+    import asyncio
+
+    from netval.infra.mqtt_client import make_client
+
+    async def main() -> bytes:
+        async with make_client(
+            settings, keepalive=10, timeout=5, tls_context=settings.ssl_context()
+        ) as client:
+            topic = "netval/v1/pool-a/gpu-node-1/state"
+            await client.subscribe(topic, qos=1)
+            await client.publish(topic, b"online", qos=1)
+            async for message in client.messages:
+                return bytes(message.payload)  # type: ignore[arg-type]
+        raise AssertionError("no message")
+
+    return asyncio.run(main())
+
+
+def test_netval_clients_reach_the_chart_broker_over_verified_tls(tmp_path: Path) -> None:
+    """The chart's TLS listener, certificate and CA in a real Mosquitto, reached by netval's
+    own client built from the operator's rendered environment."""
+    import dataclasses
+
+    import aiomqtt
+
+    from chart_kit import env_of as chart_env
+    from chart_kit import operator_container
+    from netval.infra.mqtt_settings import mqtt_settings_from_env
+
+    env = chart_env(operator_container("default"))
+    assert env["NETVAL_MQTT_URL"] == f"mqtts://{BROKER_HOST}:8883"
+    assert env["NETVAL_AGENT_MQTT_URL"] == env["NETVAL_MQTT_URL"]
+    assert env["NETVAL_AGENT_MQTT_CA_SECRET"] == "netval-mqtt-ca"
+    ca_file = tmp_path / "ca.crt"
+    ca_file.write_text(rendered_ca())
+    (tmp_path / "broker").mkdir()
+    with run_chart_broker(tmp_path / "broker") as (port, secrets):
+        (tmp_path / "password").write_text(secrets["operator"])
+        env.update(
+            NETVAL_MQTT_CA_FILE=str(ca_file), NETVAL_MQTT_PASSWORD_FILE=str(tmp_path / "password")
+        )
+        settings = dataclasses.replace(mqtt_settings_from_env(env, client_id="op"), port=port)
+        assert settings.tls and settings.host == BROKER_HOST
+        assert _netval_round_trip(settings) == b"online"
+        # the certificate names the Service, not an address: by IP, verification refuses it
+        with pytest.raises(aiomqtt.MqttError, match=r"not valid for '127\.0\.0\.1'"):
+            _netval_round_trip(dataclasses.replace(settings, host="127.0.0.1"))
+        # and the listener speaks TLS only
+        with pytest.raises(aiomqtt.MqttError):
+            _netval_round_trip(dataclasses.replace(settings, tls=False, ca_file=None))
+
+
+def _certificate(variant: str, secret: str) -> Any:
+    from cryptography import x509
+
+    data = one(variant, "Secret", secret)["data"]
+    return x509.load_pem_x509_certificate(base64.b64decode(data["tls.crt"])), data
+
+
+def test_chart_broker_certificate_names_the_service_and_chains_to_the_ca() -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    cert, data = _certificate("default", "netval-mqtt-tls")
+    assert one("default", "Secret", "netval-mqtt-tls")["type"] == "kubernetes.io/tls"
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    svc = "netval-mqtt"
+    assert set(names.get_values_for_type(x509.DNSName)) == {
+        svc, f"{svc}.{NAMESPACE}", f"{svc}.{NAMESPACE}.svc", f"{svc}.{NAMESPACE}.svc.cluster.local"
+    }  # fmt: skip
+    ca = x509.load_pem_x509_certificate(base64.b64decode(data["ca.crt"]))
+    assert base64.b64decode(data["ca.crt"]).decode() == rendered_ca()
+    assert cert.issuer == ca.subject
+    public_key = ca.public_key()
+    assert not isinstance(public_key, ec.EllipticCurvePublicKey)  # Sprig's genCA: RSA
+    cert.verify_directly_issued_by(ca)
+
+
+def test_tls_is_the_default_and_only_the_broker_mounts_its_key() -> None:
+    from chart_kit import docs, notes
+
+    conf = one("default", "ConfigMap", "netval-mqtt")["data"]["mosquitto.conf"]
+    assert "listener 8883\nprotocol mqtt\ncafile /mosquitto/tls/ca.crt\n" in conf
+    assert "certfile /mosquitto/tls/tls.crt" in conf and "tls_version tlsv1.2" in conf
+    assert conf.count("listener ") == 1  # no plaintext listener next to it
+    (port,) = one("default", "Service", "netval-mqtt")["spec"]["ports"]
+    assert port["port"] == 8883
+    # The CA-only Secret holds no key; the key's Secret is mounted by the broker alone.
+    assert set(one("default", "Secret", "netval-mqtt-ca")["data"]) == {"ca.crt"}
+    mounting = [
+        d["metadata"]["name"]
+        for d in docs("default")
+        if d["kind"] in ("Deployment", "DaemonSet", "Job")
+        and any(
+            (v.get("secret") or {}).get("secretName") == "netval-mqtt-tls"
+            for v in d["spec"]["template"]["spec"].get("volumes", [])
+        )
+    ]
+    assert mounting == ["netval-mqtt"]
+    assert "PLAINTEXT" not in notes("default")
+    # agents in their own namespace get the CA there, and only the CA
+    cas = [s for s in docs("agents-namespace") if s["kind"] == "Secret"
+           and s["metadata"]["name"] == "netval-mqtt-ca"]  # fmt: skip
+    assert {s["metadata"]["namespace"] for s in cas} == {NAMESPACE, "netval-agents"}
+    assert not [s for s in docs("agents-namespace") if s["metadata"]["name"] == "netval-mqtt-tls"
+                and s["metadata"]["namespace"] != NAMESPACE]  # fmt: skip
+
+
+def test_plaintext_only_when_asked_for_and_then_warned() -> None:
+    from chart_kit import env_of as chart_env
+    from chart_kit import find, notes, operator_container
+
+    conf = one("broker-plaintext", "ConfigMap", "netval-mqtt")["data"]["mosquitto.conf"]
+    assert "listener 1883\n" in conf and "/mosquitto/tls" not in conf
+    assert not find("broker-plaintext", "Secret", "netval-mqtt-tls")
+    assert not find("broker-plaintext", "Secret", "netval-mqtt-ca")
+    env = chart_env(operator_container("broker-plaintext"))
+    assert env["NETVAL_MQTT_URL"] == f"mqtt://{BROKER_HOST}:1883"
+    assert "NETVAL_MQTT_CA_FILE" not in env and "NETVAL_AGENT_MQTT_CA_SECRET" not in env
+    assert "WARNING: mqtt.tls.enabled=false" in notes("broker-plaintext")
+    assert "PLAINTEXT" in notes("broker-plaintext")
+    # an external broker reached in plaintext is warned about too
+    external = render({"mqtt": {"external": {"enabled": True, "url": "mqtt://emqx.mqtt:1883"}}})
+    assert (
+        "WARNING: mqtt.external.url is mqtt:// (plaintext)"
+        in external["netval/templates/NOTES.txt"]
+    )
+    assert "WARNING" not in notes("external-broker")  # mqtts://
+
+
+def test_broker_certificate_from_cert_manager_or_the_users_secret() -> None:
+    from chart_kit import env_of as chart_env
+    from chart_kit import find, operator_container
+
+    cert = one("broker-cert-manager", "Certificate", "netval-mqtt")["spec"]
+    assert cert["secretName"] == "netval-mqtt-tls"
+    assert cert["dnsNames"][2] == BROKER_HOST and cert["commonName"] == BROKER_HOST
+    assert cert["issuerRef"] == {
+        "name": "netval-mqtt-ca",
+        "kind": "Issuer",
+        "group": "cert-manager.io",
+    }
+    assert one("broker-cert-manager", "Issuer", "netval-mqtt-ca")["spec"] == {
+        "ca": {"secretName": "netval-mqtt-issuer-ca"}
+    }
+    assert not find("broker-cert-manager", "Secret", "netval-mqtt-tls")  # cert-manager's
+    env = chart_env(operator_container("broker-cert-manager"))
+    assert env["NETVAL_AGENT_MQTT_CA_SECRET"] == "netval-mqtt-tls"  # ca.crt of it, same namespace
+
+    # the user's Secret: nothing generated; agents elsewhere read their CA-only Secret
+    assert not [d for d in find("broker-tls-existing", "Secret") if "mqtt-tls" in d["metadata"]["name"]
+                or d["metadata"]["name"] == "netval-mqtt-ca"]  # fmt: skip
+    deployment = one("broker-tls-existing", "Deployment", "netval-mqtt")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "corp-mqtt-tls"
+    env = chart_env(operator_container("broker-tls-existing"))
+    assert env["NETVAL_AGENT_MQTT_CA_SECRET"] == "corp-mqtt-ca"
+    operator = one("broker-tls-existing", "Deployment", "netval-operator")["spec"]["template"]
+    (ca_volume,) = [v for v in operator["spec"]["volumes"] if v["name"] == "mqtt-ca"]
+    assert ca_volume["secret"] == {
+        "secretName": "corp-mqtt-tls", "defaultMode": 0o444,
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }  # fmt: skip
+    # agents in another namespace without their CA Secret: a clear render error
+    with pytest.raises(Exception, match=r"mqtt\.tls\.agentCaSecret is required"):
+        render({"agent": {"namespace": "netval-agents"},
+                "mqtt": {"tls": {"certManager": {"enabled": True}}}})  # fmt: skip

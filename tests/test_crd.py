@@ -43,7 +43,7 @@ from netval.model.spec import (
     NetworkValidationSpec,
     StorageChecks,
 )
-from netval.model.status import MAX_FAILURES, NetworkValidationStatus
+from netval.model.status import MAX_FAILURES, Condition, Failure, NetworkValidationStatus
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD_PATH = ROOT / "crds" / "networkvalidations.netval.io.yaml"
@@ -84,6 +84,9 @@ MODEL_VALIDATORS: dict[tuple[type[BaseModel], str], dict[str, dict[str, Any]]] =
     (NetworkValidationSpec, "_interval_floor"): {
         "interval": {"x-kubernetes-validations": [INTERVAL_RULE]}
     },
+    # Redaction rewrites status messages, it refuses nothing: no counterpart to enforce.
+    (Condition, "_redacted"): {},
+    (Failure, "_redacted"): {},
 }
 
 # Field-level validators (Annotated[..., AfterValidator(f)]) and their CRD counterparts.

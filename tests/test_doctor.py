@@ -97,10 +97,22 @@ def _doctor(capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, dict[
     return code, lines
 
 
+def enforce_acl(broker: MosquittoBroker) -> None:
+    """netval's ACL on the test broker (docs/operations.md "Broker ACL"): its user is the
+    operator, which reads everything and writes assignments only."""
+    acl = broker.workdir / "acl"
+    acl.write_text(
+        f"user {broker.username}\ntopic read netval/#\ntopic write netval/v1/+/+/assignment\n"
+    )
+    broker.config.write_text(broker.config.read_text() + f"acl_file {acl}\n")
+    broker.restart()
+
+
 def test_ready_cluster_passes(
     kube: KubeCluster, mosquitto_broker: MosquittoBroker, password_file: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
+    enforce_acl(mosquitto_broker)
     install(kube, mosquitto_broker)
     asked: list[tuple[str | None, dict[str, Any]]] = []
 
@@ -125,6 +137,9 @@ def test_ready_cluster_passes(
             "name": "netval"} in [a for _, a in asked]  # fmt: skip
     assert "PASS" in lines["broker.reachable"] and "PASS" in lines["broker.login"]
     assert "SKIP" in lines["broker.tls"]
+    assert (
+        "PASS" in lines["broker.acl"] and "cannot publish for another node" in lines["broker.acl"]
+    )
     assert "PASS" in lines["kueue"] and "SKIP" in lines["webhook"]
     assert "a ready agent on all 2 targeted node(s)" in lines["agents/pool"]
 
@@ -152,6 +167,21 @@ def test_broken_cluster_says_what_to_fix(
         or "not authorized" in lines["broker.login"]
     )
     assert "no ready agent on 1 of 2 targeted node(s): gpu-b" in lines["agents/pool"]
+    assert "SKIP" in lines["broker.acl"] and "needs broker.login" in lines["broker.acl"]
+
+
+def test_broker_without_per_node_acl_fails(
+    kube: KubeCluster, mosquitto_broker: MosquittoBroker, password_file: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """The test broker has no ACL at all, like an external broker set up without netval's
+    rules: the identity may publish a node's report, state and endpoint."""
+    install(kube, mosquitto_broker)
+    code, lines = _doctor(capsys, "--mqtt-password-file", str(password_file))
+    assert code == 1
+    assert "FAIL" in lines["broker.acl"]
+    assert "may publish report, state, endpoint for a node it does not own" in lines["broker.acl"]
+    assert "Broker ACL" in lines["broker.acl"]
 
 
 def test_missing_crd_and_operator(kube: KubeCluster, capsys: pytest.CaptureFixture[str]) -> None:
@@ -312,7 +342,7 @@ def test_broker_tls_handshake_and_wrong_ca(tmp_path: Path) -> None:
     broker = mosquitto.MosquittoBroker(tmp_path, tls=(ca, cert, key))
     password = tmp_path / "password"
     password.write_text(broker.password + "\n")
-    broker.start()
+    enforce_acl(broker)  # starts it
     try:
 
         def run(ca_file: Path) -> dict[str, Any]:
@@ -324,10 +354,12 @@ def test_broker_tls_handshake_and_wrong_ca(tmp_path: Path) -> None:
             return {r.name: r for r in broker_checks(settings, 3.0)}
 
         good = run(ca)
-        assert [r.state.value for r in good.values()] == ["pass", "pass", "pass"], good
+        assert [r.state.value for r in good.values()] == ["pass"] * 4, good
+        assert "refused" in good["broker.acl"].detail  # probed over the verified TLS too
         assert "certificate valid for localhost" in good["broker.tls"].detail
         bad = run(other_ca)
         assert bad["broker.tls"].failed and "does not verify" in bad["broker.tls"].detail
         assert bad["broker.login"].state.value == "skip"
+        assert bad["broker.acl"].state.value == "skip"
     finally:
         broker.close()

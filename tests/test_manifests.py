@@ -307,7 +307,8 @@ def test_daemonset_env() -> None:
         "NETVAL_MQTT_USERNAME": "agent",
         "NETVAL_MQTT_PASSWORD_FILE": "/etc/netval/mqtt/password",
         "NETVAL_MQTT_CA_FILE": "/etc/netval/mqtt/ca.crt",
-        "NETVAL_METRICS_ADDR": ":9477",
+        "NETVAL_HOST_IP": {"fieldRef": {"fieldPath": "status.hostIP"}},
+        "NETVAL_METRICS_ADDR": "[$(NETVAL_HOST_IP)]:9477",
         "OTEL_SERVICE_NAME": "netval-agent",
         "OTEL_RESOURCE_ATTRIBUTES": "k8s.node.name=$(NETVAL_NODE_NAME),netval.validation=pool-a",
         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.observability:4318",
@@ -322,7 +323,11 @@ def test_env_names_are_the_ones_the_agent_reads() -> None:
     assert m.ENV_CONFIG == agent_config.ENV_CONFIG
     assert m.ENV_NODE == agent_config.ENV_NODE
     assert m.ENV_METRICS_ADDR == agent_config.ENV_METRICS_ADDR
-    assert f":{m.METRICS_PORT}" == agent_config.DEFAULT_METRICS_ADDR
+    assert m.ENV_HOST_IP == agent_config.ENV_HOST_IP
+    assert m.METRICS_PORT == agent_config.DEFAULT_METRICS_PORT
+    # $(NETVAL_HOST_IP) expands only when it is defined earlier in the list.
+    names = [e["name"] for e in _container(_daemonset())["env"]]
+    assert names.index("NETVAL_HOST_IP") < names.index("NETVAL_METRICS_ADDR")
 
 
 def test_daemonset_env_without_optional_parts() -> None:
@@ -407,7 +412,7 @@ def test_peer_port_is_declared_when_peers_are_enabled() -> None:
 
 def test_metrics_port_can_be_moved() -> None:
     ds = _daemonset(metrics_port=9480)
-    assert _env(ds)["NETVAL_METRICS_ADDR"] == ":9480"
+    assert _env(ds)["NETVAL_METRICS_ADDR"] == "[$(NETVAL_HOST_IP)]:9480"
     assert _container(ds)["ports"][0]["containerPort"] == 9480
     assert _container(ds)["livenessProbe"]["httpGet"]["port"] == "metrics"
 

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import ssl
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from netval.infra.mqtt_settings import MqttSettings, mqtt_settings_from_env, parse_mqtt_url
+from tls_certs import issue, make_ca
 
 
 @pytest.mark.parametrize(
@@ -148,3 +153,61 @@ def test_direct_construction_is_checked() -> None:
         MqttSettings(host="b", port=1883, password="x")
     with pytest.raises(ValueError, match="needs TLS"):
         MqttSettings(host="b", port=1883, ca_file=Path("/x"))
+    with pytest.raises(ValueError, match="needs its key"):
+        MqttSettings(host="b", port=8883, tls=True, cert_file=Path("/x"))
+    with pytest.raises(ValueError, match="client certificate needs TLS"):
+        MqttSettings(host="b", port=1883, cert_file=Path("/x"), key_file=Path("/y"))
+
+
+def test_tls_context_always_verifies(tmp_path: Path) -> None:
+    ca = make_ca(tmp_path)
+    settings = mqtt_settings_from_env(
+        {"NETVAL_MQTT_URL": "mqtts://broker", "NETVAL_MQTT_CA_FILE": str(ca.cert_file)}
+    )
+    context = settings.ssl_context()
+    assert context is not None
+    assert context.verify_mode is ssl.CERT_REQUIRED and context.check_hostname
+    assert context.minimum_version >= ssl.TLSVersion.TLSv1_2
+    assert mqtt_settings_from_env({"NETVAL_MQTT_URL": "mqtt://broker"}).ssl_context() is None
+
+
+def test_client_certificate_errors(tmp_path: Path) -> None:
+    ca = make_ca(tmp_path)
+    leaf = issue(ca, tmp_path, "gpu-a", client=True)
+    other = issue(ca, tmp_path, "gpu-b", client=True)
+    base = {"NETVAL_MQTT_URL": "mqtts://broker", "NETVAL_MQTT_CA_FILE": str(ca.cert_file)}
+    ok = mqtt_settings_from_env(
+        base
+        | {"NETVAL_MQTT_CERT_FILE": str(leaf.cert_file), "NETVAL_MQTT_KEY_FILE": str(leaf.key_file)}
+    )
+    assert (ok.cert_file, ok.key_file) == (leaf.cert_file, leaf.key_file)
+    assert ok.ssl_context() is not None
+    cases = [
+        ({"NETVAL_MQTT_CERT_FILE": str(leaf.cert_file)},
+         "NETVAL_MQTT_CERT_FILE is set but NETVAL_MQTT_KEY_FILE is not"),
+        ({"NETVAL_MQTT_KEY_FILE": str(leaf.key_file)},
+         "NETVAL_MQTT_KEY_FILE is set but NETVAL_MQTT_CERT_FILE is not"),
+        ({"NETVAL_MQTT_CERT_FILE": str(leaf.cert_file), "NETVAL_MQTT_KEY_FILE": str(other.key_file)},
+         "not a usable PEM certificate and matching key"),
+        ({"NETVAL_MQTT_CERT_FILE": str(tmp_path / "nope"), "NETVAL_MQTT_KEY_FILE": str(leaf.key_file)},
+         "cannot read"),
+    ]  # fmt: skip
+    for extra, why in cases:
+        with pytest.raises(ValueError, match=why):
+            mqtt_settings_from_env(base | extra)
+    plain = {"NETVAL_MQTT_URL": "mqtt://broker", "NETVAL_MQTT_CERT_FILE": str(leaf.cert_file),
+             "NETVAL_MQTT_KEY_FILE": str(leaf.key_file)}  # fmt: skip
+    with pytest.raises(ValueError, match="NETVAL_MQTT_CERT_FILE is set but NETVAL_MQTT_URL"):
+        mqtt_settings_from_env(plain)
+
+
+@hypothesis_settings(deadline=None)  # shared CI cores: no per-example timing
+@given(st.text(max_size=200))
+def test_any_url_parses_or_says_why(url: str) -> None:
+    try:
+        host, port, tls = parse_mqtt_url(url)
+    except ValueError as exc:
+        assert "NETVAL_MQTT_URL" in str(exc)
+    else:
+        assert host and 0 < port < 65536
+        assert tls is url.strip().lower().startswith("mqtts://")

@@ -104,7 +104,86 @@ operator and of the agents, for the bundled broker or an external one.
 {{- if .Values.mqtt.external.enabled -}}
 {{- required "mqtt.external.url is required when mqtt.external.enabled is true" .Values.mqtt.external.url -}}
 {{- else -}}
-{{- printf "mqtt://%s.%s.svc:%d" (include "netval.brokerName" .) .Release.Namespace (int .Values.mqtt.broker.port) -}}
+{{- printf "%s://%s.%s.svc:%s" (ternary "mqtts" "mqtt" .Values.mqtt.tls.enabled) (include "netval.brokerName" .) .Release.Namespace (include "netval.brokerPort" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The bundled broker's port: the TLS listener's (mqtt.tls.enabled) or the plaintext one's. */}}
+{{- define "netval.brokerPort" -}}
+{{- ternary (int .Values.mqtt.broker.tlsPort) (int .Values.mqtt.broker.port) .Values.mqtt.tls.enabled -}}
+{{- end -}}
+
+{{/*
+Broker TLS (bundled broker, mqtt.tls.enabled). The broker's certificate, key and CA are in
+Secret brokerTlsSecret (tls.crt, tls.key, ca.crt): the user's (mqtt.tls.existingSecret),
+cert-manager's (mqtt.tls.certManager) or the chart's (genCA/genSignedCert, kept by lookup).
+Clients get only the CA: with the chart's certificate a CA-only Secret brokerCaSecret is
+rendered in the release namespace and the agents' one; otherwise they read ca.crt of the
+TLS Secret (release namespace) or mqtt.tls.agentCaSecret (another agents' namespace: the
+broker's key is never copied where agents run).
+*/}}
+{{- define "netval.brokerTlsEnabled" -}}
+{{- if and (not .Values.mqtt.external.enabled) .Values.mqtt.tls.enabled -}}true{{- end -}}
+{{- end -}}
+{{- define "netval.brokerTlsSecret" -}}{{ default (printf "%s-mqtt-tls" (include "netval.fullname" .)) .Values.mqtt.tls.existingSecret }}{{- end -}}
+{{- define "netval.brokerCaSecret" -}}{{ include "netval.fullname" . }}-mqtt-ca{{- end -}}
+{{- define "netval.brokerSelfSigned" -}}
+{{- if and (include "netval.brokerTlsEnabled" .) (not .Values.mqtt.tls.certManager.enabled) (not .Values.mqtt.tls.existingSecret) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The DNS names of the broker Service, as a list (the URL uses the third). */}}
+{{- define "netval.brokerDnsNames" -}}
+{{- $svc := include "netval.brokerName" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) | toJson -}}
+{{- end -}}
+
+{{/*
+The chart's broker certificate: the existing Secret's (lookup: kept across `helm upgrade`),
+else a new CA and certificate. JSON {"crt", "key", "ca"} (base64), cached in .Values so the
+Secrets and checksum annotations in every file see the same one.
+*/}}
+{{- define "netval.brokerTls" -}}
+{{- if not (hasKey .Values "__netvalBrokerTls") -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "netval.brokerTlsSecret" .) -}}
+{{- $dnsNames := include "netval.brokerDnsNames" . | fromJsonArray -}}
+{{- $tls := dict -}}
+{{- if and $existing $existing.data (hasKey $existing.data "tls.crt") (hasKey $existing.data "tls.key") (hasKey $existing.data "ca.crt") -}}
+{{- $tls = dict "crt" (index $existing.data "tls.crt") "key" (index $existing.data "tls.key") "ca" (index $existing.data "ca.crt") -}}
+{{- else -}}
+{{- $days := int .Values.mqtt.tls.selfSigned.validityDays -}}
+{{- $genCa := genCA (printf "%s-mqtt-ca" (include "netval.fullname" .)) $days -}}
+{{- $cert := genSignedCert (index $dnsNames 2) nil $dnsNames $days $genCa -}}
+{{- $tls = dict "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc) "ca" ($genCa.Cert | b64enc) -}}
+{{- end -}}
+{{- $_ := set .Values "__netvalBrokerTls" $tls -}}
+{{- end -}}
+{{- toJson (get .Values "__netvalBrokerTls") -}}
+{{- end -}}
+
+{{/* Secret (release namespace, key ca.crt) the operator verifies the broker with; empty: none. */}}
+{{- define "netval.mqttCaSecret" -}}
+{{- if .Values.mqtt.external.enabled -}}
+{{- .Values.mqtt.external.caSecret -}}
+{{- else if include "netval.brokerSelfSigned" . -}}
+{{- include "netval.brokerCaSecret" . -}}
+{{- else if include "netval.brokerTlsEnabled" . -}}
+{{- include "netval.brokerTlsSecret" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Secret (agents' namespace, key ca.crt) the agents verify the broker with; empty: none. */}}
+{{- define "netval.agentMqttCaSecret" -}}
+{{- if .Values.mqtt.external.enabled -}}
+{{- .Values.mqtt.external.caSecret -}}
+{{- else if include "netval.brokerSelfSigned" . -}}
+{{- include "netval.brokerCaSecret" . -}}
+{{- else if include "netval.brokerTlsEnabled" . -}}
+{{- if eq (include "netval.agentNamespace" .) .Release.Namespace -}}
+{{- default (include "netval.brokerTlsSecret" .) .Values.mqtt.tls.agentCaSecret -}}
+{{- else -}}
+{{- required "mqtt.tls.agentCaSecret is required with mqtt.tls.existingSecret or mqtt.tls.certManager when agents run in agent.namespace (a Secret there with the broker's CA under ca.crt)" .Values.mqtt.tls.agentCaSecret -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -179,8 +258,20 @@ seccompProfile:
 {{- define "netval.brokerConfig" -}}
 {{- $b := .Values.mqtt.broker -}}
 # netval's broker: agents publish reports (retained, QoS 1), the operator subscribes.
-listener {{ $b.port }}
+{{- if .Values.mqtt.tls.enabled }}
+# TLS only (mqtt.tls): the certificate names the broker Service; clients verify it and the
+# host name. No plaintext listener.
+listener {{ int $b.tlsPort }}
 protocol mqtt
+cafile /mosquitto/tls/ca.crt
+certfile /mosquitto/tls/tls.crt
+keyfile /mosquitto/tls/tls.key
+tls_version tlsv1.2
+{{- else }}
+# Plaintext (mqtt.tls.enabled=false): passwords and reports cross the network in clear.
+listener {{ int $b.port }}
+protocol mqtt
+{{- end }}
 allow_anonymous false
 password_file /mosquitto/auth/passwd
 {{- if $b.acl }}

@@ -25,7 +25,10 @@ from netval.model.spec import NetworkValidationSpec
 ENV_CONFIG: Final = "NETVAL_CONFIG"
 ENV_NODE: Final = "NETVAL_NODE_NAME"
 ENV_METRICS_ADDR: Final = "NETVAL_METRICS_ADDR"
-DEFAULT_METRICS_ADDR: Final = ":9477"
+# The node's own address (downward API status.hostIP): /metrics and /healthz bind to it by
+# default, not to every interface of the host network (storage and GPU fabrics included).
+ENV_HOST_IP: Final = "NETVAL_HOST_IP"
+DEFAULT_METRICS_PORT: Final = 9477
 MAX_CONFIG_BYTES: Final = 1 << 20
 
 
@@ -65,6 +68,15 @@ class AgentSettings:
     metrics_addr: tuple[str, int] | None
 
 
+def default_metrics_addr(env: Mapping[str, str]) -> str:
+    """NETVAL_METRICS_ADDR, else the node's address (NETVAL_HOST_IP), else loopback only."""
+    explicit = env.get(ENV_METRICS_ADDR, "").strip()
+    if explicit:
+        return explicit
+    host = env.get(ENV_HOST_IP, "").strip() or "127.0.0.1"
+    return f"[{host}]:{DEFAULT_METRICS_PORT}"
+
+
 def agent_settings_from_env(env: Mapping[str, str] = os.environ) -> AgentSettings:
     node = env.get(ENV_NODE, "").strip()
     if not node:
@@ -82,9 +94,7 @@ def agent_settings_from_env(env: Mapping[str, str] = os.environ) -> AgentSetting
     except TelemetryConfigError as exc:
         raise AgentConfigError(str(exc)) from None
     try:
-        metrics = parse_host_port(
-            env.get(ENV_METRICS_ADDR, DEFAULT_METRICS_ADDR), variable=ENV_METRICS_ADDR
-        )
+        metrics = parse_host_port(default_metrics_addr(env), variable=ENV_METRICS_ADDR)
     except ValueError as exc:
         raise AgentConfigError(str(exc)) from None
     return AgentSettings(node, Path(config_path), config, mqtt, metrics)

@@ -1,11 +1,13 @@
-"""`netval doctor`'s broker checks: reachable, TLS handshake (mqtts), MQTT login.
+"""`netval doctor`'s broker checks: reachable, TLS handshake (mqtts), MQTT login, ACL.
 
 Each check is a function of the settings and what the checks before it left (an open TCP
 socket, then maybe a TLS one); a failing check ends the chain and the later ones are skipped
 with why. More checks (per-node identities, ACLs) append to `BROKER_CHECKS`.
 
 The login is a bare MQTT 3.1.1 CONNECT/CONNACK over the socket (no client library, no
-subscription, nothing published), then DISCONNECT.
+subscription, nothing published), then DISCONNECT. The ACL check then publishes, as the same
+identity, to the topics of a node nobody owns (`netval.infra.broker_acl`): a broker that takes
+them lets any credential speak for any node.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from netval.cli.doctor_result import CheckResult, fail, ok, skip
+from netval.infra.broker_acl import Outcome, probe_node_topics
 from netval.infra.mqtt_settings import MqttSettings
 
 CONNACK_CODES: Final = {
@@ -71,7 +74,8 @@ def check_tls(p: BrokerProbe) -> CheckResult:
     if not s.tls:
         return skip("broker.tls", "mqtt:// (no TLS): use mqtts:// to encrypt the reports")
     assert p.sock is not None
-    context = ssl.create_default_context(cafile=str(s.ca_file) if s.ca_file else None)
+    context = s.ssl_context()  # the agents' and operator's own: same CA, checks, client cert
+    assert context is not None
     try:
         p.sock = context.wrap_socket(p.sock, server_hostname=s.host)
     except ssl.SSLCertVerificationError as exc:
@@ -151,10 +155,31 @@ def check_login(p: BrokerProbe) -> CheckResult:
     return ok("broker.login", f"MQTT login {who} accepted")
 
 
+def check_acl(p: BrokerProbe) -> CheckResult:
+    s = p.settings
+    probe = probe_node_topics(s.with_client_id("netval-doctor"), s.ssl_context(), timeout=p.timeout)
+    if probe.error is not None:
+        return fail("broker.acl", f"cannot probe the ACL: {probe.error}", "see broker.login")
+    if probe.violations:
+        kinds = ", ".join(t.rsplit("/", 1)[1] for t in probe.violations)
+        return fail(
+            "broker.acl",
+            f"{probe.identity!r} may publish {kinds} for a node it does not own",
+            "the broker does not enforce netval's per-node ACL: any credential can speak for "
+            'any node (docs/operations.md "Broker ACL")',
+        )
+    unknown = [t for t, o in probe.outcomes.items() if o is Outcome.UNKNOWN]
+    if unknown:
+        return fail("broker.acl", f"no acknowledgement for {len(unknown)} probe publish(es)",
+                    "is the broker overloaded?")  # fmt: skip
+    return ok("broker.acl", f"{probe.identity!r} cannot publish for another node (refused)")
+
+
 BROKER_CHECKS: Final[tuple[tuple[str, Callable[[BrokerProbe], CheckResult]], ...]] = (
     ("broker.reachable", check_reachable),
     ("broker.tls", check_tls),
     ("broker.login", check_login),
+    ("broker.acl", check_acl),
 )
 
 

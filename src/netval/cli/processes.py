@@ -19,6 +19,9 @@ def setup_logging() -> None:
     if not isinstance(logging.getLevelName(level), int):
         raise BadInput(f"{ENV_LOG_LEVEL}: not a log level: {level!r} (DEBUG, INFO, WARNING, ERROR)")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from netval.infra.log_redaction import install_log_redaction
+
+    install_log_redaction()
 
 
 def cmd_agent(args: argparse.Namespace) -> int:

@@ -1,15 +1,65 @@
-"""MQTT connection pieces shared by agent and operator: the client as both build it, and the
-reconnect delay (capped exponential backoff with full jitter)."""
+"""MQTT connection pieces shared by agent and operator: the client as both build it, the
+reconnect delay (capped exponential backoff with full jitter), and connect errors explained
+(a TLS refusal says which check failed and what to change)."""
 
 from __future__ import annotations
 
+import logging
 import random
 import ssl
+from typing import Self
 
 import aiomqtt
-from aiomqtt import ProtocolVersion, Will
+from aiomqtt import MqttError, ProtocolVersion, Will
 
-from netval.infra.mqtt_settings import MqttSettings
+from netval.infra.mqtt_settings import ENV_CA_FILE, MqttSettings
+
+__all__ = ["NetvalMqttClient", "backoff_delay", "explain_connect_error", "make_client"]
+
+log = logging.getLogger(__name__)
+_warned_plaintext: set[str] = set()
+
+
+def explain_connect_error(error: str, settings: MqttSettings) -> str:
+    """A connect failure in words an operator can act on; `error` as aiomqtt gave it."""
+    if not settings.tls:
+        return error
+    trust = f"{ENV_CA_FILE}={settings.ca_file}" if settings.ca_file else "the system trust store"
+    lowered = error.lower()
+    if "hostname mismatch" in lowered or "ip address mismatch" in lowered:
+        why = (
+            f"the broker's certificate is not valid for {settings.host!r} (host names are "
+            "always verified): connect by a name the certificate carries, or reissue it"
+        )
+    elif "certificate has expired" in lowered:
+        why = "the broker's certificate has expired"
+    elif "certificate verify failed" in lowered:
+        why = f"the broker's certificate is not signed by a CA in {trust}"
+    elif any(
+        sign in lowered
+        for sign in ("wrong version number", "record layer", "eof", "connection reset")
+    ):  # a plaintext listener hangs up on the ClientHello
+        why = "the TLS handshake failed: does the broker listen with TLS on this port?"
+    else:
+        return error
+    return f"TLS to {settings.url} refused: {why} ({error})"
+
+
+class NetvalMqttClient(aiomqtt.Client):
+    """aiomqtt's client, whose connect errors say what failed (`explain_connect_error`)."""
+
+    def __init__(self, settings: MqttSettings, **kwargs: object) -> None:
+        super().__init__(settings.host, settings.port, **kwargs)  # type: ignore[arg-type]
+        self._netval_settings = settings
+
+    async def __aenter__(self) -> Self:
+        try:
+            return await super().__aenter__()
+        except MqttError as exc:
+            explained = explain_connect_error(str(exc), self._netval_settings)
+            if explained == str(exc):
+                raise
+            raise MqttError(explained) from None
 
 
 def make_client(
@@ -20,10 +70,24 @@ def make_client(
     will: Will | None = None,
     tls_context: ssl.SSLContext | None = None,
 ) -> aiomqtt.Client:
-    """An MQTT v5 client for `settings` (must be called with an event loop running)."""
-    return aiomqtt.Client(
-        settings.host,
-        settings.port,
+    """An MQTT v5 client for `settings` (must be called with an event loop running).
+
+    `tls_context` (build it once with `settings.ssl_context()`) is required for mqtts://: a
+    TLS URL never connects in plaintext."""
+    if settings.tls and tls_context is None:
+        raise ValueError(f"{settings.url}: TLS settings without a TLS context")
+    if not settings.tls and settings.url not in _warned_plaintext:
+        # Configured explicitly (the scheme says so), but never silently: once per process
+        # and broker, when the first connection is made (not at start, where a bad setting
+        # must stay the one line printed).
+        _warned_plaintext.add(settings.url)
+        log.warning(
+            "%s is plaintext MQTT: the password and every report cross the network "
+            'unencrypted; use mqtts:// (docs/operations.md "Broker TLS")',
+            settings.url,
+        )
+    return NetvalMqttClient(
+        settings,
         username=settings.username,
         password=settings.password,
         identifier=settings.client_id,

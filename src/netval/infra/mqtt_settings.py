@@ -10,6 +10,14 @@ One immutable object per process, built once at start from the environment (docs
   once here, one trailing newline stripped. Needs ``NETVAL_MQTT_USERNAME``.
 - ``NETVAL_MQTT_CA_FILE``: optional PEM CA bundle that verifies the broker (``mqtts`` only);
   without it the system trust store is used.
+- ``NETVAL_MQTT_CERT_FILE`` / ``NETVAL_MQTT_KEY_FILE``: optional client certificate and key
+  (PEM, ``mqtts`` only, both or neither) for brokers that authenticate clients by certificate.
+
+TLS is chosen by the scheme, explicitly: ``mqtts://`` verifies the broker's certificate
+against the CA and its host name against the URL's host (always: there is no switch to turn
+verification off), TLS 1.2 at least, and never falls back to plaintext. ``mqtt://`` is
+plaintext and is only ever used when written so (the chart renders it only with
+``mqtt.tls.enabled=false``).
 
 An empty variable counts as unset (Kubernetes renders unset optional values as ""). Every
 error is a ``ValueError`` that names the variable at fault. Credentials never appear in the
@@ -32,6 +40,8 @@ ENV_URL: Final = "NETVAL_MQTT_URL"
 ENV_USERNAME: Final = "NETVAL_MQTT_USERNAME"
 ENV_PASSWORD_FILE: Final = "NETVAL_MQTT_PASSWORD_FILE"
 ENV_CA_FILE: Final = "NETVAL_MQTT_CA_FILE"
+ENV_CERT_FILE: Final = "NETVAL_MQTT_CERT_FILE"
+ENV_KEY_FILE: Final = "NETVAL_MQTT_KEY_FILE"
 
 DEFAULT_PORTS: Final[Mapping[str, int]] = {"mqtt": 1883, "mqtts": 8883}
 
@@ -50,6 +60,8 @@ class MqttSettings:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     ca_file: Path | None = None
+    cert_file: Path | None = None  # client certificate (PEM), with key_file
+    key_file: Path | None = None
     # None lets the broker assign one (MQTT v5). Two live connections with the same id
     # kick each other off (session takeover), so a fixed id must be unique per process.
     client_id: str | None = None
@@ -63,6 +75,10 @@ class MqttSettings:
             raise ValueError("an MQTT password needs a username")
         if self.ca_file is not None and not self.tls:
             raise ValueError("an MQTT CA file needs TLS (mqtts://)")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("an MQTT client certificate needs its key, and a key its certificate")
+        if self.cert_file is not None and not self.tls:
+            raise ValueError("an MQTT client certificate needs TLS (mqtts://)")
         if self.client_id is not None and not 0 < len(self.client_id) <= _MAX_CLIENT_ID:
             raise ValueError(f"MQTT client id must be 1..{_MAX_CLIENT_ID} characters")
 
@@ -77,13 +93,25 @@ class MqttSettings:
         """A client TLS context verifying the broker (hostname included), or None for mqtt://."""
         if not self.tls:
             return None
-        return ssl.create_default_context(
-            cafile=str(self.ca_file) if self.ca_file is not None else None
-        )
+        return _client_context(self.ca_file, self.cert_file, self.key_file)
 
     def with_client_id(self, client_id: str | None) -> MqttSettings:
         """A copy with another client id (e.g. one derived from the node name)."""
         return dataclasses.replace(self, client_id=client_id)
+
+
+def _client_context(
+    ca_file: Path | None, cert_file: Path | None, key_file: Path | None
+) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(ca_file) if ca_file is not None else None)
+    # create_default_context already requires a certificate and checks the host name; said
+    # here so that no later edit can quietly drop either.
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.check_hostname = True
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert_file is not None and key_file is not None:
+        context.load_cert_chain(str(cert_file), str(key_file))
+    return context
 
 
 def parse_mqtt_url(url: str, *, variable: str = ENV_URL) -> tuple[str, int, bool]:
@@ -155,6 +183,21 @@ def _check_ca_file(path: str) -> Path:
     return Path(path)
 
 
+def _check_client_cert(cert: str, key: str) -> tuple[Path, Path]:
+    try:
+        ssl.create_default_context().load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        raise ValueError(
+            f"{ENV_CERT_FILE}={cert!r} / {ENV_KEY_FILE}={key!r}: not a usable PEM certificate "
+            f"and matching key: {exc.reason or exc}"
+        ) from None
+    except OSError as exc:
+        raise ValueError(
+            f"{ENV_CERT_FILE}={cert!r} / {ENV_KEY_FILE}={key!r}: cannot read: {exc.strerror or exc}"
+        ) from None
+    return Path(cert), Path(key)
+
+
 def mqtt_settings_from_env(env: Mapping[str, str], *, client_id: str | None = None) -> MqttSettings:
     """Build the settings from ``env`` (pass ``os.environ`` at process start).
 
@@ -183,6 +226,20 @@ def mqtt_settings_from_env(env: Mapping[str, str], *, client_id: str | None = No
             raise ValueError(f"{ENV_CA_FILE} is set but {ENV_URL}={url!r} is not mqtts://")
         ca_file = _check_ca_file(ca_path)
 
+    cert_path, key_path = _get(env, ENV_CERT_FILE), _get(env, ENV_KEY_FILE)
+    cert_file = key_file = None
+    if cert_path is not None or key_path is not None:
+        if cert_path is None or key_path is None:
+            given, missing = (
+                (ENV_CERT_FILE, ENV_KEY_FILE) if cert_path else (ENV_KEY_FILE, ENV_CERT_FILE)
+            )
+            raise ValueError(
+                f"{given} is set but {missing} is not (a client certificate needs both)"
+            )
+        if not tls:
+            raise ValueError(f"{ENV_CERT_FILE} is set but {ENV_URL}={url!r} is not mqtts://")
+        cert_file, key_file = _check_client_cert(cert_path, key_path)
+
     return MqttSettings(
         host=host,
         port=port,
@@ -190,5 +247,7 @@ def mqtt_settings_from_env(env: Mapping[str, str], *, client_id: str | None = No
         username=username,
         password=password,
         ca_file=ca_file,
+        cert_file=cert_file,
+        key_file=key_file,
         client_id=client_id,
     )

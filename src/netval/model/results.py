@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Annotated, Final
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -19,6 +20,7 @@ from pydantic import (
 )
 
 from netval.model.ids import CheckId, Status, worst
+from netval.model.redaction import redact_message
 
 REPORT_SCHEMA: Final = "netval.io/report/v1"
 
@@ -65,7 +67,11 @@ class CheckResult(BaseModel):
     check: CheckId
     subject: Annotated[str, Field(min_length=1, max_length=253)]
     status: Status
-    message: Annotated[str, Field(max_length=1024)]
+    # Redacted wherever a result is made or parsed (agent, operator ingest, `report --from`):
+    # a presigned path or a password in a message never reaches a report, status or Event.
+    message: Annotated[
+        str, Field(max_length=1024), AfterValidator(lambda m: redact_message(m, 1024))
+    ]
     observed: dict[str, JsonValue] = Field(default_factory=dict)
     expected: dict[str, JsonValue] = Field(default_factory=dict)
 

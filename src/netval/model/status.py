@@ -11,10 +11,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from netval.model.east_west import EastWest
+from netval.model.redaction import redact, redact_message
 
 MAX_FAILURES: Final = 50
 
@@ -52,6 +53,13 @@ class Condition(_Status):
     last_transition_time: datetime
     observed_generation: Annotated[int, Field(ge=0)]
 
+    # Redacted when built or read (a status written by an older operator included). A
+    # validator, not field metadata: the field's type stays what the CRD's schema says.
+    @field_validator("message")
+    @classmethod
+    def _redacted(cls, message: str) -> str:
+        return redact_message(message, 32768)
+
 
 class NodeCounts(_Status):
     targeted: int = 0
@@ -76,6 +84,11 @@ class Failure(_Status):
     subject: str
     message: str
     since: datetime
+
+    @field_validator("message")
+    @classmethod
+    def _redacted(cls, message: str) -> str:
+        return redact(message)
 
 
 class NetworkValidationStatus(_Status):

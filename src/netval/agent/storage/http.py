@@ -100,11 +100,11 @@ async def read_http_head(reader: asyncio.StreamReader, address: str) -> HttpHead
 
 
 async def http_exchange(stream: Stream, target: Target, progress: Progress) -> Exchange:
-    progress.step = f"waiting for the HTTP response to HEAD {target.request_target}"
+    progress.step = f"waiting for the HTTP response to HEAD {target.shown}"
     stream.writer.write(build_http_request("HEAD", target.host_header, target.request_target))
     await stream.writer.drain()
     head = await read_http_head(stream.reader, stream.address)
-    said = head.said("HEAD", target.request_target)
+    said = head.said("HEAD", target.shown)
     if not http_reachable(target.protocol, head.status, has_path=target.has_path):
         why = "server error" if head.status >= 500 else "a configured path must answer 2xx/3xx"
         raise ProbeFailure(f"{said} from {stream.address} ({why})")

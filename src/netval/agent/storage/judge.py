@@ -10,6 +10,7 @@ from pydantic import JsonValue
 from netval.agent.checks.context import result
 from netval.agent.storage.reach import Reach
 from netval.model.ids import CheckId, Status
+from netval.model.redaction import redact
 from netval.model.results import CheckResult
 from netval.model.spec import StorageEndpoint
 
@@ -34,7 +35,9 @@ def endpoint_result(
     observed: dict[str, JsonValue] | None = None,
     expected: dict[str, JsonValue] | None = None,
 ) -> CheckResult:
-    return result(check, endpoint.name, status, _clip(message), observed, expected)
+    # Every storage message passes here: whatever path, URL or exception text it quotes, no
+    # query value or userinfo leaves the agent.
+    return result(check, endpoint.name, status, _clip(redact(message)), observed, expected)
 
 
 def unjudged(endpoint: StorageEndpoint, why: str) -> list[CheckResult]:

@@ -1,7 +1,8 @@
 """What a storage endpoint names, checked: host, port, TLS, request target (untrusted input).
 
 Host names and paths come from users: they are validated and never reach a shell; paths are
-percent-encoded so they cannot inject header lines.
+percent-encoded so they cannot inject header lines. A path may be presigned (its query holds a
+signature): messages show `Target.shown`, never `request_target`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import quote
 
+from netval.model.redaction import redact, redact_url
 from netval.model.spec import StorageEndpoint, StorageProtocol
 
 __all__ = [
@@ -48,14 +50,16 @@ _PATH_SAFE: Final = "/?%:@!$&'()*+,;=-._~"
 def validate_host(host: str) -> str:
     """The host to connect to (IPv6 without brackets); ValueError says what is wrong."""
     if not _HOST_CHARS.fullmatch(host):
-        raise ValueError(f"invalid host {host!r}: only a DNS name or an IP address is allowed")
+        raise ValueError(
+            f"invalid host {redact(repr(host))}: only a DNS name or an IP address is allowed"
+        )
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
         ipaddress.ip_address(bare)
     except ValueError:
         if bare is not host or not _HOST_NAME.fullmatch(host):
             raise ValueError(
-                f"invalid host {host!r}: only a DNS name or an IP address is allowed"
+                f"invalid host {redact(repr(host))}: only a DNS name or an IP address is allowed"
             ) from None
     return bare
 
@@ -65,7 +69,7 @@ def http_request_target(path: str | None) -> str:
     if path is None:
         return "/"
     if not path.startswith("/"):
-        raise ValueError(f"path must start with '/', got {path!r}")
+        raise ValueError(f"path must start with '/', got {redact_url(path)!r}")
     return quote(path, safe=_PATH_SAFE)
 
 
@@ -77,6 +81,11 @@ class Target:
     tls: bool
     request_target: str
     has_path: bool
+
+    @property
+    def shown(self) -> str:
+        """The request target as messages show it: query values masked."""
+        return redact_url(self.request_target)
 
     @property
     def host_header(self) -> str:

@@ -89,7 +89,7 @@ async def _transfer(target: Target, phase_timeout: float, progress: Progress) ->
     try:
         async with asyncio.timeout(phase_timeout):
             stream = await connect(target, progress)
-            progress.step = f"waiting for the HTTP response to GET {target.request_target}"
+            progress.step = f"waiting for the HTTP response to GET {target.shown}"
             stream.writer.write(
                 build_http_request(
                     "GET",
@@ -110,12 +110,12 @@ async def _transfer(target: Target, phase_timeout: float, progress: Progress) ->
                 if head.status in (401, 403)
                 else ""
             )
-            raise ProbeFailure(f"{head.said('GET', target.request_target)}{hint}")
+            raise ProbeFailure(f"{head.said('GET', target.shown)}{hint}")
         limit = THROUGHPUT_MAX_BYTES
         length = head.headers.get("content-length", "")
         if length.isdigit():
             limit = min(limit, int(length))
-        progress.step = f"reading {target.request_target}"
+        progress.step = f"reading {target.shown}"
         started = time.perf_counter()
         # With Connection: close a chunked body ends at EOF; its framing bytes count, which is
         # noise next to the megabytes measured.
@@ -174,7 +174,7 @@ async def throughput_result(
             check,
             endpoint,
             Status.FAIL,
-            f"GET {target.request_target} returned no data",
+            f"GET {target.shown} returned no data",
             expected=expected,
         )
     mbps = transfer.received / _MEGABYTE / max(transfer.seconds, 1e-9)
@@ -184,7 +184,7 @@ async def throughput_result(
         "seconds": round(transfer.seconds, 4),
         "httpStatus": transfer.http_status,
     }
-    read = f"{mbps:.1f} MB/s reading {transfer.received} bytes of {target.request_target}"
+    read = f"{mbps:.1f} MB/s reading {transfer.received} bytes of {target.shown}"
     if transfer.received < THROUGHPUT_MIN_BYTES and not transfer.time_capped:
         return endpoint_result(
             check,

@@ -76,6 +76,7 @@ DEFAULT_CA_KEY: Final = "ca.crt"
 ENV_CONFIG: Final = "NETVAL_CONFIG"
 ENV_NODE: Final = "NETVAL_NODE_NAME"
 ENV_METRICS_ADDR: Final = "NETVAL_METRICS_ADDR"
+ENV_HOST_IP: Final = "NETVAL_HOST_IP"
 # Downward API: the pod's own name and namespace, for the agent's trace resource
 # (k8s.pod.name, k8s.namespace.name; netval.infra.telemetry reads them).
 ENV_POD_NAME: Final = "NETVAL_POD_NAME"
@@ -299,7 +300,10 @@ def _env(
     if mqtt.ca_secret:
         env.append({"name": ENV_CA_FILE, "value": f"{MQTT_SECRET_DIR}/{MQTT_CA_FILE}"})
     env += [
-        {"name": ENV_METRICS_ADDR, "value": f":{metrics_port}"},
+        # The node's address, not every interface of the host network (docs/operations.md
+        # "Scraping the agents"); brackets make IPv6 host IPs unambiguous.
+        {"name": ENV_HOST_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+        {"name": ENV_METRICS_ADDR, "value": f"[$({ENV_HOST_IP})]:{metrics_port}"},
         {"name": "OTEL_SERVICE_NAME", "value": AGENT_SERVICE_NAME},
         {
             "name": "OTEL_RESOURCE_ATTRIBUTES",

@@ -1,0 +1,88 @@
+"""The operator's start check of the broker's ACL: can its own identity publish a report,
+state or endpoint for a node (it must not: it reads everything and writes assignments only)?
+
+A broker that lets it probably enforces no per-node ACL at all (an external broker set up
+without netval's rules, docs/operations.md "External brokers"): then any credential speaks
+for any node, and the operator's node = topic = body check is the only defence left. The
+check logs each violation and exports `netval_broker_acl_violations` (absent until the check
+has run, and when it could not run). It runs once, in the background, and never stops the
+operator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from typing import Final
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from netval.infra.broker_acl import AclProbe, probe_node_topics
+from netval.infra.mqtt_settings import MqttSettings
+
+__all__ = ["BrokerAclCheck", "start_broker_acl_check"]
+
+log = logging.getLogger(__name__)
+
+METRIC: Final = "netval_broker_acl_violations"
+_TASKS: set[asyncio.Task[AclProbe]] = set()  # keeps the background checks referenced
+
+
+class BrokerAclCheck(Collector):
+    """One run of the check; as a collector, its outcome as a gauge."""
+
+    def __init__(self, settings: MqttSettings, *, timeout: float = 5.0) -> None:
+        suffix = f"{settings.client_id}-acl" if settings.client_id else None
+        self.settings = settings.with_client_id(suffix)  # never take over the ingest session
+        self.timeout = timeout
+        self.result: AclProbe | None = None
+
+    async def run(self) -> AclProbe:
+        result = await asyncio.to_thread(
+            probe_node_topics,
+            self.settings,
+            self.settings.ssl_context(),
+            timeout=self.timeout,
+        )
+        self.result = result
+        if result.error is not None:
+            log.warning("broker ACL check could not run: %s", result.error)
+        elif result.violations:
+            for topic in result.violations:
+                log.error(
+                    "broker ACL: identity %r may publish to %s, a node's topic: the broker "
+                    'does not enforce netval\'s ACL (docs/operations.md "Broker ACL")',
+                    result.identity,
+                    topic,
+                )
+        else:
+            log.info("broker ACL check: %r cannot publish for a node (enforced)", result.identity)
+        return result
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        result = self.result
+        if result is None or result.error is not None:
+            return
+        yield GaugeMetricFamily(
+            METRIC,
+            "Node topics (report, state, endpoint of a node it does not own) the operator's "
+            "MQTT identity could publish to at start; anything above 0 means no per-node ACL",
+            value=len(result.violations),
+        )
+
+
+def start_broker_acl_check(
+    settings: MqttSettings, registry: CollectorRegistry | None = None
+) -> BrokerAclCheck:
+    """Start the check in the background (an event loop must be running); its gauge goes to
+    `registry` when given."""
+    check = BrokerAclCheck(settings)
+    if registry is not None:
+        registry.register(check)
+    task = asyncio.get_running_loop().create_task(check.run(), name="netval-broker-acl-check")
+    _TASKS.add(task)
+    task.add_done_callback(_TASKS.discard)
+    return check
