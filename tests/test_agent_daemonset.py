@@ -33,6 +33,7 @@ from netval.operator.settings import (
     OperatorSettings,
     operator_settings_from_env,
 )
+from tls_certs import make_ca
 
 OWNER: dict[str, Any] = {
     "apiVersion": "netval.io/v1alpha1",
@@ -49,9 +50,13 @@ SPEC = NetworkValidationSpec.model_validate(
 
 
 def _files(tmp: Path) -> dict[str, str]:
+    """The files the chart mounts: the broker password and (TLS by default) the broker's CA."""
     password = tmp / "password"
     password.write_text("pw\n")
-    return {"NETVAL_MQTT_PASSWORD_FILE": str(password)}
+    return {
+        "NETVAL_MQTT_PASSWORD_FILE": str(password),
+        "NETVAL_MQTT_CA_FILE": str(make_ca(tmp).cert_file),
+    }
 
 
 @cache
@@ -63,9 +68,8 @@ def _operator_env(variant: str) -> dict[str, str]:
 
 def settings_of(variant: str, tmp: Path) -> OperatorSettings:
     env = {**_operator_env(variant), **_files(tmp)}
-    env.pop("NETVAL_MQTT_CA_FILE", None)  # a mounted file in the pod; not needed to render
-    if env["NETVAL_MQTT_URL"].startswith("mqtts://") and "NETVAL_MQTT_CA_FILE" not in env:
-        env["NETVAL_MQTT_URL"] = env["NETVAL_MQTT_URL"].replace("mqtts://", "mqtt://")
+    if not env["NETVAL_MQTT_URL"].startswith("mqtts://"):
+        env.pop("NETVAL_MQTT_CA_FILE")  # a plaintext variant mounts no CA
     return operator_settings_from_env(env)
 
 
