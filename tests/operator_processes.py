@@ -56,7 +56,7 @@ class OperatorProc:
         password.write_text(broker.password)
         full = {k: v for k, v in os.environ.items() if not k.startswith(("NETVAL_", "KUBE"))}
         full.update(
-            PYTHONPATH=str(REPO / "src"),
+            PYTHONPATH=os.environ.get("NETVAL_TEST_EXTRA_PATH", "") + str(REPO / "src"),
             HOME=str(workdir),
             KUBECONFIG=str(kubeconfig),
             NETVAL_MQTT_URL=f"mqtt://{broker.host}:{broker.port}",

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 PEERING_NAME: Final = "netval"  # the chart's ClusterKopfPeering (unused since the Lease)
 RUNTIME_KEY: Final = "runtime"  # Kopf memo: the started OperatorRuntime
+SIGNALS_KEY: Final = "install_signals"  # Kopf memo: the process's signal handlers, if any
 
 
 class OperatorStartError(RuntimeError):

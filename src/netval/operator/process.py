@@ -35,7 +35,12 @@ from netval.operator.leadership.elector import LeaderElector
 from netval.operator.leadership.lease import LeaseClient
 from netval.operator.leadership.settings import ElectionSettings, election_settings_from_env
 from netval.operator.leadership.terms import run_term, run_terms
-from netval.operator.main import OperatorStartError, started_runtime, stop_runtime
+from netval.operator.main import (
+    SIGNALS_KEY,
+    OperatorStartError,
+    started_runtime,
+    stop_runtime,
+)
 from netval.operator.metrics import operator_registry
 from netval.operator.runtime import OperatorRuntime
 from netval.operator.settings import OperatorSettings
@@ -143,7 +148,11 @@ class OperatorProcess:
     # -- a term -----------------------------------------------------------------------------
 
     async def _term(self, stop: asyncio.Event) -> None:
+        # Kopf stops itself on SIGTERM, but then waits 5 s for its own waiter of our stop flag
+        # (a "hung" task): the start-up handler puts our handlers back (SIGNALS_KEY), which
+        # stop the term through that flag at once.
         memo = kopf.Memo(settings=self.settings, webhook=self.webhook)
+        memo[SIGNALS_KEY] = self._install_signals
         self.memo = memo
         self.terms += 1
         try:
