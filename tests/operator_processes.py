@@ -40,6 +40,7 @@ class OperatorProc:
         standalone: bool = False,
         env: dict[str, str] | None = None,
         metrics_port: int | None = None,
+        args: tuple[str, ...] = (),
     ) -> None:
         self.kube = kube
         self.token = token
@@ -73,6 +74,7 @@ class OperatorProc:
             "--metrics-addr", f"127.0.0.1:{self.metrics_port}",
             "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
             *(["--standalone"] if standalone else []),
+            *args,
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
 

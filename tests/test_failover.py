@@ -6,13 +6,15 @@ API (each replica has its own bearer token)."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kube import KubeCluster, wait_for
-from mosquitto import MosquittoBroker
+from mosquitto import MosquittoBroker, free_port
 from netval.model import Status
 from operator_env import publish, report, report_msg, status_of, validation
 from operator_processes import (
@@ -39,7 +41,9 @@ def replicas(
     made: dict[str, OperatorProc] = {}
 
     def make(token: str) -> OperatorProc:
-        made[token] = OperatorProc(cluster, mosquitto_broker, tmp_path, token, env=FAST_LEASE)
+        webhook = ("--webhook-addr", f"127.0.0.1:{free_port()}")
+        made[token] = OperatorProc(cluster, mosquitto_broker, tmp_path, token, env=FAST_LEASE,
+                                   args=webhook)  # fmt: skip
         return made[token]
 
     procs = {token: make(token) for token in sorted(TOKENS)}
@@ -54,6 +58,13 @@ def _holder(kube: KubeCluster) -> str:
 
 def _standing_by(proc: OperatorProc) -> bool:
     return "standing by: the Lease is held by" in proc.log()
+
+
+def _listening(argv: list[str]) -> bool:
+    port = int(argv[argv.index("--webhook-addr") + 1].rpartition(":")[2])
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
 
 
 def _last_request(kube: KubeCluster) -> int:
@@ -72,7 +83,10 @@ def test_sigkill_of_the_leader_hands_over_and_the_restarted_one_stays_standby(
     publish(mosquitto_broker, [report_msg(report("gpu-a"))])
     wait_for(lambda: status_of(cluster).get("nodes", {}).get("passing") == 1, timeout=30,
              what="the leader folded the report")  # fmt: skip
-    assert [w for w in writes(cluster, leases=True) if w[1] == "op-b"] == []  # standby: none
+    # the standby answers admission reviews (the Service routes to it too) and writes nothing:
+    # no status, no taints, no agent objects, no webhook configurations, not even the Lease
+    wait_for(lambda: _listening(b.argv), timeout=30, what="op-b serving the webhook")
+    assert [w for w in writes(cluster, leases=True) if w[1] == "op-b"] == []
 
     a.kill()
     killed_at = _last_request(cluster)
@@ -82,6 +96,8 @@ def test_sigkill_of_the_leader_hands_over_and_the_restarted_one_stays_standby(
              what=f"the new leader folded the report\n{b.log()[-2000:]}")  # fmt: skip
     lease = cluster.get(*LEASE)["spec"]
     assert lease["leaseTransitions"] == 1 and lease["holderIdentity"] != ""
+    wait_for(lambda: [w for w in writes(cluster) if w[1] == "op-b" and "webhookconfigurations"
+                      in w[3]], timeout=30, what="the new leader writes the webhook configurations")  # fmt: skip
 
     # the killed replica comes back: it stands by and writes nothing
     restarted_at = _last_request(cluster)

@@ -20,8 +20,8 @@ import contextlib
 import logging
 import signal
 import urllib.parse
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import kopf
 from prometheus_client import CollectorRegistry
@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector
 
 from netval.infra.metrics_server import serve_metrics
 from netval.infra.supervised import TaskRestartsCollector
+from netval.operator.admission.server import SHARED_SERVICE_MEMO_KEY
 from netval.operator.kube.api import load_kube_client
 from netval.operator.leadership.elector import LeaderElector
 from netval.operator.leadership.lease import LeaseClient
@@ -47,6 +48,7 @@ from netval.operator.settings import OperatorSettings
 
 if TYPE_CHECKING:
     from netval.operator.admission.options import WebhookOptions
+    from netval.operator.admission.server import WebhookService
 
 log = logging.getLogger("netval.operator")
 
@@ -70,6 +72,7 @@ class OperatorProcess:
         self.terms = 0
         self._stop = asyncio.Event()
         self._servers: list[asyncio.Server] = []
+        self.webhook_service: WebhookService | None = None
 
     def runtime(self) -> OperatorRuntime | None:
         return None if self.memo is None else started_runtime(self.memo)
@@ -101,6 +104,8 @@ class OperatorProcess:
                 await self._serve("--metrics-addr", metrics_addr, self._registry(), self._healthy)
             self._install_signals()
             _import_kube_apis()
+            if self.webhook is not None:
+                self.webhook_service = self._webhook_service(self.webhook)
             if standalone:
                 await run_term(self._term, self._stop, grace=STANDALONE_STOP_GRACE)
                 return
@@ -112,6 +117,8 @@ class OperatorProcess:
                      election.lease_name, election.identity)  # fmt: skip
             await run_terms(self.elector, self._term, self._stop, grace=election.stop_grace)
         finally:
+            if self.webhook_service is not None:
+                await self.webhook_service.stop()
             self._remove_signals()
             for server in self._servers:
                 server.close()
@@ -130,6 +137,19 @@ class OperatorProcess:
             self._servers.append(await serve_metrics(host, port, registry, healthy))
         except OSError as exc:
             raise OperatorStartError(f"{what} {host}:{port}: {exc.strerror or exc}") from None
+
+    def _webhook_service(self, options: WebhookOptions) -> WebhookService:
+        """Reviews are answered on every replica (the Service routes to any ready one): from
+        the leader's runtime, or on a standby from the NetworkValidation objects the leader
+        wrote. Only a term writes the webhook configurations (`admission_startup`)."""
+        from netval.operator.admission.reviewer import Reviewer
+        from netval.operator.admission.server import WebhookService
+
+        excluded = [*options.excluded_namespaces, self.settings.namespace]
+        service = WebhookService(options, Reviewer(_CurrentTerm(self)), excluded)
+        service.writes_configurations = False
+        service.start()
+        return service
 
     def _install_signals(self) -> None:
         # Kopf installs its own while a term runs (and stops the term on them); ours stop the
@@ -153,6 +173,8 @@ class OperatorProcess:
         # stop the term through that flag at once.
         memo = kopf.Memo(settings=self.settings, webhook=self.webhook)
         memo[SIGNALS_KEY] = self._install_signals
+        if self.webhook_service is not None:
+            memo[SHARED_SERVICE_MEMO_KEY] = self.webhook_service
         self.memo = memo
         self.terms += 1
         try:
@@ -180,6 +202,26 @@ class OperatorProcess:
         registry.register(_ProcessCollector(self))
         registry.register(TaskRestartsCollector())
         return registry
+
+
+class _CurrentTerm(Mapping[str, Any]):
+    """The current term's Kopf memo, or an empty one on a standby (what the Reviewer reads)."""
+
+    def __init__(self, process: OperatorProcess) -> None:
+        self._process = process
+
+    def _memo(self) -> Mapping[str, Any]:
+        memo = self._process.memo
+        return {} if memo is None else memo
+
+    def __getitem__(self, key: str) -> Any:
+        return self._memo()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._memo())
+
+    def __len__(self) -> int:
+        return len(self._memo())
 
 
 def _import_kube_apis() -> None:
