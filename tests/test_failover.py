@@ -11,6 +11,7 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import kmock
 import pytest
 
 from kube import KubeCluster, wait_for
@@ -128,3 +129,35 @@ def test_clean_stop_hands_over_at_once(
     wait_status_write(cluster, "op-b", after=stopped_at, timeout=TAKEOVER_BOUND)
     assert writer_runs(cluster, TOKENS) == ["op-a", "op-b"]
     assert not [i for i in status_writes(cluster, "op-a") if i > stopped_at]
+
+
+def test_a_leader_cut_off_from_the_lease_stops_writing_before_it_could_be_taken(
+    cluster: KubeCluster, mosquitto_broker: MosquittoBroker, replicas: dict[str, OperatorProc]
+) -> None:
+    """Lease writes answer 503 (the API partitioned from this replica): after the renew
+    deadline it ends its term and writes nothing more; when the API heals it leads again."""
+    a = replicas["op-a"]
+    cluster.create(validation())
+    a.start()
+    wait_status_write(cluster, "op-a")
+    lease_puts = kmock.method.PUT, kmock.resource("coordination.k8s.io", "v1", "leases")
+    failing = 16  # 8 s of attempts at a 0.5 s retry period: 4 s to lose, 4 s standing by
+
+    async def cut_off() -> None:
+        done = len(list(cluster.api[lease_puts]))
+        cluster.api[lease_puts][done : done + failing] << 503
+
+    cluster.call(cut_off)
+    wait_for(lambda: "standing by again after losing leadership" in a.log(), timeout=30,
+             what=f"op-a ends its term\n{a.log()[-2000:]}")  # fmt: skip
+    stopped_at = _last_request(cluster)
+    publish(mosquitto_broker, [report_msg(report("gpu-a", Status.FAIL))])  # a change to write
+
+    def lease_attempts_since() -> bool:  # standing by, it keeps trying: time enough to see
+        return len([w for w in writes(cluster, leases=True) if w[0] > stopped_at]) >= 4
+
+    wait_for(lease_attempts_since, timeout=30, what="op-a trying to take the Lease back")
+    assert [w for w in writes(cluster) if w[0] > stopped_at] == []  # no status, no taints
+    # the API heals: the same replica leads again, from fresh state, and writes the change
+    wait_status_write(cluster, "op-a", after=stopped_at, timeout=60)
+    assert "leading: acquired Lease" in a.log().split("standing by again")[-1]
