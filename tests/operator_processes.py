@@ -77,8 +77,11 @@ class OperatorProc:
             *args,
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log_offset = 0
 
     def start(self) -> OperatorProc:
+        """Start (again): `log()` shows only this run's output."""
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
@@ -108,8 +111,11 @@ class OperatorProc:
         return self.proc.returncode
 
     def log(self) -> str:
+        """This run's output (since the last `start`)."""
         try:
-            return self.log_path.read_text(errors="replace")
+            with self.log_path.open("rb") as f:
+                f.seek(self._log_offset)
+                return f.read().decode(errors="replace")
         except OSError:
             return ""
 
