@@ -13,6 +13,7 @@ from netval.infra.task_stop import cancel_and_wait
 
 def test_a_task_that_fails_or_ends_is_restarted_and_counted() -> None:
     runs: list[str] = []
+    third = asyncio.Event()
 
     async def flaky() -> None:
         runs.append("run")
@@ -20,13 +21,13 @@ def test_a_task_that_fails_or_ends_is_restarted_and_counted() -> None:
             raise RuntimeError("boom")
         if len(runs) == 2:
             return  # ended: restarted too
+        third.set()
         await asyncio.Event().wait()  # the third run stays up
 
     async def main() -> None:
         task = asyncio.create_task(supervise("test-flaky", flaky, initial_backoff=0.01))
         async with asyncio.timeout(10):
-            while len(runs) < 3:
-                await asyncio.sleep(0.01)
+            await third.wait()
         await cancel_and_wait([task])
         assert task.cancelled()
 
