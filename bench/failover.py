@@ -38,7 +38,7 @@ from kube import KubeCluster, wait_for
 from mosquitto import MosquittoBroker
 from netval.model import Status
 from operator_env import GPU, NODES, publish, report, report_msg, validation
-from operator_processes import OperatorProc, requests_by_token, status_writes
+from operator_processes import OperatorProc, request_count, status_writes
 
 PROFILES: Final = {
     "default": {
@@ -53,7 +53,7 @@ PROFILES: Final = {
     },
 }
 LEASE: Final = ("coordination.k8s.io/v1", "leases", "netval-operator", "netval-system")
-POLL: Final = 0.02
+POLL: Final = 0.05
 
 
 def _holder(kube: KubeCluster) -> str:
@@ -62,7 +62,7 @@ def _holder(kube: KubeCluster) -> str:
 
 def _first_status_write(kube: KubeCluster, token: str, after: int, timeout: float) -> None:
     def found() -> bool:
-        return any(i > after for i in status_writes(kube, token))
+        return bool(status_writes(kube, token, since=after + 1))
 
     wait_for(found, timeout=timeout, interval=POLL, what=f"a status write by {token}")
 
@@ -105,7 +105,7 @@ class Pair:
         """(seconds to the Lease acquisition, seconds to the first status write)."""
         old, new = self.leader, self.standby
         old_holder = _holder(self.kube)
-        last = len(requests_by_token(self.kube)) - 1
+        last = request_count(self.kube) - 1
         started = time.monotonic()
         if kill:
             self.procs[old].kill()

@@ -127,30 +127,44 @@ def _token(headers: Any) -> str:
     return ""
 
 
-def requests_by_token(kube: KubeCluster) -> list[tuple[int, str, str, str]]:
-    """Every request so far: (order, token, METHOD, path)."""
+def requests_by_token(kube: KubeCluster, since: int = 0) -> list[tuple[int, str, str, str]]:
+    """The requests from number `since` on: (number, token, METHOD, path)."""
 
     async def read() -> list[tuple[int, str, str, str]]:
+        # kmock's request log, sliced: copying all of it on every poll starves the test API
+        # once it holds tens of thousands of requests (the benchmark's)
+        log = kube.api._requests
         return [
-            (i, _token(r.headers), str(r.method.value), str(r.url.path))
-            for i, r in enumerate(kube.api)
+            (since + i, _token(r.headers), str(r.method.value), str(r.url.path))
+            for i, r in enumerate(log[since:])
         ]
 
     return kube.call(read)
 
 
-def writes(kube: KubeCluster, *, leases: bool = False) -> list[tuple[int, str, str, str]]:
+def request_count(kube: KubeCluster) -> int:
+    async def read() -> int:
+        return len(kube.api._requests)
+
+    return kube.call(read)
+
+
+def writes(
+    kube: KubeCluster, *, leases: bool = False, since: int = 0
+) -> list[tuple[int, str, str, str]]:
     """Write requests (POST/PUT/PATCH/DELETE) in order; the Lease's own writes only with
     `leases`."""
     return [
-        r for r in requests_by_token(kube) if r[2] in WRITES and (leases or "/leases" not in r[3])
+        r
+        for r in requests_by_token(kube, since)
+        if r[2] in WRITES and (leases or "/leases" not in r[3])
     ]
 
 
-def status_writes(kube: KubeCluster, token: str | None = None) -> list[int]:
+def status_writes(kube: KubeCluster, token: str | None = None, since: int = 0) -> list[int]:
     return [
         i
-        for i, t, method, path in writes(kube)
+        for i, t, method, path in writes(kube, since=since)
         if method == "PATCH"
         and "/networkvalidations/" in path
         and path.endswith("/status")
@@ -178,7 +192,7 @@ def wait_status_write(kube: KubeCluster, token: str, after: int = -1, timeout: f
     """The order number of `token`'s first status write after request `after`."""
 
     def found() -> tuple[int] | None:
-        later = [i for i in status_writes(kube, token) if i > after]
+        later = status_writes(kube, token, since=after + 1)
         return (later[0],) if later else None
 
     return wait_for(found, timeout=timeout, what=f"a status write by {token}")[0]

@@ -21,7 +21,7 @@ from operator_env import publish, report, report_msg, status_of, validation
 from operator_processes import (
     FAST_LEASE,
     OperatorProc,
-    requests_by_token,
+    request_count,
     status_writes,
     wait_status_write,
     writer_runs,
@@ -69,7 +69,7 @@ def _listening(argv: list[str]) -> bool:
 
 
 def _last_request(kube: KubeCluster) -> int:
-    return len(requests_by_token(kube)) - 1
+    return request_count(kube) - 1
 
 
 def test_sigkill_of_the_leader_hands_over_and_the_restarted_one_stays_standby(

@@ -82,7 +82,8 @@ def test_operator_process_handles_a_validation(
     cluster.create(validation())
     wait_for(lambda: condition(status_of(cluster), "Ready"), timeout=60,
              what=f"a Ready condition written\n{proc.log()[-3000:]}")  # fmt: skip
-    assert cluster.stored("apps/v1", "daemonsets", "netval-agent-pool-a", NS) is not None
+    wait_for(lambda: cluster.stored("apps/v1", "daemonsets", "netval-agent-pool-a", NS),
+             timeout=30, what="the agent DaemonSet applied")  # fmt: skip
 
     publish(mosquitto_broker, [report_msg(report("gpu-a", Status.FAIL))])
     wait_for(lambda: status_of(cluster).get("nodes", {}).get("failing") == 1, timeout=30,

@@ -1,6 +1,6 @@
-"""`netval operator`, started in one place: the Kopf operator with netval's handlers
-(`run_operator`), Kopf's settings and the runtime built from Kopf's memo (the startup
-handler calls `start_runtime`)."""
+"""`netval operator`, started in one place: `run_operator` (the process, its leadership and
+terms: `netval.operator.process`), Kopf's settings, and the runtime a term builds from Kopf's
+memo (the start-up handler calls `start_runtime`, the clean-up `stop_runtime`)."""
 
 from __future__ import annotations
 
@@ -77,8 +77,8 @@ def configure_kopf(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
         prefix=API_GROUP, key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING
-    # No Kopf peering: Kopf runs only in the Lease holder (netval.operator.process), which
-    # is the one replica; Kopf's peering would pause its watches, not our loops.
+    # No Kopf peering: Kopf runs only in the Lease holder (netval.operator.process); Kopf's
+    # peering would pause its watches, not our loops.
     settings.peering.standalone = True
     settings.watching.server_timeout = memo.get("watch_timeout", settings.watching.server_timeout)
 
