@@ -25,6 +25,7 @@ the Lease, a SIGKILL froze status for 25-48 s (Kopf peering, 60 s lifetime; issu
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -132,7 +133,7 @@ def _fmt(values: list[float]) -> str:
             f"max {max(values):5.2f}, n={len(values)})")  # fmt: skip
 
 
-def run_profile(name: str, runs: int) -> dict[str, list[float]]:
+def run_profile(name: str, runs: int, logs: Path | None) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory(prefix="netval-failover-") as tmp:
         workdir = Path(tmp)
         (workdir / "mqtt").mkdir()
@@ -162,6 +163,10 @@ def run_profile(name: str, runs: int) -> dict[str, list[float]]:
             pair.stop()
             kube.stop()
             broker.stop()
+            if logs is not None:
+                logs.mkdir(parents=True, exist_ok=True)
+                for log in (workdir / "ops").glob("*.log"):
+                    shutil.copy(log, logs / f"{name}-{log.name}")
 
 
 def main() -> None:
@@ -170,8 +175,9 @@ def main() -> None:
     parser.add_argument(
         "--profiles", nargs="+", choices=sorted(PROFILES), default=["default", "fast"]
     )
+    parser.add_argument("--logs", type=Path, help="copy the operators' logs into this directory")
     args = parser.parse_args()
-    results = {name: run_profile(name, args.runs) for name in args.profiles}
+    results = {name: run_profile(name, args.runs, args.logs) for name in args.profiles}
     print()
     for name, r in results.items():
         timings = PROFILES[name]

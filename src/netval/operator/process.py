@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import kopf
+from kubernetes import client
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -110,8 +111,8 @@ class OperatorProcess:
                 await run_term(self._term, self._stop, grace=STANDALONE_STOP_GRACE)
                 return
             election = election or election_settings_from_env(self.settings.namespace)
-            lease = LeaseClient(load_kube_client(), election.namespace, election.lease_name,
-                                timeout=election.retry_period)  # fmt: skip
+            lease = LeaseClient(_lease_api_client(), election.namespace, election.lease_name,
+                                timeout=election.request_timeout)  # fmt: skip
             self.elector = LeaderElector(election, lease)
             log.info("leader election on Lease %s/%s as %s", election.namespace,
                      election.lease_name, election.identity)  # fmt: skip
@@ -224,12 +225,19 @@ class _CurrentTerm(Mapping[str, Any]):
         return len(self._memo())
 
 
+def _lease_api_client() -> client.ApiClient:
+    """The Lease's own client: no urllib3 retries (three by default, each up to the timeout);
+    the elector retries itself, every retry period, within its renew deadline."""
+    load_kube_client()  # loads in-cluster or KUBECONFIG configuration as the default
+    configuration = client.Configuration.get_default_copy()
+    configuration.retries = False
+    return client.ApiClient(configuration)
+
+
 def _import_kube_apis() -> None:
     """The official client imports each API class on first use, ~1.5 s for these on a busy
     machine, blocking the event loop: done before leading, not in a term's first seconds
     (where it would delay the Lease's renewal)."""
-    from kubernetes import client
-
     for name in ("AdmissionregistrationV1Api", "AppsV1Api", "CoordinationV1Api", "CoreV1Api",
                  "CustomObjectsApi"):  # fmt: skip
         getattr(client, name)

@@ -67,7 +67,8 @@ class LeaseClient:
         self.name = name
         self.timeout = timeout
         self._api = client.CoordinationV1Api(api_client)
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="netval-lease")
+        # a call abandoned at its caller's deadline keeps its thread until its own timeout
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="netval-lease")
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         def call() -> dict[str, Any]:

@@ -39,6 +39,12 @@ class ElectionSettings:
     retry_period: float  # seconds between attempts to acquire or renew
 
     @property
+    def request_timeout(self) -> float:
+        """Per Lease call: half the renew deadline, so a slow API server still gets two tries
+        before the leader gives up (each renewal is also bounded by what is left of it)."""
+        return max(self.retry_period, self.renew_deadline / 2)
+
+    @property
     def stop_grace(self) -> float:
         """How long a term may take to stop once leadership is lost: what remains of the
         lease after the renew deadline, less one retry period for clock drift."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -36,15 +37,33 @@ async def run_term(term: Term, stop: asyncio.Event, *, grace: float) -> None:
             if pending:
                 log.warning("the term did not stop within %.1fs: cancelling it", grace)
     finally:
-        await cancel_and_wait([task, stopping])
+        await cancel_and_wait([stopping])
         own = asyncio.current_task()
         left = {t for t in asyncio.all_tasks() - before if t is not own and not t.done()}
-        if left:
-            log.info("cancelling %d task(s) the term left running: %s", len(left),
-                     ", ".join(sorted(t.get_name() for t in left)))  # fmt: skip
-            await cancel_and_wait(left)
-    if not task.cancelled() and task.exception() is not None:
+        if left - {task}:
+            log.info("cancelling %d task(s) the term left running: %s", len(left - {task}),
+                     ", ".join(sorted(t.get_name() for t in left - {task})))  # fmt: skip
+        stuck = await cancel_within(left | {task}, grace)
+        if stuck:  # a task that swallows cancellation; do not let it hold up the handover
+            log.error("%d task(s) of the term ignore cancellation: %s", len(stuck),
+                      ", ".join(sorted(repr(t.get_coro()) for t in stuck)))  # fmt: skip
+    if task.done() and not task.cancelled() and task.exception() is not None:
         raise task.exception()  # type: ignore[misc]
+
+
+async def cancel_within(tasks: set[asyncio.Task[Any]], seconds: float) -> set[asyncio.Task[Any]]:
+    """Cancel `tasks` (again every 0.5 s, see infra/task_stop.py) for at most `seconds`;
+    the ones still running then."""
+    pending = {t for t in tasks if not t.done()}
+    deadline = time.monotonic() + seconds
+    while pending and (remaining := deadline - time.monotonic()) > 0:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=min(0.5, remaining))
+    for t in tasks - pending:
+        if not t.cancelled():
+            t.exception()  # retrieved: no "never retrieved" warning
+    return pending
 
 
 async def _wrapped(term: Term, stop: asyncio.Event) -> None:
