@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 from netval.infra.task_stop import cancel_and_wait
 from netval.operator.leadership.elector import LeaderElector
@@ -22,6 +22,7 @@ from netval.operator.leadership.elector import LeaderElector
 log = logging.getLogger("netval.operator.leadership")
 
 Term = Callable[[asyncio.Event], Awaitable[None]]
+LOST: Final = "leadership lost"
 
 
 async def run_term(term: Term, stop: asyncio.Event, *, grace: float) -> None:
@@ -87,9 +88,6 @@ async def run_terms(
             return
         if why == LOST:
             log.warning("standing by again after losing leadership")
-
-
-LOST = "leadership lost"
 
 
 async def _lead(
