@@ -37,8 +37,9 @@ BASE_RULES: dict[Rule, set[str]] = {
     # No update: nothing PUTs a Node (kube_api.set_node_gating patches with resourceVersion).
     ("cluster", "", "nodes", None): {"get", "list", "watch", "patch"},
     ("cluster", "apiextensions.k8s.io", "customresourcedefinitions", None): {"list", "watch"},
-    ("cluster", "kopf.dev", "clusterkopfpeerings", None): {"list", "watch"},
-    ("cluster", "kopf.dev", "clusterkopfpeerings", "netval"): {"patch"},
+    # Leader election (operator.leadership.lease): the Lease in the release namespace.
+    (NAMESPACE, "coordination.k8s.io", "leases", None): {"create"},
+    (NAMESPACE, "coordination.k8s.io", "leases", "netval-operator"): {"get", "update"},
     # Events about cluster-scoped objects live in "default"; nowhere else.
     ("default", "", "events", None): {"create"},
 }

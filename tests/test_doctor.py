@@ -133,8 +133,8 @@ def test_ready_cluster_passes(
     assert all(user == "system:serviceaccount:netval-system:netval-operator" for user, _ in asked)
     n_verbs = sum(len(p[5]) for p in BASE_PERMISSIONS)
     assert len(asked) == n_verbs and f"all {n_verbs} operator verbs" in lines["permissions"]
-    assert {"verb": "patch", "group": "kopf.dev", "resource": "clusterkopfpeerings",
-            "name": "netval"} in [a for _, a in asked]  # fmt: skip
+    assert {"verb": "update", "group": "coordination.k8s.io", "resource": "leases",
+            "name": "netval-operator", "namespace": "netval-system"} in [a for _, a in asked]  # fmt: skip
     assert "PASS" in lines["broker.reachable"] and "PASS" in lines["broker.login"]
     assert "SKIP" in lines["broker.tls"]
     assert (

@@ -51,6 +51,7 @@ CRD_FIX: Final = (
     "kubectl apply -f crds/networkvalidations.netval.io.yaml (or helm upgrade the chart)"
 )
 PEERING_NAME: Final = "netval"
+LEASE_NAME: Final = "netval-operator"  # NETVAL_LEASE_NAME's default (operator.leadership)
 WEBHOOK_CONFIGURATION: Final = "netval.io"
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
 KUEUE_VERSIONS: Final = ("v1beta2", "v1beta1")  # what the operator's Kueue controller reads
@@ -65,8 +66,8 @@ BASE_PERMISSIONS: Final[tuple[Permission, ...]] = (
     (None, "netval.io", "networkvalidations", "finalizers", "", ("update",)),
     (None, "", "nodes", "", "", ("get", "list", "watch", "patch")),
     (None, "apiextensions.k8s.io", "customresourcedefinitions", "", "", ("list", "watch")),
-    (None, "kopf.dev", "clusterkopfpeerings", "", "", ("list", "watch")),
-    (None, "kopf.dev", "clusterkopfpeerings", "", PEERING_NAME, ("patch",)),
+    ("$NS", "coordination.k8s.io", "leases", "", "", ("create",)),
+    ("$NS", "coordination.k8s.io", "leases", "", LEASE_NAME, ("get", "update")),
     ("default", "", "events", "", "", ("create",)),
     ("$NS", "", "configmaps", "", "", ("get", "create", "patch", "delete")),
     ("$NS", "apps", "daemonsets", "", "", ("get", "list", "create", "update", "delete")),

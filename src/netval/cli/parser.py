@@ -276,19 +276,22 @@ def _process_parsers(sub: argparse._SubParsersAction[NetvalParser]) -> None:
         "NETVAL_MQTT_CA_FILE, NETVAL_NAMESPACE, NETVAL_AGENT_IMAGE, NETVAL_AGENT_MQTT_URL, "
         "NETVAL_AGENT_MQTT_USERNAME, NETVAL_AGENT_MQTT_SECRET, NETVAL_AGENT_MQTT_CA_SECRET, "
         "NETVAL_AGENT_RESOURCES, NETVAL_AGENT_TOLERATIONS, NETVAL_KUEUE_ENABLED, "
-        "NETVAL_STATUS_WINDOW_SECONDS, NETVAL_LOG_LEVEL and OTEL_*. Without a usable "
+        "NETVAL_STATUS_WINDOW_SECONDS, NETVAL_LEASE_NAME, NETVAL_LEASE_NAMESPACE, "
+        "NETVAL_LEASE_DURATION_SECONDS, NETVAL_LEASE_RENEW_DEADLINE_SECONDS, "
+        "NETVAL_LEASE_RETRY_PERIOD_SECONDS, NETVAL_LOG_LEVEL and OTEL_*. Without a usable "
         "Kubernetes configuration or MQTT settings it exits 2 before starting.",
     )
     op.add_argument(
         "--standalone",
         action="store_true",
-        help="no peering: run as the only replica (default: peering, one active replica)",
+        help="no leader election: run as the only replica (default: the replica holding the "
+        "Lease NETVAL_LEASE_NAME leads, the others stand by)",
     )
     op.add_argument(
         "--liveness",
         metavar="URL",
         default=None,
-        help="serve Kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz",
+        help="serve a liveness probe (leader and standby alike), e.g. http://0.0.0.0:8080/healthz",
     )
     op.add_argument(
         "--metrics-addr",

@@ -44,7 +44,9 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     from netval.infra.metrics_server import parse_host_port
     from netval.operator.admission.options import webhook_options
-    from netval.operator.main import run_operator
+    from netval.operator.leadership.settings import ElectionConfigError, election_settings_from_env
+    from netval.operator.main import OperatorStartError, run_operator
+    from netval.operator.process import parse_liveness_url
     from netval.operator.settings import OperatorConfigError, operator_settings_from_env
 
     setup_logging()
@@ -53,6 +55,12 @@ def cmd_operator(args: argparse.Namespace) -> int:
     except OperatorConfigError as exc:
         raise BadInput(str(exc)) from None
     try:
+        election = None if args.standalone else election_settings_from_env(settings.namespace)
+    except ElectionConfigError as exc:
+        raise BadInput(str(exc)) from None
+    try:
+        if args.liveness is not None:
+            parse_liveness_url(args.liveness)
         metrics_addr = parse_host_port(args.metrics_addr, variable="--metrics-addr")
     except ValueError as exc:
         raise BadInput(str(exc)) from None
@@ -70,15 +78,19 @@ def cmd_operator(args: argparse.Namespace) -> int:
         raise BadInput(str(exc)) from None
     # Kopf would log a traceback and retry its login every 60 s without one: check it first.
     load_kube_config()
-    asyncio.run(
-        run_operator(
-            settings,
-            standalone=args.standalone,
-            liveness_endpoint=args.liveness,
-            metrics_addr=metrics_addr,
-            webhook=webhook,
+    try:
+        asyncio.run(
+            run_operator(
+                settings,
+                standalone=args.standalone,
+                liveness_endpoint=args.liveness,
+                metrics_addr=metrics_addr,
+                webhook=webhook,
+                election=election,
+            )
         )
-    )
+    except OperatorStartError as exc:
+        raise BadInput(str(exc)) from None
     return EXIT_OK
 
 

@@ -1,13 +1,13 @@
-"""`netval operator`, started in one place: the Kopf operator with netval's handlers
-(`run_operator`), Kopf's settings and the runtime built from Kopf's memo (the startup
-handler calls `start_runtime`)."""
+"""`netval operator`, started in one place: `run_operator` (the process, its leadership and
+terms: `netval.operator.process`), Kopf's settings, and the runtime a term builds from Kopf's
+memo (the start-up handler calls `start_runtime`, the clean-up `stop_runtime`)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-import random
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import kopf
@@ -23,9 +23,15 @@ from netval.operator.settings import OperatorSettings
 
 if TYPE_CHECKING:
     from netval.operator.admission.options import WebhookOptions
+    from netval.operator.leadership.settings import ElectionSettings
 
-PEERING_NAME: Final = "netval"
+PEERING_NAME: Final = "netval"  # the chart's ClusterKopfPeering (unused since the Lease)
 RUNTIME_KEY: Final = "runtime"  # Kopf memo: the started OperatorRuntime
+SIGNALS_KEY: Final = "install_signals"  # Kopf memo: the process's signal handlers, if any
+
+
+class OperatorStartError(RuntimeError):
+    """The process cannot start (e.g. a port is taken): one line, nothing left running."""
 
 
 async def run_operator(
@@ -36,24 +42,31 @@ async def run_operator(
     metrics_addr: tuple[str, int] | None = None,
     stop_flag: asyncio.Event | None = None,
     webhook: WebhookOptions | None = None,
+    election: ElectionSettings | None = None,
 ) -> None:
-    """With peering (not standalone), several replicas run and one is active at a time.
-    Without `webhook` no admission webhook is served."""
+    """Without `standalone`, replicas elect one leader on a Lease (`election`) and only the
+    leader runs Kopf and every writer; standalone runs them at once, without a Lease. Kopf's
+    own peering is never used. Without `webhook` no admission webhook is served."""
+    from netval.operator.process import OperatorProcess  # it builds on this module
+
+    _register_handlers(settings)
+    process = OperatorProcess(settings, webhook=webhook)
+    await process.run(
+        standalone=standalone,
+        election=election,
+        liveness_endpoint=liveness_endpoint,
+        metrics_addr=metrics_addr,
+        stop_flag=stop_flag,
+    )
+
+
+def _register_handlers(settings: OperatorSettings) -> None:
     # importing them registers the handlers with Kopf
     import netval.operator.admission.handlers  # admission webhooks, gate release
     import netval.operator.handlers
 
     if settings.kueue_enabled:  # Kopf watches Kueue objects only then (it needs their RBAC)
         import netval.operator.kueue.handlers  # noqa: F401  (Kueue AdmissionCheck controller)
-
-    await kopf.operator(
-        clusterwide=True,
-        standalone=standalone,
-        peering_name=PEERING_NAME,
-        liveness_endpoint=liveness_endpoint,
-        memo=kopf.Memo(settings=settings, metrics_addr=metrics_addr, webhook=webhook),
-        stop_flag=stop_flag,
-    )
 
 
 def configure_kopf(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
@@ -64,9 +77,9 @@ def configure_kopf(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
         prefix=API_GROUP, key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING
-    # Replicas with equal peering priorities all pause (Kopf treats them as a conflict); a
-    # random priority per replica makes the highest one active and the others stand by.
-    settings.peering.priority = random.randint(0, 32767)  # noqa: S311 - not crypto
+    # No Kopf peering: Kopf runs only in the Lease holder (netval.operator.process); Kopf's
+    # peering would pause its watches, not our loops.
+    settings.peering.standalone = True
     settings.watching.server_timeout = memo.get("watch_timeout", settings.watching.server_timeout)
 
 
@@ -83,28 +96,45 @@ def build_runtime(memo: kopf.Memo) -> OperatorRuntime:
 
 
 async def start_runtime(memo: kopf.Memo) -> None:
-    """Build and start the runtime, put it in the memo, serve its metrics if asked to."""
+    """Build the runtime, bind its metrics port if asked to, then start it and put it in the
+    memo. Transactional: if a step fails nothing of it keeps running, so Kopf's retry of the
+    start-up activity starts from scratch; idempotent: a runtime already in the memo is kept
+    (never a second MQTT ingest with the same client id)."""
+    if started_runtime(memo) is not None:
+        return
     runtime = build_runtime(memo)
-    memo[RUNTIME_KEY] = runtime
-    runtime.start()
     addr = memo.get("metrics_addr")
-    if addr is not None:
-        host, port = addr
-        registry = operator_registry(runtime)
+    server: asyncio.Server | None = None
+    try:
+        if addr is not None:
+            host, port = addr
+            server = await serve_metrics(host, port, operator_registry(runtime), _healthy(runtime))
+        runtime.start()
+    except BaseException:
+        if server is not None:
+            server.close()
+        await runtime.stop()
+        raise
+    runtime.metrics_server = server
+    memo[RUNTIME_KEY] = runtime
 
-        def healthy() -> tuple[bool, str]:
-            connected = runtime.ingest.stats.connected
-            return connected, "ok" if connected else "not connected to the MQTT broker"
 
-        runtime.metrics_server = await serve_metrics(host, port, registry, healthy)
+def _healthy(runtime: OperatorRuntime) -> Callable[[], tuple[bool, str]]:
+    def healthy() -> tuple[bool, str]:
+        connected = runtime.ingest.stats.connected
+        return connected, "ok" if connected else "not connected to the MQTT broker"
+
+    return healthy
 
 
 async def stop_runtime(memo: kopf.Memo) -> None:
+    """Idempotent (Kopf's clean-up and the end of a leadership term both call it)."""
     runtime = memo.get(RUNTIME_KEY)
     if isinstance(runtime, OperatorRuntime):
-        await runtime.stop()
         if runtime.metrics_server is not None:
             runtime.metrics_server.close()
+            runtime.metrics_server = None
+        await runtime.stop()
 
 
 def started_runtime(memo: kopf.Memo) -> OperatorRuntime | None:

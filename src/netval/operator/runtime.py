@@ -19,6 +19,7 @@ from typing import Any
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from netval.infra.supervised import supervised_task
 from netval.infra.task_stop import cancel_and_wait
 from netval.model.results import Report
 from netval.model.spec import NetworkValidationSpec
@@ -68,20 +69,30 @@ class OperatorRuntime:
         self.metrics_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._targets_dirty = False
+        self._started = False
+        self._stopped = False
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Idempotent: a second call starts nothing (one MQTT session per runtime, ever)."""
+        if self._started:
+            return
+        self._started = True
         synced = self.ingest.synced
         self._tasks = [
-            asyncio.create_task(self.ingest.run(), name="netval-ingest"),
-            asyncio.create_task(self.status.loop(synced), name="netval-status-writer"),
-            asyncio.create_task(self.gating.loop(synced), name="netval-node-gating"),
+            supervised_task("netval-ingest", self.ingest.run),
+            supervised_task("netval-status-writer", lambda: self.status.loop(synced)),
+            supervised_task("netval-node-gating", lambda: self.gating.loop(synced)),
         ]
 
     async def stop(self) -> None:
+        """Idempotent; after it returns nothing of this runtime runs (a retry of start-up or
+        the next leadership term builds a new one)."""
         await cancel_and_wait(self._tasks)
-        self.tracer_provider.shutdown()
+        if not self._stopped:
+            self._stopped = True
+            self.tracer_provider.shutdown()
 
     # -- MQTT -------------------------------------------------------------------------------
 

@@ -10,7 +10,11 @@ import kopf
 from netval.operator.admission.gate_release import RELEASER_MEMO_KEY, GateReleaser
 from netval.operator.admission.options import WEBHOOK_MEMO_KEY, WebhookOptions
 from netval.operator.admission.reviewer import Reviewer
-from netval.operator.admission.server import SERVICE_MEMO_KEY, WebhookService
+from netval.operator.admission.server import (
+    SERVICE_MEMO_KEY,
+    SHARED_SERVICE_MEMO_KEY,
+    WebhookService,
+)
 
 
 @kopf.on.startup()
@@ -22,6 +26,10 @@ async def admission_startup(memo: kopf.Memo, **_: Any) -> None:
         releaser = GateReleaser(memo)
         memo[RELEASER_MEMO_KEY] = releaser
         releaser.start()
+        shared = memo.get(SHARED_SERVICE_MEMO_KEY)
+        if isinstance(shared, WebhookService):  # served by the process, leader or not
+            shared.write_configurations()
+            return
         own_namespace = getattr(memo.get("settings"), "namespace", None)
         excluded = [*options.excluded_namespaces, *([own_namespace] if own_namespace else [])]
         service = WebhookService(options, Reviewer(memo), excluded)
@@ -31,6 +39,9 @@ async def admission_startup(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.cleanup()
 async def admission_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    shared = memo.get(SHARED_SERVICE_MEMO_KEY)
+    if isinstance(shared, WebhookService):
+        await shared.stop_writing()
     for key in (SERVICE_MEMO_KEY, RELEASER_MEMO_KEY):
         worker = memo.get(key)
         if isinstance(worker, WebhookService | GateReleaser):

@@ -22,6 +22,9 @@ from netval.operator.kube import certs as webhook_certs
 log = logging.getLogger("netval.operator.admission")
 
 SERVICE_MEMO_KEY: Final = "webhook_service"
+# memo: a WebhookService the process serves on every replica; a term only turns its
+# configuration writing on and off (netval.operator.process)
+SHARED_SERVICE_MEMO_KEY: Final = "webhook_shared_service"
 
 
 class WebhookService:
@@ -40,7 +43,20 @@ class WebhookService:
         self.writer = ConfigurationWriter(options, excluded_namespaces)
         self.cert_files: webhook_certs.CertFiles | None = None
         self.client_config: dict[str, Any] | None = None
+        self.writes_configurations = True  # only the leader writes them
         self._task: asyncio.Task[None] | None = None
+
+    def write_configurations(self) -> None:
+        """From now on write the configurations (this replica leads): the current client
+        config at once, later ones as the server yields them."""
+        self.writes_configurations = True
+        if self.client_config is not None:
+            self.writer.submit(self.client_config)
+
+    async def stop_writing(self) -> None:
+        """Stop writing configurations (leadership ended); reviews are still answered."""
+        self.writes_configurations = False
+        await self.writer.stop()
 
     def certificates(self) -> webhook_certs.CertFiles:
         o = self.options
@@ -91,7 +107,8 @@ class WebhookService:
             async for base in server(cast(kopf.WebhookFn, self.reviewer)):
                 self.client_config = client_config(base, o.service)
                 log.info("serving admission webhooks at %s", base.get("url"))
-                self.writer.submit(self.client_config)
+                if self.writes_configurations:
+                    self.writer.submit(self.client_config)
 
 
 def _is_unspecified(host: str) -> bool:

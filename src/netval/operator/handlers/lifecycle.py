@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import kopf
 
-from netval.operator.main import configure_kopf, start_runtime, stop_runtime
+from netval.operator.main import SIGNALS_KEY, configure_kopf, start_runtime, stop_runtime
 
 
 @kopf.on.startup()
 async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     configure_kopf(settings, memo)
+    install_signals = memo.get(SIGNALS_KEY)
+    if callable(install_signals):
+        # the process's over Kopf's (see OperatorProcess._term); later, as Kopf installs its
+        # own once its tasks started, which may be after this handler ran
+        asyncio.get_running_loop().call_later(0.2, install_signals)
     await start_runtime(memo)
 
 
