@@ -92,6 +92,9 @@ class OperatorRuntime:
         await cancel_and_wait(self._tasks)
         if not self._stopped:
             self._stopped = True
+            # Each term builds its own client: its thread pools go with it (a hung call in
+            # one of them must not outlive the term that made it).
+            self.kube.close()
             self.tracer_provider.shutdown()
 
     # -- MQTT -------------------------------------------------------------------------------
