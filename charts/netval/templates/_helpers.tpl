@@ -186,6 +186,12 @@ password_file /mosquitto/auth/passwd
 {{- if $b.acl }}
 acl_file /mosquitto/config/acl
 {{- end }}
+{{- if $b.dynamicSecurity.enabled }}
+# Per-node identities (docs/operations.md "Per-node MQTT identity"): clients the plugin does
+# not know (the operator's, in password_file) fall through to password_file and acl_file.
+plugin {{ $b.dynamicSecurity.plugin }}
+plugin_opt_config_file /mosquitto/data/dynamic-security.json
+{{- end }}
 {{- if $b.persistence }}
 persistence true
 persistence_location /mosquitto/data/
@@ -222,6 +228,10 @@ endpoints and their assignments, and may not write assignments.
 {{- $b := .Values.mqtt.broker -}}
 user {{ $b.operatorUsername }}
 topic readwrite netval/#
+{{- if $b.dynamicSecurity.enabled }}
+# The operator creates, rotates and deletes the per-node clients.
+topic readwrite $CONTROL/dynamic-security/#
+{{- end }}
 
 user {{ $b.agentUsername }}
 topic write netval/v1/+/+/report

@@ -1,0 +1,204 @@
+"""Per-node MQTT identity, enforced by the broker: the chart's rendered Mosquitto (plugin,
+password_file, acl_file; tests/test_chart_broker.py runs it) with clients the operator's
+`CredentialIssuer` creates through the dynamic security plugin.
+
+Mosquitto acknowledges an unauthorised publish and drops it, so every "refused" below is
+checked at a subscriber: the forbidden messages go first, then a permitted one from the same
+client (QoS 1, one publisher: delivered in order), and once that one arrived the forbidden
+ones can no longer come.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from identity_kit import LoopThread, Mqtt
+from kube import wait_for
+from netval.infra.mqtt_settings import MqttSettings
+from netval.operator.identity.credentials import CredentialIssuer, IssuedCredential
+from netval.operator.identity.dynsec import DynsecAdmin
+from test_chart_broker import run_chart_broker
+
+V = "roce-pool"
+
+
+def base(node: str, validation: str = V) -> str:
+    return f"netval/v1/{validation}/{node}"
+
+
+class Identity:
+    """The chart's broker, the operator's issuer on it, and MQTT clients to close."""
+
+    def __init__(self, port: int, secrets: dict[str, str]) -> None:
+        self.port = port
+        self.secrets = secrets
+        self.loop = LoopThread()
+        settings = MqttSettings(
+            host="127.0.0.1", port=port, username="netval-operator",
+            password=secrets["operator"], client_id="operator-identity",
+        )  # fmt: skip
+        self.admin = DynsecAdmin(settings, timeout=10)
+        self.issuer = CredentialIssuer(self.admin)
+        self.loop.call(self.admin.start)
+        self.loop.run(self.issuer.prepare())
+        self.clients: list[Mqtt] = []
+
+    def issue(self, node: str, pod: str | None = None) -> IssuedCredential:
+        return self.loop.run(self.issuer.issue(node, pod or f"agent-{node}"))
+
+    def client(self, username: str, password: str, **kw: Any) -> Mqtt:
+        client = Mqtt(self.port, username, password, **kw)
+        self.clients.append(client)
+        return client
+
+    def node(self, cred: IssuedCredential, **kw: Any) -> Mqtt:
+        client = self.client(cred.username, cred.password, **kw)
+        assert client.connect().is_failure is False
+        return client
+
+    def operator(self, *filters: str) -> Mqtt:
+        op = self.client("netval-operator", self.secrets["operator"])
+        assert op.connect().is_failure is False
+        op.subscribe(*(filters or ("netval/#",)))
+        return op
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        self.loop.run(self.admin.stop())
+        self.loop.close()
+
+
+@pytest.fixture
+def identity(tmp_path: Path) -> Iterator[Identity]:
+    with run_chart_broker(tmp_path) as (port, secrets):
+        ident = Identity(port, secrets)
+        try:
+            yield ident
+        finally:
+            ident.close()
+
+
+def test_a_node_publishes_only_for_itself(identity: Identity) -> None:
+    a = identity.node(identity.issue("node-a"))
+    b = identity.node(identity.issue("node-b"))
+    op = identity.operator()
+    for kind in ("report", "state", "endpoint"):  # as node B, in two validations
+        a.publish(f"{base('node-b')}/{kind}", b"forged")
+        a.publish(f"{base('node-b', 'other')}/{kind}", b"forged")
+    a.publish(f"{base('node-b')}/assignment", b"forged")
+    a.publish(f"{base('node-a')}/assignment", b"forged")  # its own assignment: operator's
+    a.publish("netval/v1/x", b"forged")
+    for kind in ("report", "state", "endpoint"):
+        a.publish(f"{base('node-a')}/{kind}", b"a")
+        b.publish(f"{base('node-b')}/{kind}", b"b")
+    op.wait_message(f"{base('node-a')}/endpoint", b"a")
+    op.wait_message(f"{base('node-b')}/endpoint", b"b")
+    # The operator got every legitimate message, and nothing forged.
+    assert sorted(op.messages) == sorted(
+        [(f"{base(n)}/{k}", n[-1].encode()) for n in ("node-a", "node-b")
+         for k in ("report", "state", "endpoint")]
+    )  # fmt: skip
+
+
+def test_a_node_reads_only_its_assignment_and_peers_endpoints(identity: Identity) -> None:
+    op = identity.operator()
+    b = identity.node(identity.issue("node-b"))
+    b.publish(f"{base('node-b')}/report", b"b-report")
+    b.publish(f"{base('node-b')}/state", b"online")
+    b.publish(f"{base('node-b')}/endpoint", b"b-endpoint")
+    op.wait_message(f"{base('node-b')}/endpoint", b"b-endpoint")
+    a = identity.node(identity.issue("node-a"))
+    # Everything it might try; the broker grants or refuses each filter.
+    a.subscribe("#", "netval/#", "$CONTROL/#", f"{base('node-b')}/assignment",
+                f"{base('node-b')}/report", f"{V}/+/+/endpoint", "netval/v1/+/+/endpoint",
+                f"{base('node-a')}/assignment", "$SYS/#")  # fmt: skip
+    # The operator issues another node's credential: its answer travels on $CONTROL.
+    identity.issue("node-c")
+    op.publish(f"{base('node-b')}/assignment", b"b-domain")
+    op.publish(f"{base('node-a')}/assignment", b"a-domain")
+    a.wait_message(f"{base('node-a')}/assignment", b"a-domain")
+    a.wait_message(f"{base('node-b')}/endpoint", b"b-endpoint")
+    assert a.topics() == {f"{base('node-a')}/assignment", f"{base('node-b')}/endpoint"}
+
+
+def test_offline_comes_only_from_the_node_itself(identity: Identity) -> None:
+    op = identity.operator(f"{V}/#", "netval/v1/+/+/state")
+    b_cred = identity.issue("node-b")
+    b = identity.node(b_cred, client_id="b", will=(f"{base('node-b')}/state", b"offline"))
+    b.publish(f"{base('node-b')}/state", b"online")
+    op.wait_message(f"{base('node-b')}/state", b"online")
+    # Node A: an explicit offline for B, and a will on B's state that the broker would fire.
+    a_cred = identity.issue("node-a")
+    a = identity.client(a_cred.username, a_cred.password, client_id="a",
+                        will=(f"{base('node-b')}/state", b"offline"))  # fmt: skip
+    a.connect()  # Mosquitto 2.0 refuses a will the ACL forbids; either way it must not fire
+    if a.accepted:
+        a.publish(f"{base('node-b')}/state", b"offline")
+        a.publish(f"{base('node-a')}/state", b"online")
+        op.wait_message(f"{base('node-a')}/state", b"online")
+        a.drop()
+    sentinel = identity.node(a_cred, client_id="a2")
+    sentinel.publish(f"{base('node-a')}/state", b"sentinel")
+    op.wait_message(f"{base('node-a')}/state", b"sentinel")
+    assert op.received(f"{base('node-b')}/state") == [b"online"]
+    # B's own will does fire.
+    b.drop()
+    op.wait_message(f"{base('node-b')}/state", b"offline")
+
+
+def test_revocation_disconnects_and_refuses(identity: Identity) -> None:
+    op = identity.operator()
+    a_cred, b_cred = identity.issue("node-a"), identity.issue("node-b")
+    a, b = identity.node(a_cred, client_id="a"), identity.node(b_cred, client_id="b")
+    revoked = identity.loop.run(identity.issuer.revoke_node("node-a"))
+    assert revoked == [a_cred.username]
+    wait_for(lambda: a.disconnects, 10, what="node A disconnected")
+    a.close()
+    again = identity.client(a_cred.username, a_cred.password, client_id="a")
+    assert again.connect().is_failure
+    # B is untouched; the operator still gets its reports.
+    b.publish(f"{base('node-b')}/report", b"b")
+    op.wait_message(f"{base('node-b')}/report", b"b")
+    assert not b.disconnects
+
+
+def test_rotation_refuses_the_old_password(identity: Identity) -> None:
+    first = identity.issue("node-a", "agent-1")
+    a = identity.node(first, client_id="a")
+    second = identity.issue("node-a", "agent-1")
+    assert second.username == first.username and second.password != first.password
+    wait_for(lambda: a.disconnects, 10, what="the old session disconnected")
+    a.close()
+    old = identity.client(first.username, first.password, client_id="a")
+    assert old.connect().is_failure
+    op = identity.operator()
+    new = identity.node(second, client_id="a")
+    new.publish(f"{base('node-a')}/report", b"rotated")
+    op.wait_message(f"{base('node-a')}/report", b"rotated")
+
+
+def test_two_agent_pods_on_one_node_do_not_evict_each_other(identity: Identity) -> None:
+    one, two = identity.issue("node-a", "agent-x"), identity.issue("node-a", "agent-y")
+    x, y = identity.node(one, client_id="x"), identity.node(two, client_id="y")
+    op = identity.operator()
+    x.publish(f"{base('node-a', 'vx')}/report", b"x")
+    y.publish(f"{base('node-a', 'vy')}/report", b"y")
+    op.wait_message(f"{base('node-a', 'vy')}/report", b"y")
+    op.wait_message(f"{base('node-a', 'vx')}/report", b"x")
+    assert not x.disconnects and not y.disconnects
+
+
+def test_expired_credentials_are_deleted(identity: Identity) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    cred = identity.issue("node-a")
+    a = identity.node(cred, client_id="a")
+    later = datetime.now(UTC) + timedelta(days=2)
+    identity.issuer.clock = lambda: later
+    assert identity.loop.run(identity.issuer.expire()) == [cred.username]
+    wait_for(lambda: a.disconnects, 10, what="the expired client disconnected")
