@@ -6,6 +6,7 @@ from typing import Any
 
 import kopf
 
+from netval.operator.identity.service import start_identity, stop_identity
 from netval.operator.main import configure_kopf, start_runtime, stop_runtime
 
 
@@ -13,8 +14,10 @@ from netval.operator.main import configure_kopf, start_runtime, stop_runtime
 async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     configure_kopf(settings, memo)
     await start_runtime(memo)
+    await start_identity(memo, memo["settings"])  # agent enrollment, if configured
 
 
 @kopf.on.cleanup()
 async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await stop_identity(memo)
     await stop_runtime(memo)
