@@ -309,3 +309,13 @@ the Secret and the operator's checksum annotation see the same one.
 {{- define "netval.webhookSelfSigned" -}}
 {{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) (not .Values.webhook.existingSecret) -}}true{{- end -}}
 {{- end -}}
+
+{{/*
+Per-node MQTT identity (docs/operations.md "Per-node MQTT identity"): "true" when the bundled
+broker loads the dynamic security plugin and the operator serves HTTPS (the enrollment
+endpoint uses the webhook's certificate and Service).
+*/}}
+{{- define "netval.identityEnabled" -}}
+{{- if and (not .Values.mqtt.external.enabled) .Values.mqtt.broker.dynamicSecurity.enabled .Values.webhook.enabled -}}true{{- end -}}
+{{- end -}}
+{{- define "netval.enrollCaConfigMap" -}}{{ include "netval.fullname" . }}-enroll-ca{{- end -}}

@@ -21,6 +21,8 @@ ENV_STATUS_WINDOW: Final = "NETVAL_STATUS_WINDOW_SECONDS"
 ENV_AGENT_RESOURCES: Final = "NETVAL_AGENT_RESOURCES"
 ENV_AGENT_TOLERATIONS: Final = "NETVAL_AGENT_TOLERATIONS"
 ENV_KUEUE_ENABLED: Final = "NETVAL_KUEUE_ENABLED"
+ENV_AGENT_ENROLL_URL: Final = "NETVAL_AGENT_ENROLL_URL"
+ENV_AGENT_ENROLL_CA_CONFIGMAP: Final = "NETVAL_AGENT_ENROLL_CA_CONFIGMAP"
 
 DEFAULT_NAMESPACE: Final = "netval-system"
 DEFAULT_IMAGE: Final = "ghcr.io/netval/netval:0.1.0"
@@ -45,6 +47,10 @@ class OperatorSettings:
     agent_resources: dict[str, Any] | None = None  # container resources (None: defaults)
     agent_tolerations: tuple[dict[str, Any], ...] = ()  # added to every agent DaemonSet
     kueue_enabled: bool = False  # answer Kueue AdmissionChecks (needs the Kueue RBAC)
+    # Per-node MQTT identity (operator/identity): the enrollment URL the agents get and the
+    # ConfigMap (key ca.crt, agents' namespace) that verifies it; None: shared credentials.
+    agent_enroll_url: str | None = None
+    agent_enroll_ca_configmap: str | None = None
 
 
 def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorSettings:
@@ -82,6 +88,8 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
         agent_resources=resources or None,
         agent_tolerations=tuple(tolerations),
         kueue_enabled=kueue == "true",
+        agent_enroll_url=_enroll_url(env),
+        agent_enroll_ca_configmap=env.get(ENV_AGENT_ENROLL_CA_CONFIGMAP, "").strip() or None,
     )
 
 
@@ -96,3 +104,10 @@ def _json_env(env: Mapping[str, str], name: str, kind: type) -> Any:
     if not isinstance(value, kind):
         raise OperatorConfigError(f"{name}: expected a JSON {kind.__name__}")
     return value
+
+
+def _enroll_url(env: Mapping[str, str]) -> str | None:
+    url = env.get(ENV_AGENT_ENROLL_URL, "").strip()
+    if url and not url.startswith("https://"):
+        raise OperatorConfigError(f"{ENV_AGENT_ENROLL_URL}={url!r}: must be an https:// URL")
+    return url or None

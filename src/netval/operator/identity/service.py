@@ -25,12 +25,14 @@ import kopf
 from netval.infra.metrics_server import parse_host_port
 from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.task_stop import cancel_and_wait
+from netval.model.keys import MANAGED_BY_OPERATOR, LabelKey
+from netval.operator.agents.manifests import AGENT_APP_NAME
 from netval.operator.identity.credentials import DEFAULT_LIFETIME, CredentialIssuer
 from netval.operator.identity.dynsec import DynsecAdmin, DynsecError
 from netval.operator.identity.enroll_server import EnrollmentServer
 from netval.operator.identity.review import PodTokenReviewer
 from netval.operator.kube import certs
-from netval.operator.kube.api import load_kube_client
+from netval.operator.kube.api import KubeApi, load_kube_client
 from netval.operator.settings import OperatorConfigError, OperatorSettings
 
 log = logging.getLogger("netval.operator.identity")
@@ -38,6 +40,7 @@ log = logging.getLogger("netval.operator.identity")
 ENV_ENROLL_ADDR: Final = "NETVAL_ENROLL_ADDR"
 ENV_ENROLL_CERT_FILE: Final = "NETVAL_ENROLL_CERT_FILE"
 ENV_ENROLL_KEY_FILE: Final = "NETVAL_ENROLL_KEY_FILE"
+ENV_ENROLL_CA_BUNDLE_FILE: Final = "NETVAL_ENROLL_CA_BUNDLE_FILE"
 ENV_CREDENTIAL_LIFETIME: Final = "NETVAL_CREDENTIAL_LIFETIME_SECONDS"
 MEMO_KEY: Final = "identity"  # Kopf memo: IdentitySettings before start, IdentityService after
 MIN_LIFETIME: Final = 60.0
@@ -51,6 +54,7 @@ class IdentitySettings:
     cert_file: Path | None = None  # None: a self-signed certificate (development only)
     key_file: Path | None = None
     lifetime: timedelta = DEFAULT_LIFETIME
+    ca_file: Path | None = None  # the CA agents verify the server with (None: the cert's)
 
 
 def identity_settings_from_env(env: Mapping[str, str] = os.environ) -> IdentitySettings | None:
@@ -78,24 +82,39 @@ def identity_settings_from_env(env: Mapping[str, str] = os.environ) -> IdentityS
         raise OperatorConfigError(
             f"{ENV_CREDENTIAL_LIFETIME}: at least {MIN_LIFETIME:g}, got {seconds:g}"
         )
+    ca = env.get(ENV_ENROLL_CA_BUNDLE_FILE, "").strip()
     return IdentitySettings(
         host=addr[0], port=addr[1], cert_file=Path(cert) if cert else None,
         key_file=Path(key) if key else None, lifetime=timedelta(seconds=seconds),
+        ca_file=Path(ca) if ca else None,
     )  # fmt: skip
 
 
-def server_tls(settings: IdentitySettings) -> ssl.SSLContext:
-    cert, key = settings.cert_file, settings.key_file
+def server_tls(settings: IdentitySettings) -> tuple[ssl.SSLContext, Path]:
+    """The server's TLS context, and the CA bundle agents verify it with."""
+    cert, key, ca = settings.cert_file, settings.key_file, settings.ca_file
     if cert is None or key is None:
         directory = Path(tempfile.mkdtemp(prefix="netval-enroll-"))
         files = certs.generate_self_signed(directory, certs.server_sans(settings.host))
-        cert, key = files.cert, files.key
+        cert, key, ca = files.cert, files.key, files.ca
         log.warning(
             "enrollment: no certificate given, generated a self-signed one in %s", directory
         )
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
-    return context
+    return context, ca or cert
+
+
+def ca_configmap(namespace: str, name: str, ca_pem: str) -> dict[str, Any]:
+    """The agents' copy of the enrollment CA (the operator's pods have it mounted; the
+    agents' namespace may be another one, and a CA is no secret)."""
+    labels = {LabelKey.NAME.value: AGENT_APP_NAME, LabelKey.MANAGED_BY.value: MANAGED_BY_OPERATOR}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "data": {"ca.crt": ca_pem},
+    }
 
 
 class IdentityService:
@@ -108,12 +127,12 @@ class IdentityService:
         self.issuer = CredentialIssuer(self.admin, lifetime=settings.lifetime)
         self.server = EnrollmentServer(reviewer, self.issuer)
         self._tasks: list[asyncio.Task[None]] = []
+        self.ca_file: Path | None = None
 
     async def start(self) -> int:
         self.admin.start()
-        port = await self.server.start(
-            self.settings.host, self.settings.port, server_tls(self.settings)
-        )
+        context, self.ca_file = server_tls(self.settings)
+        port = await self.server.start(self.settings.host, self.settings.port, context)
         self._tasks.append(asyncio.create_task(self._maintain(), name="netval-identity-sweep"))
         return port
 
@@ -148,10 +167,16 @@ async def start_identity(memo: kopf.Memo, operator: OperatorSettings) -> None:
         settings = identity_settings_from_env()
     if not isinstance(settings, IdentitySettings):
         return
-    reviewer = PodTokenReviewer(load_kube_client(), namespace=operator.namespace)
+    api_client = load_kube_client()
+    reviewer = PodTokenReviewer(api_client, namespace=operator.namespace)
     service = IdentityService(settings, operator.mqtt, reviewer)
     await service.start()
     memo[MEMO_KEY] = service
+    if operator.agent_enroll_ca_configmap and service.ca_file is not None:
+        body = ca_configmap(
+            operator.namespace, operator.agent_enroll_ca_configmap, service.ca_file.read_text()
+        )
+        await KubeApi(api_client).apply_configmap(body)
 
 
 async def stop_identity(memo: kopf.Memo) -> None:
