@@ -1,0 +1,87 @@
+"""The operator's identity service inside the real operator (in-process Kopf running
+netval's handlers against the test API, the chart's Mosquitto): it starts with the operator,
+publishes the enrollment CA for the agents, and revokes a deleted Node's identity at once.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.request
+from datetime import timedelta
+from pathlib import Path
+
+import kopf
+
+from identity_kit import Mqtt
+from kopf_harness import kopf_operator
+from kube import KubeCluster, wait_for
+from netval.infra.mqtt_settings import MqttSettings
+from netval.operator.identity.service import IdentityService, IdentitySettings
+from netval.operator.kube import certs
+from netval.operator.settings import OperatorSettings
+from operator_env import GPU, NS, add_node
+from test_chart_broker import run_chart_broker
+from test_enrollment import AGENT_LABELS, Claims, TokenAuthority
+
+
+def test_a_deleted_node_loses_its_identity_at_once(tmp_path: Path, kube: KubeCluster) -> None:
+    kube.ensure_namespace(NS)
+    add_node(kube, "gpu-a", GPU)
+    add_node(kube, "gpu-b", GPU)
+    authority = TokenAuthority()
+    kube.api.token_reviewer = authority.review
+    tls = certs.generate_self_signed(tmp_path / "tls", ["127.0.0.1"])
+    with run_chart_broker(tmp_path) as (port, secrets):
+        mqtt = MqttSettings("127.0.0.1", port, username="netval-operator",
+                            password=secrets["operator"], client_id="netval-operator-test")  # fmt: skip
+        settings = OperatorSettings(
+            namespace=NS, agent_image="registry.example/netval:test", mqtt=mqtt,
+            agent_mqtt_url="mqtt://netval-mqtt.netval-system.svc:1883",
+            agent_mqtt_username="netval-agent", agent_mqtt_secret="netval-mqtt-agent",
+            agent_mqtt_ca_secret=None, status_window=0.2,
+            agent_enroll_url="https://netval-webhook.netval-system.svc:9444/v1/enroll",
+            agent_enroll_ca_configmap="netval-enroll-ca",
+        )  # fmt: skip
+        identity = IdentitySettings("127.0.0.1", 0, tls.cert, tls.key, timedelta(hours=1), tls.ca)
+        memo = kopf.Memo(settings=settings, metrics_addr=None, identity=identity)
+        with kopf_operator(kube, modules=["netval.operator.handlers"], memo=memo):
+            service = wait_for(
+                lambda: memo.get("identity") if isinstance(memo.get("identity"), IdentityService) else None,
+                30, what="the identity service",
+            )  # fmt: skip
+            assert isinstance(service, IdentityService) and service.server.port
+            ca = wait_for(lambda: kube.get("v1", "ConfigMap", "netval-enroll-ca", namespace=NS), 10)
+            assert ca["data"]["ca.crt"] == tls.ca.read_text()
+            # What the agents mount: it verifies the enrollment server.
+            (tmp_path / "agent-ca.crt").write_text(ca["data"]["ca.crt"])
+            context = ssl.create_default_context(cafile=str(tmp_path / "agent-ca.crt"))
+            creds = {}
+            for node in ("gpu-a", "gpu-b"):
+                pod = kube.create({
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": f"agent-{node}", "namespace": NS, "labels": AGENT_LABELS},
+                    "spec": {"nodeName": node, "serviceAccountName": "netval-agent",
+                             "containers": [{"name": "agent", "image": "netval"}]},
+                })  # fmt: skip
+                token = authority.mint(Claims(f"agent-{node}", pod["metadata"]["uid"], node))
+                request = urllib.request.Request(
+                    f"https://127.0.0.1:{service.server.port}/v1/enroll", data=b"", method="POST",
+                    headers={"Authorization": f"Bearer {token}"},
+                )  # fmt: skip
+                with urllib.request.urlopen(request, context=context, timeout=20) as response:
+                    creds[node] = json.loads(response.read())
+            clients = {}
+            for node, cred in creds.items():
+                clients[node] = Mqtt(port, cred["username"], cred["password"], client_id=node)
+                assert not clients[node].connect().is_failure
+            try:
+                kube.delete("v1", "Node", "gpu-a")
+                wait_for(lambda: clients["gpu-a"].disconnects, 20, what="gpu-a disconnected")
+                again = Mqtt(port, creds["gpu-a"]["username"], creds["gpu-a"]["password"])
+                assert again.connect().is_failure
+                again.close()
+                assert not clients["gpu-b"].disconnects
+            finally:
+                for client in clients.values():
+                    client.close()
