@@ -85,3 +85,46 @@ def test_a_deleted_node_loses_its_identity_at_once(tmp_path: Path, kube: KubeClu
             finally:
                 for client in clients.values():
                     client.close()
+
+
+def test_the_agent_daemonset_enrolls_with_a_projected_token() -> None:
+    import kubernetes_validate
+
+    from chart_kit import KUBE_VERSIONS
+    from netval.agent import enroll as agent_enroll
+    from netval.model.spec import NetworkValidationSpec
+    from netval.operator.agents import manifests
+    from netval.operator.agents.rollout import render_agents
+
+    settings = OperatorSettings(
+        namespace=NS, agent_image="registry.example/netval:test",
+        mqtt=MqttSettings("broker", 1883, username="netval-operator", password="x"),
+        agent_mqtt_url="mqtt://netval-mqtt.netval-system.svc:1883",
+        agent_mqtt_username="netval-agent", agent_mqtt_secret="netval-mqtt-agent",
+        agent_mqtt_ca_secret=None, status_window=1.0,
+        agent_enroll_url="https://netval-webhook.netval-system.svc:9444/v1/enroll",
+        agent_enroll_ca_configmap="netval-enroll-ca",
+    )  # fmt: skip
+    owner = {"apiVersion": "netval.io/v1alpha1", "kind": "NetworkValidation",
+             "metadata": {"name": "pool", "uid": "u-1"}}  # fmt: skip
+    spec = NetworkValidationSpec.model_validate({"nodeSelector": GPU})
+    _, ds = render_agents(settings, owner, 1, spec)
+    # (the newest schema: the agent's recursiveReadOnly /sys mount is newer than 1.29's)
+    kubernetes_validate.validate(ds, KUBE_VERSIONS[-1], strict=True)
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False  # no API token, only audience netval
+    (volume,) = [v for v in pod["volumes"] if v["name"] == manifests.VOLUME_ENROLL]
+    token, ca = volume["projected"]["sources"]
+    assert token["serviceAccountToken"]["audience"] == "netval"
+    assert ca["configMap"]["name"] == "netval-enroll-ca"
+    assert all(
+        "secret" not in s for v in pod["volumes"] for s in v.get("projected", {}).get("sources", [])
+    )
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert "NETVAL_MQTT_PASSWORD_FILE" not in env  # no shared password on any node
+    enroll = agent_enroll.enroll_settings_from_env(env, "gpu-a")
+    assert enroll is not None and enroll.url == settings.agent_enroll_url
+    assert str(enroll.token_file) == f"{manifests.ENROLL_DIR}/token"
+    assert str(enroll.ca_file) == f"{manifests.ENROLL_DIR}/ca.crt"
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts[manifests.VOLUME_ENROLL] == manifests.ENROLL_DIR
