@@ -29,6 +29,9 @@ from netval.operator.identity.acl import Command
 log = logging.getLogger("netval.operator.identity")
 
 CONTROL_TOPIC: Final = "$CONTROL/dynamic-security/v1"
+# The plugin works through requests one at a time (and rewrites its state file after each
+# command): more in flight only queues them in the broker, and aiomqtt warns past 10.
+MAX_IN_FLIGHT: Final = 8
 RESPONSE_TOPIC: Final = f"{CONTROL_TOPIC}/response"
 
 
@@ -56,6 +59,7 @@ class DynsecAdmin:
         self._nonce = secrets.token_hex(4)
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()  # noqa: S311 - jitter
+        self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
         self.connects = 0  # sessions established (a reconnect after a broker restart counts)
 
     def start(self) -> None:
@@ -78,6 +82,10 @@ class DynsecAdmin:
     async def execute(self, commands: list[Command]) -> list[dict[str, Any]]:
         """Send `commands` in one request; their responses in the same order (a response
         with an `error` key is the plugin's refusal, e.g. "Client already exists")."""
+        async with self._in_flight:
+            return await self._execute(commands)
+
+    async def _execute(self, commands: list[Command]) -> list[dict[str, Any]]:
         if not await self.wait_connected(self.timeout):
             raise DynsecError(f"not connected to the broker at {self.settings.url}")
         client = self._client
