@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 import ssl
 import urllib.error
@@ -397,3 +398,68 @@ async def _event() -> asyncio.Event:
 
 async def _wait(future: Any) -> None:
     await asyncio.wait_for(future, 10)
+
+
+def test_the_agent_process_enrolls_and_reports_for_its_node(
+    enrollment: Enrollment, tmp_path: Path
+) -> None:
+    import signal
+    import subprocess
+
+    import yaml
+
+    from test_agent import LO_CHECKS, agent_config, netval_script, stop_process
+
+    e = enrollment
+    token = tmp_path / "token"
+    token.write_text(e.agent_token("agent-a", "node-a"))
+    config = tmp_path / "agent.yaml"
+    config.write_text(yaml.safe_dump(agent_config(LO_CHECKS, interval="5s")))
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "NETVAL_CONFIG": str(config),
+        "NETVAL_NODE_NAME": "node-a",
+        "NETVAL_MQTT_URL": f"mqtt://127.0.0.1:{e.mqtt_port}",
+        "NETVAL_METRICS_ADDR": "off",
+        "NETVAL_ENROLL_URL": e.url,
+        "NETVAL_ENROLL_TOKEN_FILE": str(token),
+        "NETVAL_ENROLL_CA_FILE": str(e.tls.ca),
+        # this checkout's code, when the tests run with PYTHONPATH pointing at it
+        **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
+    }  # no MQTT user or password: the agent has only its token
+    op = e.operator()
+    log = (tmp_path / "agent.log").open("wb")
+    proc = subprocess.Popen([netval_script(), "agent"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_for(lambda: op.received("netval/v1/v/node-a/report"), 30, what="the agent's report")
+        assert op.received("netval/v1/v/node-a/state")[-1] == b"online"
+        assert e.clients_of("node-a") == ["netval-node:node-a:agent-a"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        op.wait_message("netval/v1/v/node-a/state", b"offline")
+    finally:
+        stop_process(proc)
+        log.close()
+    agent_log = (tmp_path / "agent.log").read_text()
+    assert "enrolled as netval-node:node-a:agent-a" in agent_log
+    assert token.read_text() not in agent_log
+
+
+def test_the_agent_process_refuses_a_plaintext_enrollment_url(tmp_path: Path) -> None:
+    import subprocess
+
+    import yaml
+
+    from test_agent import LO_CHECKS, agent_config, netval_script
+
+    config = tmp_path / "agent.yaml"
+    config.write_text(yaml.safe_dump(agent_config(LO_CHECKS)))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NETVAL_CONFIG": str(config),
+           "NETVAL_NODE_NAME": "node-a", "NETVAL_MQTT_URL": "mqtt://127.0.0.1:1",
+           "NETVAL_METRICS_ADDR": "off", "NETVAL_ENROLL_URL": "http://operator:9444/v1/enroll",
+           **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}}  # fmt: skip
+    proc = subprocess.run([netval_script(), "agent"], env=env, capture_output=True, text=True,
+                          timeout=15, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "NETVAL_ENROLL_URL" in proc.stderr and "https://" in proc.stderr
