@@ -202,3 +202,111 @@ def test_expired_credentials_are_deleted(identity: Identity) -> None:
     identity.issuer.clock = lambda: later
     assert identity.loop.run(identity.issuer.expire()) == [cred.username]
     wait_for(lambda: a.disconnects, 10, what="the expired client disconnected")
+
+
+# --- the pure checks of what the API server said (operator/identity/review.py) ----------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from netval.operator.identity.review import (  # noqa: E402
+    EnrollmentDenied,
+    PodRef,
+    agent_node_of,
+    pod_ref_of,
+)
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+_name = st.one_of(st.just("agent-a"), st.just("node-a"), st.text(max_size=30))
+_extra = st.fixed_dictionaries({}, optional={
+    "authentication.kubernetes.io/pod-name": st.lists(_name, max_size=2) | _json,
+    "authentication.kubernetes.io/pod-uid": st.lists(_name, max_size=2) | _json,
+    "authentication.kubernetes.io/node-name": st.lists(_name, max_size=2) | _json,
+})  # fmt: skip
+_status = st.fixed_dictionaries({}, optional={
+    "authenticated": st.booleans() | _json,
+    "audiences": st.lists(st.sampled_from(["netval", "api", ""]), max_size=2) | _json,
+    "user": st.fixed_dictionaries({}, optional={
+        "username": st.sampled_from(["system:serviceaccount:ns:netval-agent",
+                                     "system:serviceaccount:ns:default", "admin"]) | _json,
+        "extra": _extra | _json,
+    }) | _json,
+})  # fmt: skip
+_pod = st.none() | st.fixed_dictionaries({}, optional={
+    "metadata": st.fixed_dictionaries({}, optional={
+        "uid": _name | _json, "deletionTimestamp": st.none() | st.text(max_size=5),
+        "labels": st.just({"app.kubernetes.io/name": "netval-agent",
+                           "app.kubernetes.io/managed-by": "netval-operator"}) | _json,
+    }),
+    "spec": st.fixed_dictionaries({}, optional={
+        "serviceAccountName": st.sampled_from(["netval-agent", "default"]) | _json,
+        "nodeName": _name | _json,
+    }),
+})  # fmt: skip
+
+
+_VALID_STATUS = {
+    "authenticated": True, "audiences": ["netval"],
+    "user": {"username": "system:serviceaccount:ns:netval-agent",
+             "extra": {"authentication.kubernetes.io/pod-name": ["agent-a"],
+                       "authentication.kubernetes.io/pod-uid": ["u1"]}},
+}  # fmt: skip
+_VALID_POD = {
+    "metadata": {"uid": "u1", "labels": {"app.kubernetes.io/name": "netval-agent",
+                                         "app.kubernetes.io/managed-by": "netval-operator"}},
+    "spec": {"serviceAccountName": "netval-agent", "nodeName": "node-a"},
+}  # fmt: skip
+
+
+def _mutated(base: dict[str, Any]) -> Any:
+    """`base` with one nested value replaced by hostile JSON (or left valid)."""
+
+    def replace(doc: Any, path: list[str], value: Any) -> Any:
+        if not path or not isinstance(doc, dict):
+            return value
+        return {**doc, path[0]: replace(doc.get(path[0]), path[1:], value)}
+
+    paths = st.sampled_from([["authenticated"], ["audiences"], ["user"], ["user", "username"],
+                             ["user", "extra"], ["metadata"], ["metadata", "uid"],
+                             ["metadata", "labels"], ["spec"], ["spec", "nodeName"],
+                             ["spec", "serviceAccountName"], ["metadata", "deletionTimestamp"]])  # fmt: skip
+    return st.one_of(
+        st.just(base), st.builds(lambda p, v: replace(base, p, v), paths, _json | _name)
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(status=_status | _mutated(_VALID_STATUS), pod=_pod | _mutated(_VALID_POD))
+def test_hostile_review_answers_give_a_node_or_a_refusal(status: Any, pod: Any) -> None:
+    try:
+        ref = pod_ref_of(status, namespace="ns")
+    except EnrollmentDenied:
+        return
+    assert status["authenticated"] is True and "netval" in status["audiences"]
+    assert status["user"]["username"] == "system:serviceaccount:ns:netval-agent"
+    try:
+        agent = agent_node_of(ref, pod)
+    except EnrollmentDenied:
+        return
+    # Only a pod that is the token's, the agents', scheduled (on the token's node, if named).
+    assert pod["metadata"]["uid"] == ref.uid and agent.node == pod["spec"]["nodeName"]
+    assert ref.node in (None, agent.node)
+    assert pod["spec"]["serviceAccountName"] == "netval-agent"
+
+
+def test_the_node_comes_from_the_pod_not_the_token_alone() -> None:
+    ref = PodRef("ns", "agent-a", "u1", None)
+    pod = {"metadata": {"uid": "u1", "labels": {"app.kubernetes.io/name": "netval-agent",
+                                                "app.kubernetes.io/managed-by": "netval-operator"}},
+           "spec": {"serviceAccountName": "netval-agent", "nodeName": "node-a"}}  # fmt: skip
+    assert agent_node_of(ref, pod).node == "node-a"
+    with pytest.raises(EnrollmentDenied, match="another node"):
+        agent_node_of(PodRef("ns", "agent-a", "u1", "node-b"), pod)
+    with pytest.raises(EnrollmentDenied, match="node name"):
+        agent_node_of(ref, {**pod, "spec": {**pod["spec"], "nodeName": "a/b"}})

@@ -60,6 +60,10 @@ class AgentPod:
     node: str
 
 
+def _dict(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def _one(extra: Mapping[str, Any], key: str) -> str | None:
     values = extra.get(key)
     if isinstance(values, list) and len(values) == 1 and isinstance(values[0], str):
@@ -74,13 +78,14 @@ def pod_ref_of(
     pod-bound token of the agents' ServiceAccount."""
     if status.get("authenticated") is not True:
         raise EnrollmentDenied("the token was not authenticated for audience netval")
-    if AUDIENCE not in (status.get("audiences") or []):
+    audiences = status.get("audiences")
+    if not isinstance(audiences, list) or AUDIENCE not in audiences:
         raise EnrollmentDenied("the token is not for audience netval")
-    user = status.get("user") or {}
+    user = _dict(status.get("user"))
     expected = f"system:serviceaccount:{namespace}:{service_account}"
     if user.get("username") != expected:
         raise EnrollmentDenied(f"the token is not the agents' ServiceAccount ({expected})")
-    extra = user.get("extra") or {}
+    extra = _dict(user.get("extra"))
     name, uid = _one(extra, EXTRA_POD_NAME), _one(extra, EXTRA_POD_UID)
     if name is None or uid is None:
         raise EnrollmentDenied("the token is not bound to a pod (use a projected token)")
@@ -93,14 +98,14 @@ def agent_node_of(
     """The node of the pod `ref` names, if the Pod read back is that agent pod."""
     if pod is None:
         raise EnrollmentDenied(f"pod {ref.namespace}/{ref.name} does not exist")
-    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    meta, spec = _dict(pod.get("metadata")), _dict(pod.get("spec"))
     if meta.get("uid") != ref.uid:
         raise EnrollmentDenied(f"pod {ref.namespace}/{ref.name} has another uid than the token")
     if meta.get("deletionTimestamp"):
         raise EnrollmentDenied(f"pod {ref.namespace}/{ref.name} is terminating")
     if spec.get("serviceAccountName") != service_account:
         raise EnrollmentDenied(f"pod {ref.namespace}/{ref.name} does not run as {service_account}")
-    labels = meta.get("labels") or {}
+    labels = _dict(meta.get("labels"))
     if any(labels.get(k) != v for k, v in AGENT_POD_LABELS.items()):
         raise EnrollmentDenied(f"pod {ref.namespace}/{ref.name} is not a netval agent pod")
     node = spec.get("nodeName")
