@@ -44,7 +44,7 @@ def test_a_deleted_node_loses_its_identity_at_once(tmp_path: Path, kube: KubeClu
             agent_enroll_ca_configmap="netval-enroll-ca",
         )  # fmt: skip
         identity = IdentitySettings("127.0.0.1", 0, tls.cert, tls.key, timedelta(hours=1), tls.ca)
-        memo = kopf.Memo(settings=settings, metrics_addr=None, identity=identity)
+        memo = kopf.Memo(settings=settings, metrics_addr=("127.0.0.1", 0), identity=identity)
         with kopf_operator(kube, modules=["netval.operator.handlers"], memo=memo):
             service = wait_for(
                 lambda: memo.get("identity") if isinstance(memo.get("identity"), IdentityService) else None,
@@ -82,6 +82,15 @@ def test_a_deleted_node_loses_its_identity_at_once(tmp_path: Path, kube: KubeClu
                 assert again.connect().is_failure
                 again.close()
                 assert not clients["gpu-b"].disconnects
+                runtime = memo["runtime"]
+                metrics_port = runtime.metrics_server.sockets[0].getsockname()[1]
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{metrics_port}/metrics", timeout=10
+                ) as r:
+                    text = r.read().decode()
+                assert 'netval_operator_enrollments_total{outcome="issued"} 2.0' in text
+                assert 'netval_operator_mqtt_credentials_total{event="revoked"} 1.0' in text
+                assert "netval_operator_dynsec_connected 1.0" in text
             finally:
                 for client in clients.values():
                     client.close()

@@ -91,6 +91,7 @@ async def start_runtime(memo: kopf.Memo) -> None:
     if addr is not None:
         host, port = addr
         registry = operator_registry(runtime)
+        memo["metrics_registry"] = registry  # the identity service adds its own collector
 
         def healthy() -> tuple[bool, str]:
             connected = runtime.ingest.stats.connected

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import kopf
+from prometheus_client import CollectorRegistry
 
 from netval.infra.metrics_server import parse_host_port
 from netval.infra.mqtt_settings import MqttSettings
@@ -30,6 +31,7 @@ from netval.operator.agents.manifests import AGENT_APP_NAME
 from netval.operator.identity.credentials import DEFAULT_LIFETIME, CredentialIssuer
 from netval.operator.identity.dynsec import DynsecAdmin, DynsecError
 from netval.operator.identity.enroll_server import EnrollmentServer
+from netval.operator.identity.metrics import IdentityCollector
 from netval.operator.identity.review import PodTokenReviewer
 from netval.operator.kube import certs
 from netval.operator.kube.api import KubeApi, load_kube_client
@@ -172,6 +174,9 @@ async def start_identity(memo: kopf.Memo, operator: OperatorSettings) -> None:
     service = IdentityService(settings, operator.mqtt, reviewer)
     await service.start()
     memo[MEMO_KEY] = service
+    registry = memo.get("metrics_registry")
+    if isinstance(registry, CollectorRegistry):
+        registry.register(IdentityCollector(service))
     if operator.agent_enroll_ca_configmap and service.ca_file is not None:
         body = ca_configmap(
             operator.namespace, operator.agent_enroll_ca_configmap, service.ca_file.read_text()
