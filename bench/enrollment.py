@@ -177,7 +177,7 @@ async def run_agents(url: str, ca: str, tokens_file: Path, concurrency: int) -> 
             if response.status != 200:
                 failures[str(response.status)] = failures.get(str(response.status), 0) + 1
             elif len(passwords) < 20:
-                passwords[node] = [body["username"], body["password"]]
+                passwords[node] = [body["username"], body["password"], body["clientId"]]
 
     start = time.perf_counter()
     connector = aiohttp.TCPConnector(limit=concurrency)
@@ -259,8 +259,8 @@ async def bench(args: argparse.Namespace) -> None:
                 url, tls.ca, tokens_file, args.concurrency, broker_pid, kube_proc.pid, sample
             )
             accepted = 0
-            for username, password in list(sample.values())[:10]:
-                client = Mqtt(port, username, password)
+            for username, password, client_id in list(sample.values())[:10]:
+                client = Mqtt(port, username, password, client_id=client_id)
                 accepted += not client.connect().is_failure
                 client.close()
             await service.stop()

@@ -208,7 +208,8 @@ def test_an_agent_enrolls_and_speaks_for_its_node_only(enrollment: Enrollment) -
     assert (credential.expires_at - credential.issued_at) > timedelta(hours=23)
     assert credential.password not in repr(credential)
     op = enrollment.operator()
-    a = enrollment.mqtt(credential.username, credential.password)
+    assert credential.client_id == credential.username
+    a = enrollment.mqtt(credential.username, credential.password, client_id=credential.client_id)
     assert not a.connect().is_failure
     a.publish(f"{base('node-b')}/report", b"forged")
     a.publish(f"{base('node-a')}/report", b"mine")
@@ -227,7 +228,7 @@ def test_a_token_cannot_obtain_or_replace_another_nodes_credential(enrollment: E
     assert "node-a" in answer["message"]
     # B's credential is B's alone and still works; A got nothing for B.
     assert enrollment.clients_of("node-b") == ["netval-node:node-b:agent-b"]
-    b = enrollment.mqtt(b_answer["username"], b_answer["password"])
+    b = enrollment.mqtt(b_answer["username"], b_answer["password"], client_id=b_answer["clientId"])
     assert not b.connect().is_failure
     # Asking for its own node (or for none) gives A its own.
     for body in ({"node": "node-a"}, None, {}):
@@ -344,7 +345,7 @@ def test_rotation_refuses_the_old_password_and_the_agent_reconnects(enrollment: 
     assert second is not None and second.password != first.password
     wait_for(lambda: publisher.connected and publisher.settings.password == second.password, 15,
              what="the publisher reconnected with the new password")  # fmt: skip
-    old = e.mqtt(first.username, first.password)
+    old = e.mqtt(first.username, first.password, client_id=first.client_id)
     assert old.connect().is_failure
     report_count = len(op.received(f"{base('node-a')}/state"))
     assert report_count >= 2  # online again after the reconnect

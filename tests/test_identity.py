@@ -56,6 +56,7 @@ class Identity:
         return client
 
     def node(self, cred: IssuedCredential, **kw: Any) -> Mqtt:
+        kw.setdefault("client_id", cred.client_id)  # the broker binds the credential to it
         client = self.client(cred.username, cred.password, **kw)
         assert client.connect().is_failure is False
         return client
@@ -129,12 +130,12 @@ def test_a_node_reads_only_its_assignment_and_peers_endpoints(identity: Identity
 def test_offline_comes_only_from_the_node_itself(identity: Identity) -> None:
     op = identity.operator(f"{V}/#", "netval/v1/+/+/state")
     b_cred = identity.issue("node-b")
-    b = identity.node(b_cred, client_id="b", will=(f"{base('node-b')}/state", b"offline"))
+    b = identity.node(b_cred, will=(f"{base('node-b')}/state", b"offline"))
     b.publish(f"{base('node-b')}/state", b"online")
     op.wait_message(f"{base('node-b')}/state", b"online")
     # Node A: an explicit offline for B, and a will on B's state that the broker would fire.
     a_cred = identity.issue("node-a")
-    a = identity.client(a_cred.username, a_cred.password, client_id="a",
+    a = identity.client(a_cred.username, a_cred.password, client_id=a_cred.client_id,
                         will=(f"{base('node-b')}/state", b"offline"))  # fmt: skip
     a.connect()  # Mosquitto 2.0 refuses a will the ACL forbids; either way it must not fire
     if a.accepted:
@@ -142,7 +143,7 @@ def test_offline_comes_only_from_the_node_itself(identity: Identity) -> None:
         a.publish(f"{base('node-a')}/state", b"online")
         op.wait_message(f"{base('node-a')}/state", b"online")
         a.drop()
-    sentinel = identity.node(a_cred, client_id="a2")
+    sentinel = identity.node(a_cred)
     sentinel.publish(f"{base('node-a')}/state", b"sentinel")
     op.wait_message(f"{base('node-a')}/state", b"sentinel")
     assert op.received(f"{base('node-b')}/state") == [b"online"]
@@ -154,12 +155,12 @@ def test_offline_comes_only_from_the_node_itself(identity: Identity) -> None:
 def test_revocation_disconnects_and_refuses(identity: Identity) -> None:
     op = identity.operator()
     a_cred, b_cred = identity.issue("node-a"), identity.issue("node-b")
-    a, b = identity.node(a_cred, client_id="a"), identity.node(b_cred, client_id="b")
+    a, b = identity.node(a_cred), identity.node(b_cred)
     revoked = identity.loop.run(identity.issuer.revoke_node("node-a"))
     assert revoked == [a_cred.username]
     wait_for(lambda: a.disconnects, 10, what="node A disconnected")
     a.close()
-    again = identity.client(a_cred.username, a_cred.password, client_id="a")
+    again = identity.client(a_cred.username, a_cred.password, client_id=a_cred.client_id)
     assert again.connect().is_failure
     # B is untouched; the operator still gets its reports.
     b.publish(f"{base('node-b')}/report", b"b")
@@ -169,22 +170,22 @@ def test_revocation_disconnects_and_refuses(identity: Identity) -> None:
 
 def test_rotation_refuses_the_old_password(identity: Identity) -> None:
     first = identity.issue("node-a", "agent-1")
-    a = identity.node(first, client_id="a")
+    a = identity.node(first)
     second = identity.issue("node-a", "agent-1")
     assert second.username == first.username and second.password != first.password
     wait_for(lambda: a.disconnects, 10, what="the old session disconnected")
     a.close()
-    old = identity.client(first.username, first.password, client_id="a")
+    old = identity.client(first.username, first.password, client_id=first.client_id)
     assert old.connect().is_failure
     op = identity.operator()
-    new = identity.node(second, client_id="a")
+    new = identity.node(second)
     new.publish(f"{base('node-a')}/report", b"rotated")
     op.wait_message(f"{base('node-a')}/report", b"rotated")
 
 
 def test_two_agent_pods_on_one_node_do_not_evict_each_other(identity: Identity) -> None:
     one, two = identity.issue("node-a", "agent-x"), identity.issue("node-a", "agent-y")
-    x, y = identity.node(one, client_id="x"), identity.node(two, client_id="y")
+    x, y = identity.node(one), identity.node(two)
     op = identity.operator()
     x.publish(f"{base('node-a', 'vx')}/report", b"x")
     y.publish(f"{base('node-a', 'vy')}/report", b"y")
@@ -197,7 +198,7 @@ def test_expired_credentials_are_deleted(identity: Identity) -> None:
     from datetime import UTC, datetime, timedelta
 
     cred = identity.issue("node-a")
-    a = identity.node(cred, client_id="a")
+    a = identity.node(cred)
     later = datetime.now(UTC) + timedelta(days=2)
     identity.issuer.clock = lambda: later
     assert identity.loop.run(identity.issuer.expire()) == [cred.username]
@@ -310,3 +311,22 @@ def test_the_node_comes_from_the_pod_not_the_token_alone() -> None:
         agent_node_of(PodRef("ns", "agent-a", "u1", "node-b"), pod)
     with pytest.raises(EnrollmentDenied, match="node name"):
         agent_node_of(ref, {**pod, "spec": {**pod["spec"], "nodeName": "a/b"}})
+
+
+def test_a_node_cannot_take_over_another_nodes_session(identity: Identity) -> None:
+    """Mosquitto disconnects a session when another connection uses its client id; with
+    node A's credential that must not end node B's session (nor fire B's will)."""
+    op = identity.operator("netval/v1/+/+/state")
+    b_cred = identity.issue("node-b")
+    b = identity.node(b_cred, client_id=b_cred.client_id,
+                      will=(f"{base('node-b')}/state", b"offline"))  # fmt: skip
+    b.publish(f"{base('node-b')}/state", b"online")
+    op.wait_message(f"{base('node-b')}/state", b"online")
+    a_cred = identity.issue("node-a")
+    thief = identity.client(a_cred.username, a_cred.password, client_id=b_cred.client_id)
+    assert thief.connect().is_failure  # the credential is bound to its own client id
+    a = identity.node(a_cred, client_id=a_cred.client_id)
+    a.publish(f"{base('node-a')}/state", b"online")
+    op.wait_message(f"{base('node-a')}/state", b"online")
+    assert not b.disconnects
+    assert op.received(f"{base('node-b')}/state") == [b"online"]

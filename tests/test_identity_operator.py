@@ -73,12 +73,19 @@ def test_a_deleted_node_loses_its_identity_at_once(tmp_path: Path, kube: KubeClu
                     creds[node] = json.loads(response.read())
             clients = {}
             for node, cred in creds.items():
-                clients[node] = Mqtt(port, cred["username"], cred["password"], client_id=node)
+                clients[node] = Mqtt(
+                    port, cred["username"], cred["password"], client_id=cred["clientId"]
+                )
                 assert not clients[node].connect().is_failure
             try:
                 kube.delete("v1", "Node", "gpu-a")
                 wait_for(lambda: clients["gpu-a"].disconnects, 20, what="gpu-a disconnected")
-                again = Mqtt(port, creds["gpu-a"]["username"], creds["gpu-a"]["password"])
+                again = Mqtt(
+                    port,
+                    creds["gpu-a"]["username"],
+                    creds["gpu-a"]["password"],
+                    client_id=creds["gpu-a"]["clientId"],
+                )
                 assert again.connect().is_failure
                 again.close()
                 assert not clients["gpu-b"].disconnects

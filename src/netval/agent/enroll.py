@@ -55,6 +55,7 @@ class _Answer(BaseModel):
     username: Annotated[str, Field(min_length=1, max_length=1024)]
     password: Annotated[str, Field(min_length=16, max_length=1024)]
     expiresAt: AwareDatetime
+    clientId: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     node: Annotated[str, Field(min_length=1, max_length=253)]
 
 
@@ -64,12 +65,18 @@ class Credential:
     password: str = field(repr=False)
     expires_at: datetime
     issued_at: datetime
+    client_id: str | None = None  # the one the broker binds the credential to
 
     def renew_at(self) -> datetime:
         return self.issued_at + (self.expires_at - self.issued_at) * RENEW_AT
 
     def apply(self, settings: MqttSettings) -> MqttSettings:
-        return dataclasses.replace(settings, username=self.username, password=self.password)
+        return dataclasses.replace(
+            settings,
+            username=self.username,
+            password=self.password,
+            client_id=self.client_id or settings.client_id,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +164,9 @@ class Enroller:
             raise EnrollError(status, f"unexpected answer ({exc.error_count()} errors)") from None
         if answer.node != self.settings.node:
             raise EnrollError(status, f"issued for node {answer.node!r}, not this one")
-        credential = Credential(answer.username, answer.password, answer.expiresAt, self.clock())
+        credential = Credential(
+            answer.username, answer.password, answer.expiresAt, self.clock(), answer.clientId
+        )
         self.credential = credential
         self.enrollments += 1
         log.info("enrolled as %s until %s", credential.username, credential.expires_at.isoformat())

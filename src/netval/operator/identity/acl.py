@@ -78,9 +78,13 @@ def create_role(node: str) -> Command:
 
 
 def create_client(username: str, node: str, password: str, expires_at: datetime) -> Command:
+    """The client is bound to the client id equal to its user name: Mosquitto ends a session
+    when another connection takes its client id, so an unbound credential could end another
+    node's session (and fire its `offline` will)."""
     return {
         "command": "createClient",
         "username": username,
+        "clientid": username,
         "password": password,
         "textdescription": expiry_description(expires_at),
         "roles": [{"rolename": role_name(node)}],
@@ -94,6 +98,7 @@ def rotate_client(username: str, node: str, password: str, expires_at: datetime)
     (bench/enrollment.py)."""
     return [
         {"command": "modifyClient", "username": username, "password": password,
+         "clientid": username,
          "roles": [{"rolename": role_name(node)}],
          "textdescription": expiry_description(expires_at)},
     ]  # fmt: skip

@@ -33,9 +33,14 @@ class IssuedCredential:
     password: str = field(repr=False)
     expires_at: datetime
 
+    @property
+    def client_id(self) -> str:
+        return self.username  # the broker accepts this credential with this client id only
+
     def to_json(self) -> dict[str, str]:
         return {
             "username": self.username,
+            "clientId": self.client_id,
             "password": self.password,
             "expiresAt": self.expires_at.isoformat().replace("+00:00", "Z"),
         }
