@@ -224,8 +224,15 @@ async def bench(args: argparse.Namespace) -> None:
             broker_pid = _mosquitto_pid(work / "broker")
             mqtt = MqttSettings("127.0.0.1", port, username="netval-operator",
                                 password=secrets["operator"], client_id="bench-operator")  # fmt: skip
+            # No per-pod throttle: each round re-enrolls every pod right after the last one.
             settings = IdentitySettings(
-                "127.0.0.1", 0, tls.cert, tls.key, timedelta(hours=24), tls.ca
+                "127.0.0.1",
+                0,
+                tls.cert,
+                tls.key,
+                timedelta(hours=24),
+                tls.ca,
+                min_reissue_seconds=0,
             )
             service = IdentityService(settings, mqtt, PodTokenReviewer(api_client, namespace=NS))
             await service.start()

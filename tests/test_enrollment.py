@@ -117,10 +117,12 @@ class Enrollment:
         self.clients: list[Mqtt] = []
         self.service = self.start_service(timedelta(hours=24))
 
-    def start_service(self, lifetime: timedelta) -> IdentityService:
+    def start_service(self, lifetime: timedelta, min_reissue: float = 0.0) -> IdentityService:
         operator_mqtt = MqttSettings(host="127.0.0.1", port=self.mqtt_port, username="netval-operator",
                                      password=self.secrets["operator"], client_id="operator")  # fmt: skip
-        settings = IdentitySettings("127.0.0.1", 0, self.tls.cert, self.tls.key, lifetime)
+        settings = IdentitySettings(
+            "127.0.0.1", 0, self.tls.cert, self.tls.key, lifetime, min_reissue_seconds=min_reissue
+        )
         reviewer = PodTokenReviewer(self.kube.api_client(), namespace=NS)
         service = IdentityService(settings, operator_mqtt, reviewer)
         self.loop.run(service.start())
@@ -464,3 +466,21 @@ def test_the_agent_process_refuses_a_plaintext_enrollment_url(tmp_path: Path) ->
                           timeout=15, stdin=subprocess.DEVNULL)  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "NETVAL_ENROLL_URL" in proc.stderr and "https://" in proc.stderr
+
+
+def test_a_pod_that_enrolls_in_a_loop_is_throttled(enrollment: Enrollment) -> None:
+    e = enrollment
+    e.loop.run(e.service.stop())
+    e.service = e.start_service(timedelta(hours=24), min_reissue=60)
+    token = e.agent_token("agent-a", "node-a")
+    status, first = e.post(token, {"node": "node-a"})
+    assert status == 200
+    for _ in range(3):
+        status, answer = e.post(token, {"node": "node-a"})
+        assert status == 429 and "password" not in answer, answer
+    assert e.service.issuer.issued == 1 and e.service.server.outcomes["throttled"] == 3
+    # The credential it has keeps working; another pod is not held back.
+    a = e.mqtt(first["username"], first["password"], client_id=first["clientId"])
+    assert not a.connect().is_failure
+    status, _ = e.post(e.agent_token("agent-b", "node-b"), {"node": "node-b"})
+    assert status == 200

@@ -30,6 +30,7 @@ ENROLL_PATH: Final = "/v1/enroll"
 MAX_BODY: Final = 4096
 MAX_TOKEN: Final = 16384
 LOG_EVERY_SECONDS: Final = 10.0  # refusals are counted always, logged at most this often
+MIN_REISSUE_SECONDS: Final = 10.0  # per pod: each issue costs the broker O(fleet) work
 
 
 class Reviewer(Protocol):
@@ -45,9 +46,13 @@ def _answer(status: int, outcome: str, message: str) -> web.Response:
 
 
 class EnrollmentServer:
-    def __init__(self, reviewer: Reviewer, issuer: Issuer) -> None:
+    def __init__(
+        self, reviewer: Reviewer, issuer: Issuer, *, min_reissue: float = MIN_REISSUE_SECONDS
+    ) -> None:
         self.reviewer = reviewer
         self.issuer = issuer
+        self.min_reissue = min_reissue
+        self._issued_at: dict[tuple[str, str], float] = {}  # (namespace, pod) -> monotonic
         self.outcomes: Counter[str] = Counter()  # issued, denied, unauthenticated, ...
         self._runner: web.AppRunner | None = None
         self._last_log: dict[str, float] = {}
@@ -115,6 +120,21 @@ class EnrollmentServer:
             self._refused("denied", "pod %s/%s on node %s asked for node %r",
                           pod.namespace, pod.name, pod.node, asked[:253])  # fmt: skip
             return "denied", _answer(403, "denied", f"the token's pod runs on node {pod.node}")
+        key, now = (pod.namespace, pod.name), time.monotonic()
+        wait = self.min_reissue - (now - self._issued_at.get(key, float("-inf")))
+        if wait > 0:
+            # A pod that enrolls in a loop would make the broker rewrite its state again and
+            # again; its current credential stays valid meanwhile.
+            self._refused("throttled", "pod %s/%s enrolled again within %gs",
+                          pod.namespace, pod.name, self.min_reissue)  # fmt: skip
+            answer = _answer(429, "throttled", f"enrolled less than {self.min_reissue:g}s ago")
+            answer.headers["Retry-After"] = str(max(1, round(wait)))
+            return "throttled", answer
+        self._issued_at[key] = now
+        if len(self._issued_at) > 4 * 4096:
+            self._issued_at = {
+                k: t for k, t in self._issued_at.items() if now - t < self.min_reissue
+            }
         try:
             credential = await self.issuer.issue(pod.node, pod.name)
         except DynsecError as exc:

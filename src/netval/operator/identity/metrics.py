@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from netval.operator.identity.service import IdentityService
 
-OUTCOMES: Final = ("issued", "denied", "unauthenticated", "bad_request", "unavailable")
+OUTCOMES: Final = ("issued", "denied", "throttled", "unauthenticated", "bad_request", "unavailable")
 
 
 class IdentityCollector(Collector):

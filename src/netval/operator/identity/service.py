@@ -30,7 +30,7 @@ from netval.model.keys import MANAGED_BY_OPERATOR, LabelKey
 from netval.operator.agents.manifests import AGENT_APP_NAME
 from netval.operator.identity.credentials import DEFAULT_LIFETIME, CredentialIssuer
 from netval.operator.identity.dynsec import DynsecAdmin, DynsecError
-from netval.operator.identity.enroll_server import EnrollmentServer
+from netval.operator.identity.enroll_server import MIN_REISSUE_SECONDS, EnrollmentServer
 from netval.operator.identity.metrics import IdentityCollector
 from netval.operator.identity.review import PodTokenReviewer
 from netval.operator.kube import certs
@@ -57,6 +57,7 @@ class IdentitySettings:
     key_file: Path | None = None
     lifetime: timedelta = DEFAULT_LIFETIME
     ca_file: Path | None = None  # the CA agents verify the server with (None: the cert's)
+    min_reissue_seconds: float = MIN_REISSUE_SECONDS  # per pod (tests: 0)
 
 
 def identity_settings_from_env(env: Mapping[str, str] = os.environ) -> IdentitySettings | None:
@@ -127,7 +128,9 @@ class IdentityService:
         admin_id = f"{mqtt.client_id}-identity" if mqtt.client_id else None
         self.admin = DynsecAdmin(dataclasses.replace(mqtt, client_id=admin_id))
         self.issuer = CredentialIssuer(self.admin, lifetime=settings.lifetime)
-        self.server = EnrollmentServer(reviewer, self.issuer)
+        self.server = EnrollmentServer(
+            reviewer, self.issuer, min_reissue=settings.min_reissue_seconds
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self.ca_file: Path | None = None
 
