@@ -192,6 +192,10 @@ acl_file /mosquitto/config/acl
 plugin {{ $b.dynamicSecurity.plugin }}
 plugin_opt_config_file /mosquitto/data/dynamic-security.json
 {{- end }}
+# Send small packets at once: without it a request answered by two packets (PUBACK, then a
+# reply) waits for the peer's delayed ACK, ~40 ms a round trip (measured: 100 sequential
+# dynamic security requests take 4.6 s without, 0.09 s with; bench/enrollment.py).
+set_tcp_nodelay true
 {{- if $b.persistence }}
 persistence true
 persistence_location /mosquitto/data/
