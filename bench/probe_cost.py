@@ -19,6 +19,15 @@ interleaved round by round:
 
 and the cold start of `netval probe --config CFG --samples 1` (process start to exit) with its
 peak RSS (wait4 rusage of that child). Namespaces are deleted however the run ends.
+
+Veths have no RDMA device, so the driver counter maps are measured separately: (d) the warm
+cycle (LiveCollector.sample() + node checks) over a sysfs tree holding the bundled snapshots'
+six RDMA devices (2 mlx5, 2 bnxt_re, 2 irdma; examples/snapshots) with their netdevs, GID
+tables and hw_counters, i.e. the per-driver counter reads. The host namespace gets veths of
+those netdevs' names, so the ethtool and DCB reads behave as on a node (veth: statistics, no
+DCB). With `--baseline-src DIR` (another checkout's src, e.g. the previous release) every
+measurement runs alternately with that code and with this one (the veth cycles in three
+chunks per count, the RDMA cycles round by round), and both are printed side by side.
 """
 
 from __future__ import annotations
@@ -39,6 +48,9 @@ from pathlib import Path
 from typing import Any
 
 JUDGED = [f"j{i}" for i in range(8)]
+REPO = Path(__file__).resolve().parent.parent
+RDMA_SNAPSHOTS = ("healthy-roce", "healthy-bnxt-thor2", "healthy-intel-e810")
+RDMA_NETDEVS = ["ens1np0", "ens2np0", "ens1f0np0", "ens2f0np0", "ens801f0", "ens801f1"]
 BACKGROUND_COUNTS = (0, 64, 200)
 TARGET_RATIO = 10.0
 TARGET_SLOWDOWN_PERCENT = 10.0
@@ -178,6 +190,45 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def build_rdma_tree(workdir: str) -> Path:
+    root = Path(workdir) / "rdma-tree"
+    for name in RDMA_SNAPSHOTS:
+        src = REPO / "examples" / "snapshots" / name / "samples" / "0"
+        if not src.is_dir():
+            sys.exit(f"{src} missing: run from a checkout with the bundled snapshots")
+        shutil.copytree(src / "sys", root / "sys", dirs_exist_ok=True)
+        shutil.copytree(src / "rdma_cm", root / "rdma_cm", dirs_exist_ok=True)
+    os.chmod(workdir, 0o755)
+    return root
+
+
+def rdma_cycle(root: Path, cycles: int) -> dict[str, Any]:
+    """(d): the collector and checks over a sysfs copy of six RDMA devices of three drivers."""
+    from netval.agent.checks import run_node_checks
+    from netval.agent.collect.live import LiveCollector
+    from netval.model.snapshot import NodeSnapshot
+    from netval.model.spec import Checks
+
+    checks = Checks()
+    collect: list[float] = []
+    warm: list[float] = []
+    with LiveCollector(sys_root=root / "sys", rdma_cm_root=root / "rdma_cm") as collector:
+        prev = collector.sample()
+        devices = sorted(prev.rdma)
+        for i in range(cycles + 20):  # the first 20 warm up
+            t0 = time.perf_counter_ns()
+            new = collector.sample()
+            t1 = time.perf_counter_ns()
+            run_node_checks(NodeSnapshot("bench", "", 10.0, (prev, new)), checks)
+            t2 = time.perf_counter_ns()
+            prev = new
+            if i >= 20:
+                collect.append((t1 - t0) / 1e6)
+                warm.append((t2 - t0) / 1e6)
+        hw = sum(len(p.hw_counters) for d in prev.rdma.values() for p in d.ports.values())
+    return {"devices": devices, "collect": collect, "warm": warm, "hw_counters": hw}
+
+
 # -- driver: builds namespaces, runs workers, prints figures ---------------------------------
 
 
@@ -216,7 +267,48 @@ def wait_carrier(host: str, names: list[str], timeout: float = 5.0) -> None:
         time.sleep(0.01)
 
 
-def run_worker(host: str, count: int, config: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_rdma_rounds(host: str, tree: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """(d) in the host namespace, round by round: this code, then the baseline (if any)."""
+    sources: dict[str, str | None] = {"this checkout": None}
+    if args.baseline_src:
+        sources = {"baseline": os.path.abspath(args.baseline_src), **sources}
+    out: dict[str, dict[str, Any]] = {}
+    for _ in range(args.rounds):
+        for label, src in sources.items():
+            env = dict(os.environ)
+            if src is not None:
+                env["PYTHONPATH"] = src
+            argv = ["ip", "netns", "exec", host, sys.executable, os.path.abspath(__file__),
+                    "--rdma-tree", str(tree), "--cycles-per-round", str(args.cycles_per_round)]  # fmt: skip
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=120, check=False, env=env
+            )
+            if proc.returncode != 0:
+                sys.exit(f"RDMA worker ({label}) failed:\n{proc.stderr}")
+            got = json.loads(proc.stdout)
+            row = out.setdefault(label, {"collect": [], "warm": []})
+            row["collect"].extend(got["collect"])
+            row["warm"].extend(got["warm"])
+            row["devices"], row["hw_counters"] = got["devices"], got["hw_counters"]
+    return out
+
+
+CHUNKS = 3  # with --baseline-src, each count alternates the two codes in this many chunks
+
+
+def run_worker(
+    host: str,
+    count: int,
+    config: str,
+    args: argparse.Namespace,
+    *,
+    src: str | None = None,
+    rounds: int | None = None,
+    cold_runs: int | None = None,
+) -> dict[str, Any]:
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = src
     argv = [
         "ip",
         "netns",
@@ -230,17 +322,37 @@ def run_worker(host: str, count: int, config: str, args: argparse.Namespace) -> 
         "--config",
         config,
         "--rounds",
-        str(args.rounds),
+        str(args.rounds if rounds is None else rounds),
         "--cycles-per-round",
         str(args.cycles_per_round),
         "--cold-runs",
-        str(args.cold_runs),
+        str(args.cold_runs if cold_runs is None else cold_runs),
     ]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, env=env)
     if proc.returncode != 0:
         sys.exit(f"worker for {count} background interfaces failed:\n{proc.stderr}")
     result: dict[str, Any] = json.loads(proc.stdout)
     return result
+
+
+def baseline_and_this(
+    host: str, count: int, config: str, args: argparse.Namespace
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The baseline code and this code alternately, chunk by chunk, so both see the same
+    machine load; their samples are pooled per code."""
+    pooled: dict[str, dict[str, Any]] = {}
+    chunk = max(1, args.rounds // CHUNKS)
+    for i in range(CHUNKS):
+        for label, src in (("baseline", os.path.abspath(args.baseline_src)), ("this", None)):
+            got = run_worker(
+                host, count, config, args, src=src, rounds=chunk,
+                cold_runs=args.cold_runs if i == 0 else 0,
+            )  # fmt: skip
+            into = pooled.setdefault(label, got)
+            if into is not got:
+                for key in ("warm", "collect", "shell", "dump", "cold", "rss_kib"):
+                    into[key].extend(got[key])
+    return pooled["baseline"], pooled["this"]
 
 
 def main() -> int:
@@ -251,9 +363,17 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=30, help="shell/dump samples per count")
     parser.add_argument("--cycles-per-round", type=int, default=20, help="netval cycles per round")
     parser.add_argument("--cold-runs", type=int, default=5, help="cold starts per count")
+    parser.add_argument(
+        "--baseline-src",
+        help="another checkout's src directory: its RDMA cycle is measured alongside",
+    )
+    parser.add_argument("--rdma-tree", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args)))
+        return 0
+    if args.rdma_tree:
+        print(json.dumps(rdma_cycle(Path(args.rdma_tree), args.cycles_per_round)))
         return 0
 
     if os.geteuid() != 0:
@@ -283,6 +403,7 @@ def main() -> int:
             fh,
         )
     rows: list[dict[str, Any]] = []
+    baseline_rows: list[dict[str, Any]] = []
     created: list[str] = []
     try:
         for name in (host, pods):
@@ -296,7 +417,12 @@ def main() -> int:
             add_veths(host, pods, [f"bg{i}" for i in range(have, count)])
             have = count
             built = time.monotonic() - t0
-            result = run_worker(host, count, config, args)
+            if args.baseline_src:
+                base_row, result = baseline_and_this(host, count, config, args)
+                base_row["background"] = count
+                baseline_rows.append(base_row)
+            else:
+                result = run_worker(host, count, config, args)
             result["background"] = count
             result["build_s"] = built
             rows.append(result)
@@ -305,6 +431,9 @@ def main() -> int:
                 f"({result['interfaces']} in the namespace incl. lo; built in {built:.2f} s)",
                 flush=True,
             )
+        tree = build_rdma_tree(workdir)
+        add_veths(host, pods, RDMA_NETDEVS, mtu=9000)
+        rdma = run_rdma_rounds(host, tree, args)
     finally:
         for name in created:
             subprocess.run(["ip", "netns", "del", name], check=False)
@@ -344,6 +473,36 @@ def main() -> int:
         print(
             f"netval cycle with {row['background']:>3} background: collector "
             f"{share:.3f} ms + checks {statistics.median(row['warm']) - share:.3f} ms (medians)"
+        )
+    if baseline_rows:
+        print()
+        print(f"Warm cycle, baseline ({args.baseline_src}) vs this checkout, alternating:")
+        print()
+        print("| background interfaces | baseline median (p90) | this checkout median (p90) "
+              "| change | shell / this |")  # fmt: skip
+        print("|---:|---:|---:|---:|---:|")
+        for base, row in zip(baseline_rows, rows, strict=True):
+            b, t = statistics.median(base["warm"]), statistics.median(row["warm"])
+            print(
+                f"| {row['background']} | {b:.3f} ms ({quantile(base['warm'], 0.9):.3f}) "
+                f"| {t:.3f} ms ({quantile(row['warm'], 0.9):.3f}) | {(t / b - 1) * 100:+.1f} % "
+                f"| {statistics.median(row['shell']) / t:.0f}x |"
+            )
+    print()
+    any_row = next(iter(rdma.values()))
+    print(
+        f"RDMA driver counters: {len(any_row['devices'])} devices "
+        f"({', '.join(any_row['devices'])}), {args.rounds} alternating rounds of "
+        f"{args.cycles_per_round} cycles"
+    )
+    print()
+    print("| code | hw_counters read | warm cycle median (p90) | collector | checks |")
+    print("|---|---:|---:|---:|---:|")
+    for label, row in rdma.items():
+        c, w = statistics.median(row["collect"]), statistics.median(row["warm"])
+        print(
+            f"| {label} | {row['hw_counters']} | {w:.3f} ms ({quantile(row['warm'], 0.9):.3f}) "
+            f"| {c:.3f} ms | {w - c:.3f} ms |"
         )
     slowdown = (medians[max(medians)] / medians[min(medians)] - 1) * 100
     cold = [c for row in rows for c in row["cold"]]

@@ -54,7 +54,7 @@ pytestmark = pytest.mark.timeout(60)
 VALIDATION = "v"
 NODE = "node-a"
 PREFIX = f"netval/v1/{VALIDATION}/{NODE}"
-NODE_GROUPS = ("link", "mtu", "rdma", "pfc", "ecn")
+NODE_GROUPS = ("link", "mtu", "rdma", "ib", "pfc", "ecn")
 EVENT_DEADLINE = 2.0  # seconds from a carrier change to the report (issue 3)
 
 
@@ -756,8 +756,11 @@ def test_metrics_and_health_endpoints() -> None:
     assert status == 200
     lines = body.splitlines()
     assert 'netval_probe_cycles_total{reason="interval"} 1.0' in lines, body
+    # a state set: every status of each (check, subject), 1 for the current one
     assert 'netval_check_status{check="link.carrier",status="pass",subject="lo"} 1.0' in lines
+    assert 'netval_check_status{check="link.carrier",status="fail",subject="lo"} 0.0' in lines
     assert 'netval_check_status{check="mtu.interface",status="fail",subject="lo"} 1.0' in lines
+    assert 'netval_check_status{check="mtu.interface",status="pass",subject="lo"} 0.0' in lines
     assert "netval_probe_duration_seconds_count 1.0" in lines
     assert answers["healthz"] == (200, "ok\n")
     assert answers["unknown"][0] == 404

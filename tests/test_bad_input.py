@@ -58,6 +58,11 @@ SNAPSHOT_CASES = {
         _write("samples/1/dcb/ens2np0.json", b'{"pfc_enabled": [9]}'),
         "dcb/ens2np0.json: field pfc_enabled.0",
     ),
+    "dcb-error-not-one-line": (
+        _write("samples/1/dcb/ens2np0.error", b"EOPNOTSUPP\nand more\n"),
+        "dcb/ens2np0.error: expected one short line",
+    ),
+    "negative-format-minor": (_meta(format="netval-snapshot/1.-1"), "field format: unsupported"),
     "dcb-unknown-field": (
         _write("samples/1/dcb/ens2np0.json", b'{"pfc_enabled": [3], "pfc_mode": 1}'),
         "dcb/ens2np0.json: field pfc_mode: Extra inputs are not permitted",

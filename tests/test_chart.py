@@ -52,15 +52,14 @@ from chart_kit import (
     pod_specs,
 )
 from netval.cli import build_parser
-from netval.infra import mqtt_settings
+from netval.infra import mqtt_settings, telemetry
 from netval.operator import main as operator_main
 from netval.operator import settings as operator_settings
 from netval.operator.agents import manifests
 from netval.operator.identity import service as identity_service
 
-# Environment the chart gives the operator that the operator reads (src constants), the
-# standard OTel variables, plus the chart's proposals for agent settings the operator does not
-# read yet (operator-side follow-up: settings.py and manifests.render_daemonset).
+# Environment the chart gives the operator that the operator reads (src constants) and the
+# standard OTel variables.
 SRC_OPERATOR_ENV = {
     operator_settings.ENV_NAMESPACE,
     operator_settings.ENV_AGENT_IMAGE,
@@ -72,6 +71,15 @@ SRC_OPERATOR_ENV = {
     operator_settings.ENV_AGENT_RESOURCES,
     operator_settings.ENV_AGENT_TOLERATIONS,
     operator_settings.ENV_KUEUE_ENABLED,
+    operator_settings.ENV_AGENT_NAMESPACE,
+    operator_settings.ENV_AGENT_IMAGE_PULL_SECRETS,
+    operator_settings.ENV_AGENT_PRIORITY_CLASS_NAME,
+    operator_settings.ENV_AGENT_TRACES_SAMPLER,
+    operator_settings.ENV_AGENT_TRACES_SAMPLER_ARG,
+    operator_settings.ENV_AGENT_OTEL_HEADERS_SECRET,
+    telemetry.ENV_POD_NAME,
+    telemetry.ENV_POD_NAMESPACE,
+    telemetry.ENV_NODE_NAME,
     operator_settings.ENV_AGENT_ENROLL_URL,
     operator_settings.ENV_AGENT_ENROLL_CA_CONFIGMAP,
     identity_service.ENV_ENROLL_ADDR,
@@ -90,15 +98,6 @@ SRC_OPERATOR_ENV = {
     "OTEL_TRACES_SAMPLER",
     "OTEL_TRACES_SAMPLER_ARG",
 }
-PROPOSED_OPERATOR_ENV = {
-    "NETVAL_AGENT_NAMESPACE",
-    "NETVAL_AGENT_IMAGE_PULL_SECRETS",
-    "NETVAL_AGENT_PRIORITY_CLASS_NAME",
-    "NETVAL_AGENT_OTEL_TRACES_SAMPLER",
-    "NETVAL_AGENT_OTEL_TRACES_SAMPLER_ARG",
-    "NETVAL_AGENT_OTEL_HEADERS_SECRET",
-}
-
 
 # --- lint and values ----------------------------------------------------------------------
 
@@ -283,7 +282,7 @@ def test_operator_arguments_parse_with_the_real_cli(variant: str) -> None:
 def test_operator_environment_builds_real_settings(variant: str, tmp_path: Path) -> None:
     container = operator_container(variant)
     env = env_of(container)
-    assert set(env) <= SRC_OPERATOR_ENV | PROPOSED_OPERATOR_ENV, set(env) - SRC_OPERATOR_ENV
+    assert set(env) <= SRC_OPERATOR_ENV, set(env) - SRC_OPERATOR_ENV
     # Files mounted from Secrets, made real here.
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     if mqtt_settings.ENV_PASSWORD_FILE in env:

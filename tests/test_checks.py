@@ -151,9 +151,10 @@ def test_roce_lag_judges_bond_for_link_and_slaves_for_qos() -> None:
 
 def test_unknown_driver_counter_checks_skip_never_fail() -> None:
     def sample(discards: int) -> Sample:
-        netdev = _slave("eth5", "bnxt_en", {"rx_discards_phy": discards}, ecn=False)
-        port = _roce_port("bnxt_re0", "eth5", {})
-        return Sample({"eth5": netdev}, {"bnxt_re0": RdmaDevice("bnxt_re0", ports={1: port})})
+        # HiSilicon hns3/hns_roce: a real RoCE NIC without a counter map.
+        netdev = _slave("eth5", "hns3", {"rx_discards_phy": discards}, ecn=False)
+        port = _roce_port("hns_0", "eth5", {})
+        return Sample({"eth5": netdev}, {"hns_0": RdmaDevice("hns_0", ports={1: port})})
 
     results = run_node_checks(NodeSnapshot("n1", "now", 10.0, (sample(0), sample(999))), Checks())
     assert _bad(results) == set()
@@ -161,7 +162,7 @@ def test_unknown_driver_counter_checks_skip_never_fail() -> None:
                   "ecn.np_enabled"):  # fmt: skip
         (r,) = _by(results, check)
         assert r.status is Status.SKIP, r
-    assert "driver bnxt_en" in _by(results, "pfc.discards")[0].message
+    assert "driver hns3" in _by(results, "pfc.discards")[0].message
 
 
 def test_single_sample_skips_counter_checks_with_reason() -> None:

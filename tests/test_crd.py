@@ -559,13 +559,26 @@ FULL_SPEC: dict[str, Any] = {
     "interval": "1m30s",
     "checks": {
         "link": {"interfaces": ["eno1"], "maxCarrierChanges": 1},
-        "mtu": {"interfaceMTU": 9000, "roceMTU": 4096, "interfaces": ["eno1"]},
+        "mtu": {"interfaceMTU": 9000, "roceMTU": 4096, "interfaces": ["eno1"], "ipoibMTU": 2044},
         "rdma": {
             "devices": ["mlx5_0", "mlx5_1"],
             "linkLayer": "Ethernet",
             "minRateGbps": 200,
             "requireRoCEv2": True,
             "maxErrorsPerInterval": 5,
+            "linkLayers": ["Ethernet", "InfiniBand"],
+            "roceV2GidIndex": 3,
+        },
+        "infiniband": {
+            "minRateGbps": 400,
+            "maxCounterDeltas": {"symbolError": 100, "linkDowned": 0, "VL15Dropped": 1000},
+        },
+        "select": {
+            "devices": {"include": ["mlx5_*"], "exclude": ["irdma*", "0000:3b:00.*"]},
+            "ports": {"exclude": ["mlx5_1/2"]},
+            "netdevs": {"exclude": ["ens3f1np1"]},
+            "adminDown": "skip",
+            "qosOnIWARP": False,
         },
         "pfc": {
             "priorities": [3, 4],
@@ -907,6 +920,19 @@ def test_empty_spec_is_accepted(schema: dict[str, Any]) -> None:
         ),
         ("checks.rdma.linkLayer", "ethernet", "checks.rdma.linkLayer: 'ethernet' is not one of"),
         ("checks.pfc.trust", "DSCP", "checks.pfc.trust: 'DSCP' is not one of"),
+        (
+            "checks.select.devices.exclude",
+            ["irdma 0"],
+            "checks.select.devices.exclude.0: 'irdma 0' does not match",
+        ),
+        ("checks.select.adminDown", "ignore", "checks.select.adminDown: 'ignore' is not one of"),
+        ("checks.rdma.roceV2GidIndex", 256, "checks.rdma.roceV2GidIndex: 256 is greater than"),
+        ("checks.rdma.linkLayers", [], "checks.rdma.linkLayers: [] should be non-empty"),
+        (
+            "checks.infiniband.maxCounterDeltas.symbolError",
+            -1,
+            "checks.infiniband.maxCounterDeltas.symbolError: -1 is less than the minimum",
+        ),
         (
             "checks.pfc.maxPausePercent",
             101,

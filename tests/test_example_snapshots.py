@@ -21,10 +21,26 @@ EXPECTED_FAILING = {
     "fault-ecn-np-disabled": {"ecn.np_enabled", "ecn.cnp_flow"},
     "fault-ecn-rp-disabled": {"ecn.rp_enabled", "ecn.cnp_flow"},
     # QPs on the dead port time out (local_ack_timeout_err) while the link flaps.
-    "fault-link-down": {"link.carrier", "link.flaps", "rdma.port_state", "rdma.errors"},
+    "fault-link-down": {
+        "link.carrier",
+        "link.flaps",
+        "link.phy_errors",  # link_down_events_phy
+        "rdma.port_state",
+        "rdma.errors",
+    },
     "fault-roce-v1-only": {"rdma.gid_roce_v2"},
     "fault-degraded-rate": {"rdma.rate"},
     "fault-pause-storm": {"pfc.pause_storm"},
+    # issue 11: judged with the checks.yaml in their directory
+    "healthy-infiniband": set(),
+    "fault-ib-symbol-errors": {"ib.port_errors"},
+    "excluded-spare-port": set(),
+    # Broadcom, Intel and RoCE LAG nodes (examples/snapshots/make_vendor_snapshots.py)
+    "healthy-bnxt-thor2": set(),
+    # Firmware NP off on bnxt_re0 (newer bnxt_re, mlx5-style counter names)
+    "fault-bnxt-ecn-np-disabled": {"ecn.cnp_flow"},
+    "healthy-intel-e810": set(),
+    "healthy-roce-lag-renamed": set(),
 }
 # The subject each fault is expected to pin the failure on.
 EXPECTED_SUBJECTS = {
@@ -34,11 +50,18 @@ EXPECTED_SUBJECTS = {
     "fault-link-down": {"ens2np0", "mlx5_1/1"},
     "fault-roce-v1-only": {"mlx5_0/1"},
     "fault-degraded-rate": {"mlx5_1/1"},
+    "fault-ib-symbol-errors": {"mlx5_1/1"},
+    "fault-bnxt-ecn-np-disabled": {"bnxt_re0/1"},
 }
 
 
-def probe_json(name: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, Report]:
-    code = main(["probe", "--from", str(SNAPSHOTS / name), "--output", "json"])
+def probe_json(
+    name: str, capsys: pytest.CaptureFixture[str], *, bundled_config: bool = True
+) -> tuple[int, Report]:
+    """Judge a bundled snapshot, with the checks.yaml it carries (if any)."""
+    config = SNAPSHOTS / name / "checks.yaml"
+    extra = ["--config", str(config)] if bundled_config and config.exists() else []
+    code = main(["probe", "--from", str(SNAPSHOTS / name), "--output", "json", *extra])
     out = capsys.readouterr().out
     return code, Report.model_validate_json(out)
 
@@ -67,14 +90,17 @@ def test_healthy_node_passes_everything_without_warnings(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     _, report = probe_json("healthy-roce", capsys)
-    statuses = {r.status for r in report.results}
+    # The InfiniBand-only checks do not apply to a RoCE node, and say so.
+    not_applicable = {"mtu.ipoib", "ib.port_errors"}
+    statuses = {r.status for r in report.results if r.check.value not in not_applicable}
     assert statuses == {Status.PASS}
-    judged = {r.check.value for r in report.results}
+    assert {r.status for r in report.results if r.check.value in not_applicable} == {Status.SKIP}
+    judged = {r.check.value for r in report.results if r.status is Status.PASS}
     assert judged == {
-        "link.carrier", "link.flaps", "mtu.interface", "mtu.roce", "rdma.devices",
-        "rdma.port_state", "rdma.link_layer", "rdma.rate", "rdma.gid_roce_v2", "rdma.errors",
-        "pfc.priorities", "pfc.trust", "pfc.pause_storm", "pfc.discards",
-        "ecn.np_enabled", "ecn.rp_enabled", "ecn.cnp_flow",
+        "link.carrier", "link.flaps", "link.phy_errors", "mtu.interface", "mtu.roce",
+        "rdma.devices", "rdma.port_state", "rdma.link_layer", "rdma.rate", "rdma.gid_roce_v2",
+        "rdma.gid_index", "rdma.errors", "pfc.priorities", "pfc.trust", "pfc.pause_storm", "pfc.discards",
+        "pfc.global_pause", "ecn.np_enabled", "ecn.rp_enabled", "ecn.cnp_flow",
     }  # fmt: skip
     subjects = {r.subject for r in report.results}
     assert {"ens1np0", "ens2np0", "mlx5_0/1", "mlx5_1/1", "ens1np0/prio3"} <= subjects
@@ -146,3 +172,65 @@ def test_pfc_and_ecn_on_different_priorities_is_a_fault(
     assert ("pfc.priorities", "ens1np0") in bad
     assert ("ecn.np_enabled", "ens1np0/prio4") in bad
     assert ("ecn.rp_enabled", "ens2np0/prio4") in bad
+
+
+# -- issue 11: InfiniBand and selection snapshots --------------------------------------------
+
+
+def test_infiniband_node_is_judged_by_ib_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    _, report = probe_json("healthy-infiniband", capsys)
+    by = {(r.check.value, r.subject): r for r in report.results}
+    assert by[("ib.port_errors", "mlx5_0/1")].status is Status.PASS
+    ipoib = by[("mtu.ipoib", "ibp154s0")]
+    assert ipoib.status is Status.PASS and ipoib.observed == {"mtu": 4092, "mode": "datagram"}
+    # the IPoIB netdevs are not held to the Ethernet interfaceMTU (9000)
+    assert not any(r.check.value == "mtu.interface" and r.subject.startswith("ibp")
+                   for r in report.results)  # fmt: skip
+    for check in ("mtu.roce", "rdma.gid_roce_v2", "pfc.priorities", "ecn.cnp_flow"):
+        skips = [r for r in report.results if r.check.value == check]
+        assert skips and all(r.status is Status.SKIP for r in skips), check
+        assert all(r.message.startswith("not applicable: InfiniBand port") for r in skips), skips
+
+
+def test_symbol_error_burst_names_the_counters(capsys: pytest.CaptureFixture[str]) -> None:
+    _, report = probe_json("fault-ib-symbol-errors", capsys)
+    (bad,) = [r for r in report.results if r.status.is_bad]
+    assert bad.observed["symbol_error"] == 1873
+    assert bad.observed["port_rcv_errors"] == 31
+    assert bad.expected["maxCounterDeltas"]["symbol_error"] == 10  # type: ignore[index,call-overload]
+    assert "symbol_error +1873 (max 10)" in bad.message
+
+
+def test_infiniband_node_without_its_config_fails_only_the_link_layer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, report = probe_json("healthy-infiniband", capsys, bundled_config=False)
+    assert {r.check.value for r in report.results if r.status.is_bad} == {"rdma.link_layer"}
+
+
+def test_spare_port_fails_the_node_unless_admin_down_is_excused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, report = probe_json("excluded-spare-port", capsys, bundled_config=False)
+    bad = {(r.check.value, r.subject) for r in report.results if r.status.is_bad}
+    assert bad == {
+        ("link.carrier", "ens3np0"),
+        ("rdma.port_state", "mlx5_2/1"),
+        ("rdma.gid_roce_v2", "mlx5_2/1"),  # link-local GIDs only: no address on a spare
+    }
+    gid = next(
+        r for r in report.results if (r.check.value, r.subject) == ("rdma.gid_roce_v2", "mlx5_2/1")
+    )
+    assert "no IP address on the netdev ens3np0" in gid.message
+    _, report = probe_json("excluded-spare-port", capsys)
+    skips = [r for r in report.results if r.status is Status.SKIP and "mlx5_2" in r.subject]
+    assert [r.check.value for r in skips] == ["rdma.port_state"]
+    assert "administratively down" in skips[0].message
+
+
+def test_every_node_check_id_has_its_section_in_the_checks_reference() -> None:
+    from netval.agent.checks import NODE_CHECKS
+
+    doc = (SNAPSHOTS.parent.parent / "docs" / "checks.md").read_text(encoding="utf-8")
+    missing = [c.value for c in NODE_CHECKS if f"\n## {c.value}\n" not in doc]
+    assert missing == []

@@ -33,6 +33,8 @@ pytestmark = [pytest.mark.netns, pytest.mark.timeout(60)]
 STATIC = ["v9000", "v1500", "vdown", "vadm"]
 # Node-level checks that have nothing to judge on a host without RDMA.
 NODE_SKIPS = {
+    "link.phy_errors",
+    "pfc.global_pause",
     "mtu.roce",
     "rdma.devices",
     "rdma.port_state",
@@ -47,6 +49,9 @@ NODE_SKIPS = {
     "ecn.np_enabled",
     "ecn.rp_enabled",
     "ecn.cnp_flow",
+    "mtu.ipoib",
+    "rdma.gid_index",
+    "ib.port_errors",
 }
 
 Report = dict[str, Any]
@@ -209,7 +214,11 @@ def test_live_probe_judges_mtu_and_carrier(live_static: tuple[int, Report]) -> N
         ("mtu.interface", "v1500"),
     }
     # Only the named interfaces are judged: not the peers, not vflap, not lo.
-    judged = {s for (c, s) in results if c.startswith(("link.", "mtu.interface"))}
+    judged = {
+        s
+        for (c, s) in results
+        if c.startswith(("link.", "mtu.interface")) and c != "link.phy_errors"
+    }
     assert judged == set(STATIC)
     node = report["node"]
     for check in NODE_SKIPS:
@@ -322,10 +331,10 @@ def test_snapshot_replays_like_the_live_probe(
     assert verdicts(replayed) == verdicts(live)
     assert replayed["node"] == live["node"]
 
-    # Layout of netval-snapshot/1.
+    # Layout of netval-snapshot/1.1.
     meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
     assert set(meta) == {"format", "node", "captured_at", "interval_seconds"}
-    assert meta["format"] == "netval-snapshot/1"
+    assert meta["format"] == "netval-snapshot/1.1"
     assert meta["node"] == live["node"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", meta["captured_at"])
     assert 0.25 <= meta["interval_seconds"] <= 1.0
@@ -355,7 +364,9 @@ def test_snapshot_replays_like_the_live_probe(
         assert all(isinstance(v, int) for v in stats.values())
     peer = host.index("p9000")
     assert json.loads((last / "ethtool" / "v9000.json").read_text())["peer_ifindex"] == peer
-    assert not (last / "dcb").exists()
+    # No DCB state, and the reason as DCB netlink gave it (veth has no dcbnl ops).
+    assert sorted(p.name for p in (last / "dcb").iterdir()) == sorted(f"{n}.error" for n in STATIC)
+    assert (last / "dcb" / "v9000.error").read_text() == "EOPNOTSUPP\n"
 
 
 # -- the collector itself -----------------------------------------------------------------------
@@ -435,3 +446,127 @@ def test_probe_without_root_gives_the_same_verdict(
     live_code, live = live_static
     assert proc.returncode == live_code == 1
     assert verdicts(report) == verdicts(live)
+
+
+# -- selection on real links (issue 11) -------------------------------------------------------
+
+# The kernel cannot make an RDMA device in a namespace, so the RDMA part of the tree is a
+# recorded-style directory whose GIDs name real links; class/net/<if> are the kernel's own
+# /sys/class/net entries of the namespace (flags, type, carrier read live).
+_SELECT = """
+import json, os, sys, tempfile
+from pathlib import Path
+from netval.agent.checks import run_node_checks
+from netval.agent.collect.live import LiveCollector
+from netval.model.snapshot import NodeSnapshot
+from netval.model.spec import Checks
+
+root = Path(tempfile.mkdtemp())
+for name in ("r0", "r0.100", "spare0"):
+    (root / "class/net").mkdir(parents=True, exist_ok=True)
+    os.symlink(f"/sys/class/net/{name}", root / "class/net" / name)
+
+def port(dev, state, phys, gids):
+    base = root / "class/infiniband" / dev
+    (base / "ports/1/gids").mkdir(parents=True)
+    (base / "ports/1/gid_attrs/types").mkdir(parents=True)
+    (base / "ports/1/gid_attrs/ndevs").mkdir(parents=True)
+    (base / "node_type").write_text("1: CA\\n")
+    for f, v in (("state", state), ("phys_state", phys), ("rate", "100 Gb/sec (4X EDR)"),
+                 ("link_layer", "Ethernet")):
+        (base / "ports/1" / f).write_text(v + "\\n")
+    for i, (gid, typ, ndev) in enumerate(gids):
+        (base / f"ports/1/gids/{i}").write_text(gid + "\\n")
+        (base / f"ports/1/gid_attrs/types/{i}").write_text(typ + "\\n")
+        (base / f"ports/1/gid_attrs/ndevs/{i}").write_text(ndev + "\\n")
+
+v4 = "0000:0000:0000:0000:0000:ffff:0a0a:01{:02x}"
+port("rxe_a", "4: ACTIVE", "5: LinkUp",
+     [(v4.format(11), "RoCE v2", "r0"), (v4.format(12), "RoCE v2", "r0.100")])
+port("rxe_b", "1: DOWN", "3: Disabled",
+     [("fe80:0000:0000:0000:0000:00ff:fe00:0001", "RoCE v2", "spare0")])
+with LiveCollector(sys_root=root, rdma_cm_root=None) as collector:
+    samples = (collector.sample(), collector.sample())
+snap = NodeSnapshot("ns", "2025-01-01T00:00:00Z", 0.1, samples)
+out = {"netdevs": {n: [d.flags, d.type, d.admin_up] for n, d in samples[-1].netdevs.items()}}
+for key, spec in (("default", {}), ("skip", {"select": {"adminDown": "skip"}})):
+    results = run_node_checks(snap, Checks.model_validate(spec))
+    out[key] = {f"{r.check.value} {r.subject}": [r.status.value, r.message] for r in results}
+print(json.dumps(out))
+"""
+
+
+# -- devices stacked on ports (lower_* links) -------------------------------------------------
+
+_STACKED = """
+import json, sys
+from pathlib import Path
+from netval.agent.collect.dcb_netlink import DcbReader
+from netval.agent.collect.sysfs import SysfsReader
+reader, dcb = SysfsReader(Path("/sys")), DcbReader()
+out = {}
+for name in sys.argv[1:]:
+    state = dcb.read(name)
+    d = reader.read_netdev(name, dcb=state, dcb_error=dcb.last_error)
+    out[name] = {"lower": list(d.lower), "ports_below": list(d.ports_below),
+                 "driver": d.driver, "dcb_error": d.dcb_error}
+print(json.dumps(out))
+"""
+
+
+def test_admin_down_is_read_from_real_flags_and_upper_netdevs_are_judged() -> None:
+    with namespace() as ns:
+        ns.add_veth("r0", "rp0", mtu=9000, peer_mtu=9000)
+        ns.add_veth("spare0", "sp0", mtu=9000, peer_mtu=9000, up=False)
+        # An upper netdev with its own GIDs, as a VLAN has; this kernel has no 8021q (nor
+        # bonding), macvlan stands in for it.
+        ns.ipr.link("add", ifname="r0.100", kind="macvlan", link=ns.index("r0"))
+        ns.set_up("r0.100")
+        ns.wait_operstate("r0", "up")
+        ns.wait_operstate("r0.100", "up")
+        proc = ns.run([sys.executable, "-c", _SELECT], timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    # IFF_UP from the kernel's flags file; ARPHRD_ETHER (1) for the veth and its VLAN
+    flags, arp_type, admin_up = seen["netdevs"]["spare0"]
+    assert flags & 0x1 == 0 and arp_type == 1 and admin_up is False
+    assert seen["netdevs"]["r0.100"][2] is True and seen["netdevs"]["r0"][2] is True
+
+    def bad(key: str) -> set[str]:
+        return {k for k, (status, _) in seen[key].items() if status in ("fail", "error")}
+
+    # by default the admin-down spare fails; its link-local-only GID fails too
+    assert bad("default") == {
+        "link.carrier spare0",
+        "rdma.port_state rxe_b/1",
+        "rdma.gid_roce_v2 rxe_b/1",
+    }
+    # adminDown: skip leaves the spare out, reported once per kind of subject
+    assert bad("skip") == set()
+    assert seen["skip"]["link.carrier spare0"][0] == "skip"
+    assert "administratively down" in seen["skip"]["rdma.port_state rxe_b/1"][1]
+    # the upper netdev that carries the port's second GID is judged like its parent
+    for check in ("link.carrier", "mtu.interface"):
+        assert seen["skip"][f"{check} r0.100"][0] == "pass"
+    assert seen["skip"]["mtu.roce rxe_a/1"][0] == "pass"
+
+
+def test_live_sysfs_reads_lower_links_of_stacked_devices() -> None:
+    """A macvlan and a bridge name their ports in lower_* links, as a bond or team does (this
+    kernel has no bonding module): the live sysfs reader finds the ports below them, which the
+    collector then reads for a RoCE LAG's counters."""
+    with namespace() as ns:
+        ns.add_veth("pa", "pa-peer")
+        ns.add_veth("pb", "pb-peer")
+        ns.ipr.link("add", ifname="mv0", kind="macvlan", link=ns.index("pa"))
+        ns.ipr.link("add", ifname="br0", kind="bridge")
+        for port in ("pb", "pb-peer"):
+            ns.ipr.link("set", index=ns.index(port), master=ns.index("br0"))
+        proc = ns.run([sys.executable, "-c", _STACKED, "mv0", "br0", "pa"], timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        seen = json.loads(proc.stdout)
+    assert seen["mv0"]["lower"] == seen["mv0"]["ports_below"] == ["pa"]
+    assert sorted(seen["br0"]["lower"]) == ["pb", "pb-peer"]
+    assert seen["pa"]["lower"] == []  # a netdev with nothing below lists no lower_*
+    assert seen["mv0"]["driver"] is None
+    assert seen["mv0"]["dcb_error"] == "EOPNOTSUPP"

@@ -300,6 +300,8 @@ def test_daemonset_env() -> None:
     env = _env(ds)
     assert env == {
         "NETVAL_NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+        "NETVAL_POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
+        "NETVAL_POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
         "NETVAL_CONFIG": "/etc/netval/config/agent.yaml",
         "NETVAL_MQTT_URL": "mqtts://netval-mqtt.netval-system:8883",
         "NETVAL_MQTT_USERNAME": "agent",
@@ -349,12 +351,8 @@ def test_daemonset_volumes_and_mounts() -> None:
         "readOnly": True,
     }
     assert volumes["sys"] == {"name": "sys", "hostPath": {"path": "/sys", "type": "Directory"}}
-    assert mounts["sys"] == {
-        "name": "sys",
-        "mountPath": "/sys",
-        "readOnly": True,
-        "recursiveReadOnly": "IfPossible",
-    }
+    # (no recursiveReadOnly: the 1.29 schema has no such field, tests/test_agent_daemonset.py)
+    assert mounts["sys"] == {"name": "sys", "mountPath": "/sys", "readOnly": True}
     assert volumes["mqtt"] == {
         "name": "mqtt",
         "projected": {

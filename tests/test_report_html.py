@@ -17,12 +17,12 @@ import pytest
 import yaml
 
 from netval.cli import main
-from netval.cli.report_html import (
+from netval.cli.report_html import render_html
+from netval.cli.report_html_format import (
     fmt_latency,
     fmt_rate,
     latency_position,
     relative,
-    render_html,
 )
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "status" / "roce-pool.yaml"

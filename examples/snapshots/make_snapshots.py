@@ -865,6 +865,14 @@ def main() -> None:
     for name, (node_name, fault) in SNAPSHOTS.items():
         count = build(name, node_name, fault)
         print(f"{name}: {count} files")
+    # InfiniBand and spare-port snapshots live in their own module (issue 11).
+    import make_ib_snapshots
+
+    make_ib_snapshots.main()
+    # Broadcom, Intel and RoCE LAG nodes (format 1.1) live in their own generator.
+    import make_vendor_snapshots
+
+    make_vendor_snapshots.main()
 
 
 if __name__ == "__main__":

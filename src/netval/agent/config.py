@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from netval.infra.metrics_server import parse_host_port
 from netval.infra.mqtt_settings import MqttSettings, mqtt_settings_from_env
+from netval.infra.telemetry import TelemetryConfigError, sampler_from_env
 from netval.infra.yaml_input import InputFileError, load_yaml_document
 from netval.model.manifest import describe_validation_error
 from netval.model.spec import NetworkValidationSpec
@@ -75,6 +76,10 @@ def agent_settings_from_env(env: Mapping[str, str] = os.environ) -> AgentSetting
     try:
         mqtt = mqtt_settings_from_env(env, client_id=f"netval-agent-{config.validation}-{node}")
     except ValueError as exc:
+        raise AgentConfigError(str(exc)) from None
+    try:
+        sampler_from_env(env)  # refused here, before anything starts
+    except TelemetryConfigError as exc:
         raise AgentConfigError(str(exc)) from None
     try:
         metrics = parse_host_port(

@@ -20,6 +20,7 @@ from netval.agent.metrics import AgentMetrics, serve_agent_metrics
 from netval.agent.peers.service import PeerService
 from netval.agent.publish import ReportPublisher
 from netval.agent.runner import ProbeRunner
+from netval.agent.sampling import BoundedSampler
 from netval.infra.telemetry import make_tracer_provider
 
 log = logging.getLogger("netval.agent")
@@ -43,6 +44,7 @@ async def run_agent(
         default_service="netval-agent",
         otlp_endpoint=spec.telemetry.otlp_endpoint,
         exporter=span_exporter,
+        resource_attributes={"k8s.node.name": settings.node},
     )
     enroller = enroller_from_env(env, settings.node)  # per-node MQTT identity, if configured
     if enroller is not None:
@@ -62,10 +64,12 @@ async def run_agent(
         settings.node,
         subscriptions=peers.subscriptions if peers is not None else (),
         on_message=peers.on_message if peers is not None else None,
+        tracer=provider.get_tracer("netval.agent"),
     )
     metrics.attach_publisher(publisher.stats)
     collector = LiveCollector(interfaces=spec.checks.named_interfaces)
     server = None
+    sampler: BoundedSampler | None = None
     tasks: list[asyncio.Task[None]] = []
     try:
         if settings.metrics_addr is not None:
@@ -78,9 +82,6 @@ async def run_agent(
         await publisher.start()
         if enroller is not None:
             tasks.append(asyncio.create_task(enroller.keep(publisher, stop), name="netval-enroll"))
-        if peers is not None:
-            await peers.start(publisher.publish_retained, collector)
-            tasks.append(asyncio.create_task(peers.run(stop), name="netval-peer-throughput"))
         runner = ProbeRunner(
             config=settings.config,
             node=settings.node,
@@ -90,6 +91,14 @@ async def run_agent(
             metrics=metrics,
             peers=peers,
         )
+        sampler = runner.sampler
+        metrics.attach_sampler(sampler)
+        await runner.take_baseline()
+        if peers is not None:
+            # The newest sample, never a read of its own: a blocked sysfs file must not
+            # stall the loop the responder runs on.
+            await peers.start(publisher.publish_retained, sampler.latest_source())
+            tasks.append(asyncio.create_task(peers.run(stop), name="netval-peer-throughput"))
         watcher = LinkWatcher(runner.on_link_change)
         runner.watcher = watcher
         config_watcher = ConfigWatcher(settings.config_path, settings.config, runner.apply_config)
@@ -114,6 +123,8 @@ async def run_agent(
         await publisher.stop()
         if server is not None:
             server.close()
+        if sampler is not None:
+            sampler.close()
         collector.close()
         provider.shutdown()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from netval.agent.config_watch import ConfigWatcher
 from netval.agent.publish import PublisherStats
+from netval.agent.sampling import BoundedSampler
 from netval.infra.metrics_server import serve_metrics
-from netval.model.results import Report
+from netval.model.ids import CheckGroup, Status
+from netval.model.results import CheckResult, Report
 
 
 class _PublisherCollector(Collector):
@@ -60,6 +63,102 @@ class _ConfigCollector(Collector):
         )
 
 
+class _SamplerCollector(Collector):
+    def __init__(self, sampler: BoundedSampler) -> None:
+        self._sampler = sampler
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        s = self._sampler
+        yield CounterMetricFamily(
+            "netval_collector_timeouts",
+            "Cycles without a sample: a read missed its deadline or was still blocked",
+            value=s.timeouts,
+        )
+        yield CounterMetricFamily(
+            "netval_collector_errors", "Collector reads that raised", value=s.errors
+        )
+        yield GaugeMetricFamily(
+            "netval_collector_blocked",
+            "1 while a collector read is blocked past its deadline",
+            value=int(s.blocked),
+        )
+
+
+UNASSIGNED_DOMAIN: Final = "unassigned"  # peer_domain of peers whose domain is not known
+_STATUSES: Final = tuple(Status)
+
+
+def _state_set(
+    name: str, doc: str, labels: list[str], current: Mapping[tuple[str, ...], Status]
+) -> GaugeMetricFamily:
+    """kube-state-metrics style: one series per possible status, 1 for the current one, so
+    a status change moves a value instead of ending one series and starting another."""
+    family = GaugeMetricFamily(name, doc, labels=[*labels, "status"])
+    for key, status in current.items():
+        for candidate in _STATUSES:
+            family.add_metric([*key, candidate.value], int(candidate is status))
+    return family
+
+
+class _CheckStatusCollector(Collector):
+    """The last report's statuses. Node and storage results by subject (netdevs, RDMA
+    ports, endpoints: a handful, stable); peer results by peer domain, the worst per check
+    and domain, and a count per status: peer subjects are node names that change every
+    cycle, ~3,000 short-lived series per agent at 1,000 nodes."""
+
+    def __init__(self) -> None:
+        self.checks: dict[tuple[str, ...], Status] = {}
+        self.peers: dict[tuple[str, ...], Status] = {}
+        self.peer_counts: dict[tuple[str, ...], int] = {}
+
+    def observe(self, results: Iterable[CheckResult]) -> None:
+        checks: dict[tuple[str, ...], Status] = {}
+        peers: dict[tuple[str, ...], Status] = {}
+        counts: dict[tuple[str, ...], int] = {}
+        for r in results:
+            if r.check.group is CheckGroup.PEER:
+                domain = r.observed.get("domain")
+                key = (r.check.value, domain if isinstance(domain, str) and domain else
+                       UNASSIGNED_DOMAIN)  # fmt: skip
+                worst = peers.get(key)
+                if worst is None or r.status.severity > worst.severity:
+                    peers[key] = r.status
+                counts[(*key, r.status.value)] = counts.get((*key, r.status.value), 0) + 1
+            else:
+                key = (r.check.value, r.subject)
+                worst = checks.get(key)
+                if worst is None or r.status.severity > worst.severity:
+                    checks[key] = r.status
+        # Replaced whole: a subject that disappeared must not keep its last status.
+        self.checks, self.peers, self.peer_counts = checks, peers, counts
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield _state_set(
+            "netval_check_status",
+            "1 for the current status of each node or storage check and subject, 0 for the"
+            " other statuses",
+            ["check", "subject"],
+            self.checks,
+        )
+        yield _state_set(
+            "netval_peer_check_status",
+            "1 for the worst status of each peer check over the peers of a domain, 0 for the"
+            " other statuses",
+            ["check", "peer_domain"],
+            self.peers,
+        )
+        family = GaugeMetricFamily(
+            "netval_peer_results",
+            "Peers of a domain probed in the last cycle, by check and status",
+            labels=["check", "peer_domain", "status"],
+        )
+        for key in self.peers:  # every status, 0 included: a fixed series set here too
+            for candidate in _STATUSES:
+                family.add_metric([*key, candidate.value], self.peer_counts.get(
+                    (*key, candidate.value), 0))  # fmt: skip
+        yield family
+
+
 class AgentMetrics:
     def __init__(self, *, interval_seconds: float) -> None:
         self.registry = CollectorRegistry()
@@ -75,15 +174,14 @@ class AgentMetrics:
         self.cycles = Counter(
             "netval_probe_cycles", "Probe cycles by trigger", ["reason"], registry=self.registry
         )
-        self.check_status = Gauge(
-            "netval_check_status",
-            "1 for the current status of each check and subject",
-            ["check", "subject", "status"],
-            registry=self.registry,
-        )
+        self.check_status = _CheckStatusCollector()
+        self.registry.register(self.check_status)
 
     def attach_publisher(self, stats: Callable[[], PublisherStats]) -> None:
         self.registry.register(_PublisherCollector(stats))
+
+    def attach_sampler(self, sampler: BoundedSampler) -> None:
+        self.registry.register(_SamplerCollector(sampler))
 
     def attach_config(self, watcher: ConfigWatcher) -> None:
         self.registry.register(_ConfigCollector(watcher))
@@ -92,12 +190,7 @@ class AgentMetrics:
         self.last_cycle = time.monotonic()
         self.probe_duration.observe(report.duration_ms / 1000)
         self.cycles.labels(reason=reason).inc()
-        # Replace the series: a subject that disappeared must not keep its last status.
-        self.check_status.clear()
-        for r in report.results:
-            self.check_status.labels(
-                check=r.check.value, subject=r.subject, status=r.status.value
-            ).set(1)
+        self.check_status.observe(report.results)
 
     def healthy(self) -> bool:
         """Alive while cycles keep completing: within 3 intervals of the last (or of start)."""

@@ -37,10 +37,13 @@ from typing import Final
 
 import aiomqtt
 from aiomqtt import MqttError, Will
+from opentelemetry import trace
+from opentelemetry.trace import Tracer
 
 from netval.infra.mqtt_client import backoff_delay, make_client
 from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.task_stop import cancel_and_wait
+from netval.infra.telemetry import publish_span, trace_properties
 from netval.model.results import Report
 from netval.model.topics import OFFLINE, ONLINE, TOPIC_ROOT, TopicKind, check_topic_level
 
@@ -91,6 +94,7 @@ class ReportPublisher:
         subscriptions: Sequence[str] = (),
         on_message: MessageHandler | None = None,
         rng: random.Random | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         if keepalive < 1 or timeout <= 0 or stop_timeout <= 0:
             raise ValueError("keepalive, timeout and stop_timeout must be positive")
@@ -113,6 +117,8 @@ class ReportPublisher:
         self._on_message = on_message
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
         self._tls_context = settings.ssl_context()  # load the CA once, not per reconnect
+        # PRODUCER spans for report publishes (none without a tracer: a no-op one)
+        self._tracer = tracer or trace.NoOpTracer()
 
         self._pending: Report | None = None  # the single slot
         self._retained: dict[str, bytes] = {}  # suffix -> latest payload
@@ -353,7 +359,20 @@ class ReportPublisher:
             self._pending = None
             payload = report.to_json().encode()
             try:
-                await client.publish(self.report_topic, payload, qos=1, retain=True)
+                with publish_span(
+                    self._tracer,
+                    self.report_topic,
+                    body_size=len(payload),
+                    client_id=self.settings.client_id,
+                    parent_traceparent=report.traceparent,
+                ) as span:
+                    await client.publish(
+                        self.report_topic,
+                        payload,
+                        qos=1,
+                        retain=True,
+                        properties=trace_properties(span),
+                    )
             except MqttError:
                 self._publish_failures += 1
                 if self._pending is None:

@@ -5,6 +5,11 @@ true per-interval deltas. A link event (carrier or MTU change on a judged interf
 triggers an extra probe, rate-limited so a flapping port cannot flood the broker; event
 probes skip the storage probes (reusing the last results) so they publish within a second.
 The report comes from `netval.agent.report`, the builder `netval probe` uses too.
+
+Nothing in a cycle may keep its report from going out: samples are taken off the event loop
+with a deadline (`netval.agent.sampling`; a read that misses it gives `error` results for the
+node checks, naming where it is blocked), each check is isolated (one that raises gives an
+`error` result naming it), and so are the storage and peer probes.
 """
 
 from __future__ import annotations
@@ -20,18 +25,19 @@ from datetime import UTC, datetime
 from typing import Final, Protocol
 
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import Span
+from opentelemetry.trace import Span, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from netval.agent.checks import GroupRunner, run_node_checks
+from netval.agent.checks import NODE_CHECKS, GroupRunner, check_raised, run_node_checks
 from netval.agent.collect.link_events import LinkState, LinkWatcher
 from netval.agent.config import AgentConfig
 from netval.agent.metrics import AgentMetrics
 from netval.agent.peers.service import PeerService
 from netval.agent.report import make_report
+from netval.agent.sampling import BoundedSampler, Collector, SampleMissing, default_deadline
 from netval.agent.storage.probe import StorageProber
 from netval.infra.telemetry import traceparent_of
-from netval.model.ids import CheckGroup
+from netval.model.ids import CheckGroup, CheckId, Status
 from netval.model.results import CheckResult, Report, node_status
 from netval.model.snapshot import NodeSnapshot, Sample
 
@@ -41,10 +47,6 @@ EVENT_MIN_SPACING: Final = 1.0  # seconds between two event-triggered probes
 LINK_LOG_EVERY: Final = 5.0
 REASON_INTERVAL: Final = "interval"
 REASON_LINK_EVENT: Final = "link-event"
-
-
-class Collector(Protocol):
-    def sample(self) -> Sample: ...
 
 
 class ReportSink(Protocol):
@@ -72,10 +74,15 @@ class ProbeRunner:
         storage_timeout: float = 5.0,
         rng: random.Random | None = None,
         peers: PeerService | None = None,
+        sample_deadline: float | None = None,
     ) -> None:
         self.config = config
         self.node = node
         self.collector = collector
+        self.sampler = BoundedSampler(
+            collector,
+            deadline=sample_deadline or default_deadline(config.spec.interval_seconds),
+        )
         self.sink = sink
         self.metrics = metrics
         self.watcher = watcher
@@ -116,10 +123,16 @@ class ProbeRunner:
             log.info("link event on %s: %s -> %s", name, before, now)
         self._trigger.set()
 
+    async def take_baseline(self) -> None:
+        """The first sample, so the first cycle already judges deltas since the start."""
+        if self._previous is None:
+            taken = await self._take_sample()
+            if not isinstance(taken, SampleMissing):
+                self._previous = _Previous(*taken)
+
     async def run(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
-        # Baseline: the first cycle already judges deltas since the agent started.
-        self._previous = _Previous(*self._take_sample())
+        await self.take_baseline()
         # Jitter the start so a thousand agents started together do not probe together.
         start = loop.time() + self._rng.uniform(0, self.interval)
         slot = 0
@@ -164,8 +177,11 @@ class ProbeRunner:
                 continue
             await _first_of(stop.wait(), self._trigger.wait(), asyncio.sleep(deadline - now))
 
-    def _take_sample(self) -> tuple[Sample, float]:
-        sample = self.collector.sample()
+    async def _take_sample(self) -> tuple[Sample, float] | SampleMissing:
+        sample = await self.sampler.sample()
+        if isinstance(sample, SampleMissing):
+            log.warning("no sample this cycle: %s", sample.reason)
+            return sample
         at = time.monotonic()
         if self.watcher is not None:
             self.watcher.remember(sample.netdevs)
@@ -182,30 +198,32 @@ class ProbeRunner:
             "netval.reason": reason,
         }
         with self.tracer.start_as_current_span("netval.probe_cycle", attributes=attrs) as cycle:
-            with self.tracer.start_as_current_span("netval.collect", attributes=attrs):
-                if self._previous is None:
-                    sample, at = self._take_sample()
-                    self._previous = _Previous(sample, at)
-                sample, at = self._take_sample()
-            previous = self._previous
-            self._previous = _Previous(sample, at)
-            snapshot = NodeSnapshot(
-                node=self.node,
-                captured_at=started_at.isoformat(),
-                interval_seconds=max(at - previous.at, 1e-6),
-                samples=(previous.sample, sample),
-            )
-            results = run_node_checks(snapshot, spec.checks, self._group_runner(attrs))
+            with self.tracer.start_as_current_span("netval.collect", attributes=attrs) as span:
+                await self.take_baseline()
+                taken = await self._take_sample()
+                if isinstance(taken, SampleMissing):
+                    span.set_status(StatusCode.ERROR, taken.reason)
+            if isinstance(taken, SampleMissing):
+                # The baseline stays: the next sample's deltas span the missed cycles.
+                results = self._not_sampled(taken)
+            else:
+                results = self._node_results(taken, started_at, attrs)
             fresh = reason == REASON_INTERVAL
             if spec.checks.storage.endpoints:
                 self._storage = await self._network_group(
-                    "storage", attrs, self._storage, self._probe_storage, fresh=fresh
+                    "storage",
+                    CheckId.STORAGE_REACHABLE,
+                    attrs,
+                    self._storage,
+                    self._probe_storage,
+                    fresh=fresh,
                 )
                 results.extend(self._storage)
             if self.peers is not None and spec.checks.peers.enabled:
                 peers, cycle_no = self.peers, self._cycle
                 self._peer_results = await self._network_group(
                     "peer",
+                    CheckId.PEER_LATENCY,
                     attrs,
                     self._peer_results,
                     lambda: peers.probe_cycle(cycle_no, spec),
@@ -232,6 +250,30 @@ class ProbeRunner:
             self.metrics.observe(report, reason)
         return report
 
+    def _node_results(
+        self, taken: tuple[Sample, float], started_at: datetime, attrs: dict[str, AttributeValue]
+    ) -> list[CheckResult]:
+        sample, at = taken
+        previous = self._previous or _Previous(sample, at)
+        self._previous = _Previous(sample, at)
+        snapshot = NodeSnapshot(
+            node=self.node,
+            captured_at=started_at.isoformat(),
+            interval_seconds=max(at - previous.at, 1e-6),
+            samples=(previous.sample, sample),
+        )
+        return run_node_checks(
+            snapshot, self.config.spec.checks, self._group_runner(attrs), on_raise=_log_raised
+        )
+
+    def _not_sampled(self, missing: SampleMissing) -> list[CheckResult]:
+        """One `error` per node check: nothing of this node could be read in time."""
+        message = f"not judged: {missing.reason}"[:1024]
+        return [
+            CheckResult(check=c, subject=self.node, status=Status.ERROR, message=message)
+            for c in NODE_CHECKS
+        ]
+
     @contextmanager
     def _group_span(self, group: str, attrs: dict[str, AttributeValue]) -> Iterator[Span]:
         with self.tracer.start_as_current_span(
@@ -251,6 +293,7 @@ class ProbeRunner:
     async def _network_group(
         self,
         group: str,
+        check: CheckId,
         attrs: dict[str, AttributeValue],
         last: list[CheckResult],
         probe: Callable[[], Awaitable[list[CheckResult]]],
@@ -258,9 +301,14 @@ class ProbeRunner:
         fresh: bool,
     ) -> list[CheckResult]:
         """Storage or peer results: probed afresh on interval cycles (and when there are none
-        yet), reused on event probes so those publish within a second."""
+        yet), reused on event probes so those publish within a second. A probe that raises
+        gives one `error` result (as `check`) instead of ending the cycle."""
         with self._group_span(group, attrs) as span:
-            results = await probe() if fresh or not last else last
+            try:
+                results = await probe() if fresh or not last else last
+            except Exception as exc:
+                _log_raised(check, exc)
+                results = [check_raised(check, self.node, exc)]
             _annotate(span, results)
         return results
 
@@ -268,6 +316,10 @@ class ProbeRunner:
         return await self._storage_prober.probe(
             self.config.spec.checks.storage, cycle=self._cycle, timeout=self.storage_timeout
         )
+
+
+def _log_raised(check: CheckId, exc: Exception) -> None:
+    log.error("check %s raised", check.value, exc_info=exc)
 
 
 def _annotate(span: Span, results: list[CheckResult]) -> None:

@@ -21,49 +21,36 @@ then the east-west detail: a latency and a throughput heatmap per domain pair (f
 
 from __future__ import annotations
 
-import html
-import math
-import statistics
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from netval.cli.status_view import (
-    NO_MEASUREMENTS,
-    NOT_ENABLED,
-    east_west_domains,
-    fmt_percent,
-    fmt_ratio,
-    parse_east_west,
-    parse_status,
-    peers_enabled,
-    stale_reasons,
-)
-from netval.model.east_west import Cell, EastWest
-from netval.model.spec import PeerChecks
+from netval.cli.report_html_east_west import east_west_section
+from netval.cli.report_html_format import escape, iso_time, when_html
+from netval.cli.status_view import fmt_ratio, parse_east_west, parse_status, stale_reasons
 from netval.model.status import ConditionType, NetworkValidationStatus
 
-Rgb = tuple[int, int, int]
-
-# Sequential scales, light to dark (ColorBrewer YlOrRd and Blues, colour-blind safe).
-LATENCY_SCALE: Final[tuple[Rgb, ...]] = (
-    (255, 255, 204),
-    (254, 217, 118),
-    (253, 141, 60),
-    (227, 26, 28),
-    (128, 0, 38),
-)
-THROUGHPUT_SCALE: Final[tuple[Rgb, ...]] = (
-    (247, 251, 255),
-    (198, 219, 239),
-    (107, 174, 214),
-    (33, 113, 181),
-    (8, 48, 107),
-)
-LATENCY_OCTAVES: Final = 4  # the latency scale spans 1x .. 2**4 = 16x the intra-domain median
-_LEGEND_STEPS: Final = 5
 MAX_NODES_IN_BANNER: Final = 12
+
+# What to do about a failing check family (the first part of the check id).
+ADVICE: Final[Mapping[str, str]] = {
+    "link": "check the cable, transceiver and switch port (ethtool IF; link.flaps counts "
+    "carrier changes)",
+    "mtu": "make the interface MTU and the RoCE MTU match the fabric (ip link set dev IF "
+    "mtu 9000; the switch ports too)",
+    "rdma": "check the RDMA device, port state, rate and RoCE v2 GIDs (ibv_devinfo, rdma link)",
+    "pfc": "enable PFC on exactly the lossless priority and DSCP trust (mlnx_qos / dcb), and "
+    "look for pause storms from a stuck receiver",
+    "ecn": "enable ECN notification and reaction points on the lossless priority "
+    "(/sys/class/net/IF/ecn/roce_np|roce_rp/enable/N)",
+    "ib": "InfiniBand port errors grew: check the rail's cable or optic and its switch port "
+    "(perfquery -x, mlxlink -c, ibqueryerrors)",
+    "storage": "check the path from the nodes to the storage endpoint (reachability, "
+    "latency, throughput)",
+    "peer": "east-west: look at the suspect nodes and the flagged pairs below; a flagged pair "
+    "of domains points at the uplinks between them",
+}
 
 _CSS: Final = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5rem;
@@ -99,359 +86,6 @@ details summary{cursor:pointer;margin:.5rem 0}
 """
 
 
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _iso(when: datetime | None) -> str:
-    if when is None:
-        return "never"
-    return when.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def relative(when: datetime, now: datetime) -> str:
-    """ "12 s ago", "7 min ago", "3 h ago", "2 d ago" ("in ..." for a time after now)."""
-    seconds = int((now - when).total_seconds())
-    future, seconds = seconds < 0, abs(seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            text = f"{seconds // size} {unit}"
-            break
-    else:
-        text = f"{seconds} s"
-    return f"in {text}" if future else f"{text} ago"
-
-
-def _when(when: datetime | None, now: datetime) -> str:
-    """A relative time with the absolute UTC one on hover (and machine-readable)."""
-    if when is None:
-        return "never"
-    iso = _iso(when)
-    return f'<time datetime="{iso}" title="{iso}">{_e(relative(when, now))}</time>'
-
-
-# -- units ----------------------------------------------------------------------------------------
-
-
-def fmt_latency(ms: float | None) -> str:
-    """A latency as people read it: 12 µs, 250 µs, 1.25 ms, 14.2 ms."""
-    if ms is None:
-        return "-"
-    if ms < 1:
-        us = ms * 1000
-        return f"{us:.1f} µs" if us < 10 else f"{us:.0f} µs"
-    return f"{ms:.2f} ms" if ms < 10 else f"{ms:.1f} ms"
-
-
-def fmt_rate(mbps: float | None) -> str:
-    """A throughput as people read it: 940 Mbit/s, 377.1 Gbit/s."""
-    if mbps is None:
-        return "-"
-    if mbps >= 1000:
-        gbps = mbps / 1000
-        return f"{gbps:.1f} Gbit/s" if gbps < 100 else f"{gbps:.0f} Gbit/s"
-    return f"{mbps:.1f} Mbit/s" if mbps < 10 else f"{mbps:.0f} Mbit/s"
-
-
-# -- colours ------------------------------------------------------------------------------------
-
-
-def scale_colour(t: float, scale: Sequence[Rgb]) -> Rgb:
-    """Linear interpolation along `scale` for t in [0, 1] (clipped)."""
-    t = min(1.0, max(0.0, t))
-    pos = t * (len(scale) - 1)
-    i = min(int(pos), len(scale) - 2)
-    frac = pos - i
-    lo, hi = scale[i], scale[i + 1]
-    r, g, b = (round(lo[k] + (hi[k] - lo[k]) * frac) for k in range(3))
-    return (r, g, b)
-
-
-def _luminance(rgb: Rgb) -> float:
-    """WCAG 2 relative luminance."""
-
-    def channel(c: int) -> float:
-        s = c / 255
-        return s / 12.92 if s <= 0.03928 else ((s + 0.055) / 1.055) ** 2.4
-
-    r, g, b = (channel(c) for c in rgb)
-    return 0.2126 * r + 0.7152 * g + 0.0722 * b
-
-
-def text_colour(background: Rgb) -> str:
-    """Black or white, whichever contrasts more with `background` (WCAG contrast ratio)."""
-    lum = _luminance(background)
-    on_black = (lum + 0.05) / 0.05
-    on_white = 1.05 / (lum + 0.05)
-    return "#000000" if on_black >= on_white else "#ffffff"
-
-
-def _style(rgb: Rgb) -> str:
-    return f"background:#{rgb[0]:02x}{rgb[1]:02x}{rgb[2]:02x};color:{text_colour(rgb)}"
-
-
-def latency_position(p50: float, reference: float) -> float:
-    """Where a latency sits on the log2 scale: 0 at (or below) the reference (the intra-domain
-    median), 1 at 2**LATENCY_OCTAVES times it; 0.012 ms and 0.036 ms are 0.4 apart."""
-    if reference <= 0 or p50 <= reference:
-        return 0.0
-    return min(1.0, math.log2(p50 / reference) / LATENCY_OCTAVES)
-
-
-def _legend(label: str, scale: Sequence[Rgb], ticks: Sequence[str], note: str = "") -> str:
-    steps = len(ticks)
-    swatches = "".join(
-        f'<span style="{_style(scale_colour(i / (steps - 1), scale))}">{_e(tick)}</span>'
-        for i, tick in enumerate(ticks)
-    )
-    extra = f"<span>{_e(note)}</span>" if note else ""
-    return f'<div class="legend" role="note"><span>{_e(label)}</span>{swatches}{extra}</div>'
-
-
-# -- the east-west heatmaps -------------------------------------------------------------------
-
-
-def _max_latency_ms(obj: Mapping[str, Any]) -> float:
-    spec = obj.get("spec")
-    checks = spec.get("checks") if isinstance(spec, Mapping) else None
-    peers = checks.get("peers") if isinstance(checks, Mapping) else None
-    value = peers.get("maxLatencyMs") if isinstance(peers, Mapping) else None
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    return PeerChecks().max_latency_ms
-
-
-def intra_median(ew: EastWest, value: Callable[[Cell], float | None]) -> float | None:
-    """The median of `value` over the intra-domain cells (None when there is none): the
-    reference the heatmaps colour against; without intra cells, the median of all cells."""
-    intra = [v for c in ew.cells if c.intra and (v := value(c)) is not None and v > 0]
-    if not intra:
-        intra = [v for c in ew.cells if (v := value(c)) is not None and v > 0]
-    return statistics.median(intra) if intra else None
-
-
-def _latency_cell(cell: Cell | None, limit: float, reference: float) -> str:
-    if cell is None or cell.latency_p50_ms is None:
-        return '<td class="none">not measured</td>' if cell is None else _no_latency(cell)
-    p50 = cell.latency_p50_ms
-    parts = [f'<span class="v">{_e(fmt_latency(p50))}</span>']
-    if reference > 0 and not cell.intra:
-        parts.append(f'<span class="s">{_e(f"{p50 / reference:.1f}")}x intra median</span>')
-    if p50 > limit:
-        parts.append(f'<span class="s bad">above max {_e(fmt_latency(limit))}</span>')
-    parts.append(
-        f'<span class="s">p99 {_e(fmt_latency(cell.latency_p99_ms))} · loss '
-        f"{_e(fmt_percent(cell.loss_percent))}%</span>"
-    )
-    if cell.path_mtu is not None:
-        parts.append(f'<span class="s">path MTU {cell.path_mtu}</span>')
-    parts.append(_pairs_line(cell))
-    style = _style(scale_colour(latency_position(p50, reference), LATENCY_SCALE))
-    return f'<td style="{style}">{"".join(parts)}</td>'
-
-
-def _no_latency(cell: Cell) -> str:
-    return f'<td class="none">no latency measured{_pairs_line(cell)}</td>'
-
-
-def _pairs_line(cell: Cell) -> str:
-    text = f"{cell.pairs} node pair(s)"
-    if cell.failing:
-        text += f' · <span class="bad">{cell.failing} failing</span>'
-    return f'<span class="s">{text}</span>'
-
-
-def _throughput_cell(cell: Cell | None, reference: float) -> str:
-    if cell is None:
-        return '<td class="none">not measured</td>'
-    if cell.throughput_mbps is None:
-        return f'<td class="none">no throughput sample<span class="s">{cell.pairs} node pair(s)</span></td>'
-    mbps = cell.throughput_mbps
-    parts = [
-        f'<span class="v">{_e(fmt_rate(mbps))}</span>',
-        f'<span class="s">{cell.throughput_samples} sample(s)</span>',
-    ]
-    if cell.intra:
-        parts.append('<span class="s">intra-domain</span>')
-    elif cell.throughput_ratio is not None:
-        parts.append(
-            f'<span class="s">ratio {_e(f"{cell.throughput_ratio:.2f}")} · '
-            f"{_e(fmt_ratio(cell.oversubscription))}</span>"
-        )
-    else:
-        parts.append('<span class="s">no intra-domain baseline</span>')
-    classes = ""
-    if cell.flagged:
-        parts.append('<span class="s flag">FLAGGED: oversubscribed</span>')
-        classes = ' class="flagged"'
-    style = _style(scale_colour(mbps / reference if reference > 0 else 0.0, THROUGHPUT_SCALE))
-    return f'<td{classes} style="{style}">{"".join(parts)}</td>'
-
-
-def _heatmap(
-    ew: EastWest,
-    domains: list[str],
-    caption: str,
-    table_id: str,
-    cell_html: Callable[[Cell | None], str],
-) -> str:
-    head = "".join(f'<th scope="col">{_e(d)}</th>' for d in domains)
-    rows = []
-    for a in domains:
-        cells = "".join(cell_html(ew.cell(a, b)) for b in domains)
-        rows.append(f'<tr><th scope="row">{_e(a)}</th>{cells}</tr>')
-    return (
-        f'<div class="scroll"><table class="heat" id="{table_id}">'
-        f"<caption>{_e(caption)}</caption>"
-        f'<thead><tr><th scope="col">domain</th>{head}</tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table></div>"
-    )
-
-
-def _east_west_section(obj: Mapping[str, Any]) -> str:
-    ew, problem = parse_east_west(obj)
-    out = ['<section id="east-west"><h2>East-west</h2>']
-    if ew is None:
-        if problem is not None:
-            message = problem
-        elif peers_enabled(obj):
-            message = (
-                "East-west probing is enabled but there is no summary yet: the operator "
-                "writes status.eastWest once agents report."
-            )
-        else:
-            message = NOT_ENABLED
-        out.append(f"<p>{_e(message)}</p></section>")
-        return "".join(out)
-    out.append(
-        f'<p class="meta">{ew.domains} domain(s), {ew.nodes} node(s); pairs flagged when '
-        "cross-domain throughput is below "
-        f"{_e(f'{ew.min_throughput_ratio:g}')} of the intra-domain median "
-        "(minThroughputRatio).</p>"
-    )
-    if not peers_enabled(obj):
-        out.append(
-            "<p>spec.checks.peers.enabled is not true: this summary may be left from before.</p>"
-        )
-    domains = east_west_domains(ew)
-    if not domains:
-        out.append(f"<p>{_e(NO_MEASUREMENTS)}</p></section>")
-        return "".join(out)
-    limit = _max_latency_ms(obj)
-    lat_ref = intra_median(ew, lambda c: c.latency_p50_ms) or limit
-    out.append("<h3>Latency per domain pair</h3>")
-    out.append(
-        "<p>Median over the node pairs of their p50 round trip. Coloured on a log scale "
-        f"against the intra-domain median ({_e(fmt_latency(lat_ref))}): each step doubles it. "
-        f"Cells above peers.maxLatencyMs ({_e(fmt_latency(limit))}) say so.</p>"
-    )
-    ticks = [f"{2**i:g}x · {fmt_latency(lat_ref * 2**i)}" for i in range(_LEGEND_STEPS)]
-    ticks[0] = f"≤ {ticks[0]}"
-    ticks[-1] = f"≥ {ticks[-1]}"
-    out.append(_legend("p50 vs intra-domain median:", LATENCY_SCALE, ticks))
-    out.append(
-        _heatmap(
-            ew,
-            domains,
-            "Latency heatmap: median p50 round trip, p99, loss (%), path MTU",
-            "latency-heatmap",
-            lambda c: _latency_cell(c, limit, lat_ref),
-        )
-    )
-    tp_ref = intra_median(ew, lambda c: c.throughput_mbps) or 0.0
-    out.append("<h3>Throughput per domain pair</h3>")
-    out.append(
-        "<p>Median of the TCP samples between the two domains, coloured against the "
-        f"intra-domain median ({_e(fmt_rate(tp_ref))}); for cross-domain pairs the ratio to it "
-        "and the oversubscription it means (4.0:1: a quarter of the intra-domain "
-        "throughput).</p>"
-    )
-    ticks = [f"{25 * i}% · {fmt_rate(tp_ref * i / 4)}" for i in range(_LEGEND_STEPS)]
-    ticks[0] = "0%"
-    ticks[-1] = f"≥ {ticks[-1]}"
-    out.append(_legend("throughput vs intra-domain median:", THROUGHPUT_SCALE, ticks))
-    out.append(
-        _heatmap(
-            ew,
-            domains,
-            "Throughput heatmap: median throughput, cross/intra ratio, oversubscription",
-            "throughput-heatmap",
-            lambda c: _throughput_cell(c, tp_ref),
-        )
-    )
-    if ew.omitted_cells:
-        out.append(
-            f"<p>{ew.omitted_cells} more domain pair(s) are not in the status (it keeps "
-            f"{len(ew.cells)}: flagged and failing pairs first).</p>"
-        )
-    out.append(_flagged_table(ew))
-    out.append(_suspects_table(ew))
-    out.append("</section>")
-    return "".join(out)
-
-
-def _flagged_table(ew: EastWest) -> str:
-    title = "<h3>Flagged pairs (oversubscription)</h3>"
-    if not ew.flagged:
-        return f"{title}<p>None.</p>"
-    rows = []
-    for f in ew.flagged:
-        cell = ew.cell(f.a, f.b)
-        cross = fmt_rate(cell.throughput_mbps) if cell is not None else "-"
-        rows.append(
-            f"<tr><td>{_e(f.a)}</td><td>{_e(f.b)}</td><td class='num'>{_e(cross)}</td>"
-            f"<td class='num'>{_e(f'{f.throughput_ratio:g}')}</td>"
-            f"<td class='num'>{_e(fmt_ratio(f.oversubscription))}</td></tr>"
-        )
-    return (
-        f"{title}<table><thead><tr><th scope='col'>domain</th><th scope='col'>domain</th>"
-        "<th scope='col'>cross throughput</th><th scope='col'>cross/intra ratio</th>"
-        f"<th scope='col'>oversubscription</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
-    )
-
-
-def _suspects_table(ew: EastWest) -> str:
-    title = "<h3>Suspect nodes</h3>"
-    intro = "<p>Nodes whose probes fail to many peers while those peers pass with others.</p>"
-    summary = (
-        f"<p>Failing node pairs: {ew.failing_pairs}, of which "
-        f"{ew.unexplained_failing_pairs} not explained by a suspect.</p>"
-    )
-    if not ew.suspects:
-        return f"{title}{intro}<p>None.</p>{summary}"
-    rows = "".join(
-        f"<tr><td>{_e(s.node)}</td><td>{_e(s.domain)}</td>"
-        f"<td class='num'>{s.failing_peers} of {s.peers}</td>"
-        f"<td>{_e(', '.join(s.checks))}</td></tr>"
-        for s in ew.suspects
-    )
-    return (
-        f"{title}{intro}<table><thead><tr><th scope='col'>node</th><th scope='col'>domain</th>"
-        "<th scope='col'>failing peers</th><th scope='col'>checks</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table>{summary}"
-    )
-
-
-# -- the verdict ----------------------------------------------------------------------------------
-
-# What to do about a failing check family (the first part of the check id).
-ADVICE: Final[Mapping[str, str]] = {
-    "link": "check the cable, transceiver and switch port (ethtool IF; link.flaps counts "
-    "carrier changes)",
-    "mtu": "make the interface MTU and the RoCE MTU match the fabric (ip link set dev IF "
-    "mtu 9000; the switch ports too)",
-    "rdma": "check the RDMA device, port state, rate and RoCE v2 GIDs (ibv_devinfo, rdma link)",
-    "pfc": "enable PFC on exactly the lossless priority and DSCP trust (mlnx_qos / dcb), and "
-    "look for pause storms from a stuck receiver",
-    "ecn": "enable ECN notification and reaction points on the lossless priority "
-    "(/sys/class/net/IF/ecn/roce_np|roce_rp/enable/N)",
-    "storage": "check the path from the nodes to the storage endpoint (reachability, "
-    "latency, throughput)",
-    "peer": "east-west: look at the suspect nodes and the flagged pairs below; a flagged pair "
-    "of domains points at the uplinks between them",
-}
-
-
 def _verdict(obj: Mapping[str, Any], status: NetworkValidationStatus | None, name: str) -> str:
     if status is None:
         return (
@@ -468,8 +102,8 @@ def _verdict(obj: Mapping[str, Any], status: NetworkValidationStatus | None, nam
     parts = [
         f'<section id="verdict" class="{verdict}" role="status" data-verdict="{verdict}">',
         f"<h2>{title[verdict]}</h2>",
-        f"<p><strong>Why:</strong> {_e(healthy.reason if healthy else 'NoCondition')}: "
-        f"{_e(why)}</p>",
+        f"<p><strong>Why:</strong> {escape(healthy.reason if healthy else 'NoCondition')}: "
+        f"{escape(why)}</p>",
     ]
     by_node: dict[str, list[str]] = defaultdict(list)
     for f in status.failures:
@@ -479,7 +113,7 @@ def _verdict(obj: Mapping[str, Any], status: NetworkValidationStatus | None, nam
     if by_node:
         ordered = sorted(by_node.items(), key=lambda item: (-len(item[1]), item[0]))
         shown = ", ".join(
-            f"<strong>{_e(n)}</strong> ({_e(', '.join(c))})"
+            f"<strong>{escape(n)}</strong> ({escape(', '.join(c))})"
             for n, c in ordered[:MAX_NODES_IN_BANNER]
         )
         more = (
@@ -489,22 +123,23 @@ def _verdict(obj: Mapping[str, Any], status: NetworkValidationStatus | None, nam
         )
         parts.append(f"<p><strong>Failing nodes ({len(ordered)}):</strong> {shown}{more}</p>")
     if ready is not None and ready.status != "True":
-        detail = ", ".join(f"{_e(n)} ({_e(w)})" for n, w in sorted(stale.items()))
+        detail = ", ".join(f"{escape(n)} ({escape(w)})" for n, w in sorted(stale.items()))
         parts.append(
-            f"<p><strong>Not ready:</strong> {_e(ready.reason)}: {detail or _e(ready.message)}</p>"
+            f"<p><strong>Not ready:</strong> {escape(ready.reason)}: {detail or escape(ready.message)}</p>"
         )
     ew, _ = parse_east_west(obj)
     if ew is not None and ew.flagged:
         pairs = ", ".join(
-            f"{_e(f.a)} ↔ {_e(f.b)} ({_e(fmt_ratio(f.oversubscription))})" for f in ew.flagged[:6]
+            f"{escape(f.a)} ↔ {escape(f.b)} ({escape(fmt_ratio(f.oversubscription))})"
+            for f in ew.flagged[:6]
         )
         parts.append(
             f"<p><strong>Oversubscribed domain pairs ({len(ew.flagged)}):</strong> {pairs}: "
             "cross-domain throughput below "
-            f"{_e(f'{ew.min_throughput_ratio:g}')} of the intra-domain median</p>"
+            f"{escape(f'{ew.min_throughput_ratio:g}')} of the intra-domain median</p>"
         )
     if ew is not None and ew.suspects:
-        names = ", ".join(_e(x.node) for x in ew.suspects)
+        names = ", ".join(escape(x.node) for x in ew.suspects)
         parts.append(f"<p><strong>Suspect nodes (east-west):</strong> {names}</p>")
     advice: list[str] = []
     if ew is not None and ew.flagged:
@@ -515,7 +150,7 @@ def _verdict(obj: Mapping[str, Any], status: NetworkValidationStatus | None, nam
     families = dict.fromkeys(c.partition(".")[0] for checks in by_node.values() for c in checks)
     for family in families:
         if family in ADVICE:
-            advice.append(f"<li><strong>{_e(family)}</strong>: {_e(ADVICE[family])}</li>")
+            advice.append(f"<li><strong>{escape(family)}</strong>: {escape(ADVICE[family])}</li>")
     if stale:
         advice.append(
             "<li><strong>stale nodes</strong>: is the agent pod running on them? "
@@ -523,7 +158,7 @@ def _verdict(obj: Mapping[str, Any], status: NetworkValidationStatus | None, nam
         )
     if not is_ok or advice:
         advice.append(
-            f"<li>per node: <code>netval status {_e(name)} --nodes --failing</code>; every check "
+            f"<li>per node: <code>netval status {escape(name)} --nodes --failing</code>; every check "
             "and its fix: docs/checks.md</li>"
         )
         parts.append(f"<p><strong>What to do:</strong></p><ul>{''.join(advice)}</ul>")
@@ -540,13 +175,15 @@ def _conditions_section(status: NetworkValidationStatus, now: datetime) -> str:
         c = status.condition(kind)
         if c is None:
             if kind is not ConditionType.GATING:
-                rows.append(f"<tr><th scope='row'>{_e(kind.value)}</th><td colspan='4'>-</td></tr>")
+                rows.append(
+                    f"<tr><th scope='row'>{escape(kind.value)}</th><td colspan='4'>-</td></tr>"
+                )
             continue
         css = "ok" if c.status == "True" else "notok"
         rows.append(
-            f"<tr><th scope='row'>{_e(c.type.value)}</th><td class='{css}'>{_e(c.status)}</td>"
-            f"<td>{_e(c.reason)}</td><td>{_e(c.message)}</td>"
-            f"<td>{_when(c.last_transition_time, now)}</td></tr>"
+            f"<tr><th scope='row'>{escape(c.type.value)}</th><td class='{css}'>{escape(c.status)}</td>"
+            f"<td>{escape(c.reason)}</td><td>{escape(c.message)}</td>"
+            f"<td>{when_html(c.last_transition_time, now)}</td></tr>"
         )
     return (
         '<section id="conditions"><h2>Conditions</h2><table><thead><tr>'
@@ -570,7 +207,7 @@ def _counts_section(status: NetworkValidationStatus) -> str:
 
     def rows(items: list[tuple[str, Any]]) -> str:
         return "".join(
-            f"<tr><th scope='row'>{_e(check)}</th><td class='num'>{c.pass_}</td>"
+            f"<tr><th scope='row'>{escape(check)}</th><td class='num'>{c.pass_}</td>"
             f"<td class='num'>{c.warn}</td>"
             f"<td class='num{' notok' if c.fail else ''}'>{c.fail}</td></tr>"
             for check, c in items
@@ -611,14 +248,14 @@ def _failures_section(status: NetworkValidationStatus, now: datetime) -> str:
     for f in status.failures:
         by_node[f.node].append(f.check)
     items = "".join(
-        f"<li><strong>{_e(node)}</strong>: {_e(', '.join(dict.fromkeys(checks)))}</li>"
+        f"<li><strong>{escape(node)}</strong>: {escape(', '.join(dict.fromkeys(checks)))}</li>"
         for node, checks in sorted(by_node.items())
     )
     out.append(f"<h3>Failing nodes</h3><ul>{items}</ul>")
     rows = "".join(
-        f"<tr><td class='nw'>{_e(f.node)}</td><td class='nw'>{_e(f.check)}</td>"
-        f"<td class='nw'>{_e(f.subject)}</td><td class='nw'>{_when(f.since, now)}</td>"
-        f"<td>{_e(f.message)}</td></tr>"
+        f"<tr><td class='nw'>{escape(f.node)}</td><td class='nw'>{escape(f.check)}</td>"
+        f"<td class='nw'>{escape(f.subject)}</td><td class='nw'>{when_html(f.since, now)}</td>"
+        f"<td>{escape(f.message)}</td></tr>"
         for f in status.failures
     )
     out.append(
@@ -643,9 +280,9 @@ def render_html(obj: Mapping[str, Any], *, now: datetime | None = None) -> str:
     generation = meta.get("generation")
     status = parse_status(obj)
     body = [
-        f"<header><h1>NetworkValidation {_e(name)}</h1>",
-        f'<p class="meta">generation {_e(generation if generation is not None else "?")} · '
-        f"report written {_e(_iso(now))}",
+        f"<header><h1>NetworkValidation {escape(name)}</h1>",
+        f'<p class="meta">generation {escape(generation if generation is not None else "?")} · '
+        f"report written {escape(iso_time(now))}",
     ]
     if status is None:
         body.append("</p></header>")
@@ -657,7 +294,7 @@ def render_html(obj: Mapping[str, Any], *, now: datetime | None = None) -> str:
     else:
         body.append(
             f" · status for generation {status.observed_generation} · last report "
-            f"{_when(status.last_report_time, now)}</p>"
+            f"{when_html(status.last_report_time, now)}</p>"
         )
         if status.observed_generation != generation:
             body.append(
@@ -668,13 +305,13 @@ def render_html(obj: Mapping[str, Any], *, now: datetime | None = None) -> str:
         body.append(_failures_section(status, now))
         body.append(_conditions_section(status, now))
         body.append(_counts_section(status))
-    body.append(_east_west_section(obj))
+    body.append(east_west_section(obj))
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
         '<meta http-equiv="Content-Security-Policy" '
         "content=\"default-src 'none'; style-src 'unsafe-inline'\">"
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>netval: {_e(name)}</title><style>{_CSS}</style></head>\n"
+        f"<title>netval: {escape(name)}</title><style>{_CSS}</style></head>\n"
         f"<body>{''.join(body)}</body></html>\n"
     )

@@ -15,6 +15,7 @@ class CheckGroup(StrEnum):
     RDMA = "rdma"
     PFC = "pfc"
     ECN = "ecn"
+    IB = "ib"
     STORAGE = "storage"
     PEER = "peer"
 
@@ -37,6 +38,11 @@ class CheckId(StrEnum):
     ECN_NP_ENABLED = "ecn.np_enabled"
     ECN_RP_ENABLED = "ecn.rp_enabled"
     ECN_CNP_FLOW = "ecn.cnp_flow"
+    # -- transports, GIDs and InfiniBand ports (issue 11) --
+    MTU_IPOIB = "mtu.ipoib"
+    RDMA_GID_INDEX = "rdma.gid_index"
+    IB_PORT_ERRORS = "ib.port_errors"
+    # --
     STORAGE_REACHABLE = "storage.reachable"
     STORAGE_LATENCY = "storage.latency"
     STORAGE_THROUGHPUT = "storage.throughput"
@@ -44,6 +50,9 @@ class CheckId(StrEnum):
     PEER_LOSS = "peer.loss"
     PEER_PATH_MTU = "peer.path_mtu"
     PEER_THROUGHPUT = "peer.throughput"
+    # -- driver counters (issue 11) --
+    LINK_PHY_ERRORS = "link.phy_errors"
+    PFC_GLOBAL_PAUSE = "pfc.global_pause"
 
     @property
     def group(self) -> CheckGroup:

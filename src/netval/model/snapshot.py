@@ -9,11 +9,26 @@ skip or a clear failure, never a crash.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Final
 
-SNAPSHOT_FORMAT: Final = "netval-snapshot/1"
+SNAPSHOT_FORMAT: Final = "netval-snapshot/1.1"
+# Every 1.x reads as 1.x: a minor version only adds files, which older readers ignore.
+SNAPSHOT_MAJOR: Final = "netval-snapshot/1"
 
 ZERO_GID: Final = "0000:0000:0000:0000:0000:0000:0000:0000"
+IFF_UP: Final = 0x1
+ARPHRD_INFINIBAND: Final = 32
+IWARP_NODE_TYPE: Final = "4: RNIC"
+
+
+class Transport(StrEnum):
+    """What an RDMA port carries, from the device's node_type and the port's link_layer."""
+
+    ROCE = "RoCE"
+    INFINIBAND = "InfiniBand"
+    IWARP = "iWARP"
+    UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +68,44 @@ class Netdev:
     ecn_rp: dict[int, bool] = field(default_factory=dict)
     ethtool: dict[str, int] | None = None
     dcb: Dcb | None = None
+    # -- selection and transports (issue 11); absent from older snapshots: None --
+    flags: int | None = None  # IFF_* flags; IFF_UP (0x1) is the admin state
+    type: int | None = None  # ARPHRD_*: 1 Ethernet, 32 InfiniBand (IPoIB)
+    ipoib_mode: str | None = None  # "datagram" | "connected"
+    pci_address: str | None = None  # PCI_SLOT_NAME of device/uevent
+    dev_port: int | None = None  # the port of its PCI device, 0-based
+    # -- format 1.1 (drivers and counters) --
+    # lower_* links: the ports under a bond/team without bonding/slaves.
+    lower: tuple[str, ...] = ()
+    # Why `dcb` is None, as the DCB netlink reader saw it ("EOPNOTSUPP", "timeout", ...);
+    # None also when unknown (a 1.0 snapshot).
+    dcb_error: str | None = None
+
+    @property
+    def ports_below(self) -> tuple[str, ...]:
+        """The netdevs whose NIC carries this one's traffic (bond slaves, else lower_*)."""
+        return self.bond_slaves or self.lower
 
     @property
     def has_ecn_controls(self) -> bool:
         return bool(self.ecn_np or self.ecn_rp)
+
+    @property
+    def admin_up(self) -> bool | None:
+        """IFF_UP when flags were read; else inferred: sysfs refuses carrier (EINVAL) exactly
+        while the interface is admin down, so an unreadable carrier with operstate down is
+        admin down. None: unknown."""
+        if self.flags is not None:
+            return bool(self.flags & IFF_UP)
+        if self.carrier is None and self.operstate == "down":
+            return False
+        if self.carrier is not None:
+            return True
+        return None
+
+    @property
+    def is_ipoib(self) -> bool:
+        return self.type == ARPHRD_INFINIBAND or self.ipoib_mode is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +132,10 @@ class RdmaPort:
     counters: dict[str, int] = field(default_factory=dict)
     hw_counters: dict[str, int] = field(default_factory=dict)
     default_roce_tos: int | None = None
+    # -- format 1.1 (drivers and counters) --
+    # Counter files the kernel answered with a non-number ("N/A (no PMA)" on a device
+    # without a performance-management agent): "hw_counters/<name>" -> the text read.
+    unavailable: dict[str, str] = field(default_factory=dict)
 
     @property
     def subject(self) -> str:
@@ -111,6 +164,28 @@ class RdmaDevice:
     board_id: str | None = None
     netdev_hint: str | None = None  # from /sys/class/net/<if>/device/infiniband
     ports: dict[int, RdmaPort] = field(default_factory=dict)
+    # -- selection and port binding (issue 11) --
+    pci_address: str | None = None  # PCI_SLOT_NAME of device/uevent
+    # netdevs of the same PCI device (device/net/<name>) and their dev_port (0-based)
+    pci_netdevs: dict[str, int | None] = field(default_factory=dict)
+
+    @property
+    def is_iwarp(self) -> bool:
+        return self.node_type == IWARP_NODE_TYPE
+
+    def transport(self, port: RdmaPort) -> Transport:
+        if self.is_iwarp:
+            return Transport.IWARP
+        if port.link_layer == "InfiniBand":
+            return Transport.INFINIBAND
+        if port.link_layer == "Ethernet":
+            return Transport.ROCE
+        return Transport.UNKNOWN
+
+    # -- format 1.1 (drivers and counters) --
+    # The PCI driver of the RDMA device's own device (device/uevent DRIVER= or the
+    # device/driver link): names the counter set even when udev renamed the device.
+    driver: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,6 +70,9 @@ class MtuChecks(_Spec):
     interface_mtu: Annotated[int, Field(alias="interfaceMTU", ge=68, le=2_147_483_647)] = 9000
     roce_mtu: Annotated[RoceMTU, Field(alias="roceMTU")] = 4096
     interfaces: list[IfName] = Field(default_factory=list)
+    # IPoIB netdevs are judged against this, not interfaceMTU; null: by IPoIB mode, 4092 in
+    # datagram mode (a 4096 IB MTU minus the 4-byte IPoIB header), 65520 in connected mode.
+    ipoib_mtu: Annotated[int | None, Field(alias="ipoibMTU", ge=68, le=65520)] = None
 
     @model_validator(mode="after")
     def _roce_mtu_is_ib_mtu(self) -> MtuChecks:
@@ -84,6 +87,16 @@ class RdmaChecks(_Spec):
     min_rate_gbps: Annotated[float | None, Field(ge=0)] = None
     require_ro_ce_v2: Annotated[bool, Field(alias="requireRoCEv2")] = True
     max_errors_per_interval: Annotated[int, Field(ge=0)] = 10
+    # -- transports and GIDs (issue 11) --
+    # A node with InfiniBand and RoCE ports states both; when set it replaces linkLayer.
+    link_layers: Annotated[list[LinkLayer] | None, Field(min_length=1, max_length=2)] = None
+    # The GID index jobs are told to use (NCCL_IB_GID_INDEX); null: any index, but a change
+    # of index between two samples is reported (rdma.gid_index).
+    ro_ce_v2_gid_index: Annotated[int | None, Field(alias="roceV2GidIndex", ge=0, le=255)] = None
+
+    @property
+    def expected_link_layers(self) -> list[LinkLayer]:
+        return list(self.link_layers) if self.link_layers else [self.link_layer]
 
 
 class PfcChecks(_Spec):
@@ -94,12 +107,74 @@ class PfcChecks(_Spec):
     max_discards_per_interval: Annotated[int, Field(ge=0)] = 0
 
 
+class EcnMode(StrEnum):
+    """The fabric's congestion control: ECN-driven DCQCN, or none (PFC-only or lossy
+    fabrics, and fabrics whose congestion control does not use CNPs)."""
+
+    DCQCN = "dcqcn"
+    NONE = "none"
+
+
 class EcnChecks(_Spec):
+    mode: EcnMode = EcnMode.DCQCN
     # None means "the PFC priorities": RoCE congestion control only works when ECN and PFC
     # protect the same traffic class.
     priorities: Priorities | None = None
     min_marks_for_cnp: Annotated[int, Field(ge=1)] = 100
     max_cnp_ignored_per_interval: Annotated[int, Field(ge=0)] = 0
+
+
+# -- which subjects are judged, and InfiniBand port expectations (issue 11) ----------------
+
+# A glob (fnmatch: *, ?, [..]) over RDMA device names, "<device>/<port>" or netdev names, or
+# a PCI address ("0000:3b:00.1", "0000:3b:*").
+SelectPattern = Annotated[
+    str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:/*?!\[\]-]+$")
+]
+
+
+class AdminDown(StrEnum):
+    JUDGE = "judge"  # an admin-down port or netdev is judged (and fails): safe default
+    SKIP = "skip"  # admin down is not a fault: such ports/netdevs are reported as skip
+
+
+class PatternFilter(_Spec):
+    """Empty include: everything; exclude wins over include."""
+
+    include: Annotated[list[SelectPattern], Field(max_length=64)] = Field(default_factory=list)
+    exclude: Annotated[list[SelectPattern], Field(max_length=64)] = Field(default_factory=list)
+
+
+class Selection(_Spec):
+    """`spec.checks.select`: which RDMA devices, ports and netdevs the node is judged on."""
+
+    devices: PatternFilter = Field(default_factory=PatternFilter)
+    ports: PatternFilter = Field(default_factory=PatternFilter)
+    netdevs: PatternFilter = Field(default_factory=PatternFilter)
+    admin_down: AdminDown = AdminDown.JUDGE
+    # iWARP ports get no PFC/ECN intent checks unless asked (iWARP runs over TCP).
+    qos_on_iwarp: Annotated[bool, Field(alias="qosOnIWARP")] = False
+
+
+class IbCounterLimits(_Spec):
+    """Most growth per interval of each IB PortCounters error counter (ports/<n>/counters)."""
+
+    symbol_error: Annotated[int, Field(ge=0)] = 10
+    link_error_recovery: Annotated[int, Field(ge=0)] = 0
+    link_downed: Annotated[int, Field(ge=0)] = 0
+    port_rcv_errors: Annotated[int, Field(ge=0)] = 10
+    port_xmit_discards: Annotated[int, Field(ge=0)] = 100
+    excessive_buffer_overrun_errors: Annotated[int, Field(ge=0)] = 0
+    local_link_integrity_errors: Annotated[int, Field(ge=0)] = 0
+    vl15_dropped: Annotated[int, Field(alias="VL15Dropped", ge=0)] = 100
+
+
+class InfinibandChecks(_Spec):
+    """`spec.checks.infiniband`: expectations for InfiniBand ports only."""
+
+    # null: rdma.minRateGbps (or, unset too, the fastest port of the same card model)
+    min_rate_gbps: Annotated[float | None, Field(ge=0)] = None
+    max_counter_deltas: IbCounterLimits = Field(default_factory=IbCounterLimits)
 
 
 class StorageEndpoint(_Spec):
@@ -143,6 +218,8 @@ class Checks(_Spec):
     link: LinkChecks = Field(default_factory=LinkChecks)
     mtu: MtuChecks = Field(default_factory=MtuChecks)
     rdma: RdmaChecks = Field(default_factory=RdmaChecks)
+    infiniband: InfinibandChecks = Field(default_factory=InfinibandChecks)
+    select: Selection = Field(default_factory=Selection)
     pfc: PfcChecks = Field(default_factory=PfcChecks)
     ecn: EcnChecks = Field(default_factory=EcnChecks)
     storage: StorageChecks = Field(default_factory=StorageChecks)

@@ -57,7 +57,10 @@ class OperatorRuntime:
             before_round=self.refresh_targets,
         )
         self.ingest = ReportIngest(
-            settings.mqtt, on_report=self.on_report, on_state=self.store.on_state
+            settings.mqtt,
+            on_report=self.on_report,
+            on_state=self.store.on_state,
+            tracer=self.tracer,
         )
         self.peer_ports = PeerPortCheck()
         self.metrics_server: asyncio.Server | None = None

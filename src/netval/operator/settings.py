@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from netval.infra.mqtt_settings import MqttSettings, mqtt_settings_from_env
+from netval.infra.telemetry import TelemetryConfigError, sampler_from_env
 
 ENV_NAMESPACE: Final = "NETVAL_NAMESPACE"
 ENV_AGENT_IMAGE: Final = "NETVAL_AGENT_IMAGE"
@@ -21,6 +23,12 @@ ENV_STATUS_WINDOW: Final = "NETVAL_STATUS_WINDOW_SECONDS"
 ENV_AGENT_RESOURCES: Final = "NETVAL_AGENT_RESOURCES"
 ENV_AGENT_TOLERATIONS: Final = "NETVAL_AGENT_TOLERATIONS"
 ENV_KUEUE_ENABLED: Final = "NETVAL_KUEUE_ENABLED"
+ENV_AGENT_NAMESPACE: Final = "NETVAL_AGENT_NAMESPACE"
+ENV_AGENT_IMAGE_PULL_SECRETS: Final = "NETVAL_AGENT_IMAGE_PULL_SECRETS"
+ENV_AGENT_PRIORITY_CLASS_NAME: Final = "NETVAL_AGENT_PRIORITY_CLASS_NAME"
+ENV_AGENT_TRACES_SAMPLER: Final = "NETVAL_AGENT_OTEL_TRACES_SAMPLER"
+ENV_AGENT_TRACES_SAMPLER_ARG: Final = "NETVAL_AGENT_OTEL_TRACES_SAMPLER_ARG"
+ENV_AGENT_OTEL_HEADERS_SECRET: Final = "NETVAL_AGENT_OTEL_HEADERS_SECRET"
 ENV_AGENT_ENROLL_URL: Final = "NETVAL_AGENT_ENROLL_URL"
 ENV_AGENT_ENROLL_CA_CONFIGMAP: Final = "NETVAL_AGENT_ENROLL_CA_CONFIGMAP"
 
@@ -47,6 +55,18 @@ class OperatorSettings:
     agent_resources: dict[str, Any] | None = None  # container resources (None: defaults)
     agent_tolerations: tuple[dict[str, Any], ...] = ()  # added to every agent DaemonSet
     kueue_enabled: bool = False  # answer Kueue AdmissionChecks (needs the Kueue RBAC)
+    agents_namespace: str | None = None  # None: `namespace`, see `agent_namespace`
+    agent_image_pull_secrets: tuple[str, ...] = ()  # Secret names in the agents' namespace
+    agent_priority_class_name: str | None = None
+    agent_traces_sampler: str | None = None  # the agents' OTEL_TRACES_SAMPLER
+    agent_traces_sampler_arg: str | None = None  # ... and OTEL_TRACES_SAMPLER_ARG
+    agent_otel_headers_secret: str | None = None  # Secret (key `headers`): OTLP headers
+
+    @property
+    def agent_namespace(self) -> str:
+        """Where the agent DaemonSets and ConfigMaps live (the operator's own by default)."""
+        return self.agents_namespace or self.namespace
+
     # Per-node MQTT identity (operator/identity): the enrollment URL the agents get and the
     # ConfigMap (key ca.crt, agents' namespace) that verifies it; None: shared credentials.
     agent_enroll_url: str | None = None
@@ -69,6 +89,18 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
         raise OperatorConfigError(f"{ENV_STATUS_WINDOW}: not a number: {window_text!r}") from None
     if not 0.05 <= window <= 60:
         raise OperatorConfigError(f"{ENV_STATUS_WINDOW}: must be between 0.05 and 60, got {window}")
+    try:
+        sampler_from_env(env)  # the operator's own sampler, refused before anything starts
+    except TelemetryConfigError as exc:
+        raise OperatorConfigError(str(exc)) from None
+    agent_sampler = {
+        "OTEL_TRACES_SAMPLER": env.get(ENV_AGENT_TRACES_SAMPLER, ""),
+        "OTEL_TRACES_SAMPLER_ARG": env.get(ENV_AGENT_TRACES_SAMPLER_ARG, ""),
+    }
+    try:
+        sampler_from_env(agent_sampler)  # an agent would refuse to start with it
+    except TelemetryConfigError as exc:
+        raise OperatorConfigError(f"{ENV_AGENT_TRACES_SAMPLER}(_ARG): {exc}") from None
     resources = _json_env(env, ENV_AGENT_RESOURCES, dict)
     tolerations = _json_env(env, ENV_AGENT_TOLERATIONS, list) or []
     if not all(isinstance(t, dict) for t in tolerations):
@@ -76,6 +108,7 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
     kueue = env.get(ENV_KUEUE_ENABLED, "false").strip().lower()
     if kueue not in ("true", "false", ""):
         raise OperatorConfigError(f"{ENV_KUEUE_ENABLED}: expected true or false, got {kueue!r}")
+    pull_secrets = _pull_secret_names(_json_env(env, ENV_AGENT_IMAGE_PULL_SECRETS, list) or [])
     return OperatorSettings(
         namespace=env.get(ENV_NAMESPACE) or DEFAULT_NAMESPACE,
         agent_image=env.get(ENV_AGENT_IMAGE) or DEFAULT_IMAGE,
@@ -88,9 +121,44 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
         agent_resources=resources or None,
         agent_tolerations=tuple(tolerations),
         kueue_enabled=kueue == "true",
+        agents_namespace=_name_env(env, ENV_AGENT_NAMESPACE, limit=63),  # a DNS label
+        agent_image_pull_secrets=pull_secrets,
+        agent_priority_class_name=_name_env(env, ENV_AGENT_PRIORITY_CLASS_NAME),
+        agent_traces_sampler=env.get(ENV_AGENT_TRACES_SAMPLER, "").strip() or None,
+        agent_traces_sampler_arg=env.get(ENV_AGENT_TRACES_SAMPLER_ARG, "").strip() or None,
+        agent_otel_headers_secret=_name_env(env, ENV_AGENT_OTEL_HEADERS_SECRET),
         agent_enroll_url=_enroll_url(env),
         agent_enroll_ca_configmap=env.get(ENV_AGENT_ENROLL_CA_CONFIGMAP, "").strip() or None,
     )
+
+
+# A DNS subdomain (RFC 1123): what names of namespaces, Secrets and PriorityClasses must be.
+_DNS_SUBDOMAIN: Final = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+
+
+def _name_env(env: Mapping[str, str], name: str, *, limit: int = 253) -> str | None:
+    value = env.get(name, "").strip()
+    if not value:
+        return None
+    if len(value) > limit or not _DNS_SUBDOMAIN.match(value) or (limit == 63 and "." in value):
+        raise OperatorConfigError(f"{name}: not a valid Kubernetes name: {value!r}")
+    return value
+
+
+def _pull_secret_names(items: list[Any]) -> tuple[str, ...]:
+    """Helm's `[{name: SECRET}]` (as in a pod spec), or plain names."""
+    names = []
+    for item in items:
+        value = item.get("name") if isinstance(item, dict) else item
+        if not isinstance(value, str) or not _DNS_SUBDOMAIN.match(value) or len(value) > 253:
+            raise OperatorConfigError(
+                f"{ENV_AGENT_IMAGE_PULL_SECRETS}: expected a JSON list of {{name: SECRET}},"
+                f" got {item!r}"
+            )
+        names.append(value)
+    return tuple(dict.fromkeys(names))
 
 
 def _json_env(env: Mapping[str, str], name: str, kind: type) -> Any:

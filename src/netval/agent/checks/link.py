@@ -13,9 +13,15 @@ _UP_OPERSTATES = ("up", "unknown")
 
 
 def check_carrier(ctx: CheckContext) -> list[CheckResult]:
+    # Netdevs of RDMA ports that checks.select leaves out: said once, here.
+    excluded = [
+        skipped(CheckId.LINK_CARRIER, name, f"not judged: {why}")
+        for name, why in sorted((ctx.judged.excluded or {}).items())
+        if name in ctx.snapshot.last.netdevs and name not in ctx.judged.link_netdevs
+    ]
     if not ctx.judged.link_netdevs:
-        return [skipped(CheckId.LINK_CARRIER, ctx.node, _nothing_judged())]
-    out: list[CheckResult] = []
+        return excluded or [skipped(CheckId.LINK_CARRIER, ctx.node, _nothing_judged())]
+    out: list[CheckResult] = excluded
     for name in ctx.judged.link_netdevs:
         netdev = ctx.snapshot.last.netdevs.get(name)
         expected = {"carrier": 1, "operstate": "up"}

@@ -2,26 +2,37 @@
 
 from __future__ import annotations
 
-from netval.agent.checks.context import NO_DELTAS, CheckContext, result, skipped
+from netval.agent.checks.context import CheckContext, result, skipped
 from netval.agent.checks.counters import deltas
-from netval.agent.checks.drivers import DriverCounters, counters_for_driver
+from netval.agent.checks.netdev_counters import missing_text, netdev_counter_inputs
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.model.snapshot import Netdev
 
 
 def _no_qos(check: CheckId, ctx: CheckContext) -> list[CheckResult]:
-    return [skipped(check, ctx.node, "no RDMA netdevs on this node: PFC is not judged")]
+    return [skipped(check, ctx.node, ctx.judged.no_qos_reason("PFC"))]
 
 
 def _dcb_missing(check: CheckId, name: str, netdev: Netdev | None) -> CheckResult:
     if netdev is None:
         return result(check, name, Status.ERROR, f"interface {name} not found on this node")
-    return skipped(
-        check,
-        name,
-        f"DCB not readable on {name} (driver {netdev.driver or 'unknown'} has no DCB netlink support)",
-    )
+    driver = netdev.driver or "unknown"
+    error = netdev.dcb_error
+    if error in ("EOPNOTSUPP", "ENOTSUP"):
+        reason = (
+            f"DCB netlink returned {error} for {name} (driver {driver}): the netdev has no "
+            "DCB operations (for mlx5_core/bnxt_en: a kernel built without their DCB "
+            "support, or a VF/representor)"
+        )
+    elif error:
+        reason = f"DCB netlink read of {name} failed: {error} (driver {driver})"
+    else:
+        reason = (
+            f"DCB state of {name} not recorded (driver {driver}; no dcb/{name}.json and no "
+            "reason: a format 1.0 snapshot or a read that was not attempted)"
+        )
+    return result(check, name, Status.SKIP, reason, {"dcbError": error, "driver": netdev.driver})
 
 
 def check_priorities(ctx: CheckContext) -> list[CheckResult]:
@@ -98,25 +109,6 @@ def check_trust(ctx: CheckContext) -> list[CheckResult]:
     return out
 
 
-def _counter_inputs(
-    ctx: CheckContext, check: CheckId, name: str
-) -> tuple[DriverCounters, dict[str, int], dict[str, int]] | CheckResult:
-    """The driver map and both samples' ethtool stats, or the skip that explains why not."""
-    if not ctx.snapshot.has_deltas:
-        return skipped(check, name, NO_DELTAS)
-    first, last = ctx.netdev_pair(name)
-    if last is None:
-        return result(check, name, Status.ERROR, f"interface {name} not found on this node")
-    driver = counters_for_driver(last.driver)
-    if driver is None:
-        return skipped(
-            check, name, f"driver {last.driver or 'unknown'} of {name}: counter names not mapped"
-        )
-    if first is None or first.ethtool is None or last.ethtool is None:
-        return skipped(check, name, f"ethtool statistics of {name} not readable")
-    return driver, first.ethtool, last.ethtool
-
-
 def check_pause_storm(ctx: CheckContext) -> list[CheckResult]:
     if not ctx.judged.qos_netdevs:
         return _no_qos(CheckId.PFC_PAUSE_STORM, ctx)
@@ -124,11 +116,11 @@ def check_pause_storm(ctx: CheckContext) -> list[CheckResult]:
     elapsed_us = ctx.snapshot.elapsed_seconds * 1e6
     out: list[CheckResult] = []
     for name in ctx.judged.qos_netdevs:
-        inputs = _counter_inputs(ctx, CheckId.PFC_PAUSE_STORM, name)
+        inputs = netdev_counter_inputs(ctx, CheckId.PFC_PAUSE_STORM, name)
         if isinstance(inputs, CheckResult):
             out.append(inputs)
             continue
-        driver, first, last = inputs
+        driver, first, last = inputs.counters, inputs.first, inputs.last
         storms = deltas(first, last, driver.pause_storm_events)
         grown = {k: v for k, v in storms.items() if v}
         if grown:
@@ -158,6 +150,23 @@ def check_pause_storm(ctx: CheckContext) -> list[CheckResult]:
             )
         for prio in spec.priorities:
             subject = f"{name}/prio{prio}"
+            if driver.rx_pause_duration is None or driver.tx_pause_duration is None:
+                out.append(
+                    result(
+                        CheckId.PFC_PAUSE_STORM,
+                        subject,
+                        Status.SKIP,
+                        f"{driver.name} has no per-priority pause-duration counter: pause time "
+                        "is not measurable on this NIC"
+                        + (
+                            " (its pause-storm events are judged above)"
+                            if driver.pause_storm_events
+                            else " (drops are judged in pfc.discards)"
+                        ),
+                        inputs.found.observed,
+                    )
+                )
+                continue
             names = (
                 driver.per_prio(driver.rx_pause_duration, prio),
                 driver.per_prio(driver.tx_pause_duration, prio),
@@ -184,7 +193,7 @@ def check_pause_storm(ctx: CheckContext) -> list[CheckResult]:
                     skipped(
                         CheckId.PFC_PAUSE_STORM,
                         subject,
-                        f"pause duration counters {list(names)} not readable",
+                        missing_text(inputs.missing(names), driver),
                     )
                 )
                 continue
@@ -221,11 +230,21 @@ def check_discards(ctx: CheckContext) -> list[CheckResult]:
     limit = ctx.checks.pfc.max_discards_per_interval
     out: list[CheckResult] = []
     for name in ctx.judged.qos_netdevs:
-        inputs = _counter_inputs(ctx, CheckId.PFC_DISCARDS, name)
+        if not ctx.checks.pfc.priorities:
+            out.append(
+                skipped(
+                    CheckId.PFC_DISCARDS,
+                    name,
+                    "no lossless priority expected (pfc.priorities is empty): a lossy "
+                    "fabric may drop",
+                )
+            )
+            continue
+        inputs = netdev_counter_inputs(ctx, CheckId.PFC_DISCARDS, name)
         if isinstance(inputs, CheckResult):
             out.append(inputs)
             continue
-        driver, first, last = inputs
+        driver, first, last = inputs.counters, inputs.first, inputs.last
         # Judge the lossless priorities' own drop counters: port-level drops also count lossy
         # classes (TCP may drop), so they are the fallback for NICs without per-priority
         # counters and otherwise only reported.
@@ -239,7 +258,13 @@ def check_discards(ctx: CheckContext) -> list[CheckResult]:
         if not got:
             names = [*prio_names, *driver.discards]
             out.append(
-                skipped(CheckId.PFC_DISCARDS, name, f"discard counters {names} not readable")
+                skipped(
+                    CheckId.PFC_DISCARDS,
+                    name,
+                    missing_text(names, driver)
+                    if names
+                    else f"{driver.name} has no discard counter",
+                )
             )
             continue
         total = sum(got.values())

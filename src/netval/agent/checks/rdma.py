@@ -1,4 +1,4 @@
-"""rdma.devices, rdma.port_state, rdma.link_layer, rdma.rate, rdma.gid_roce_v2, rdma.errors."""
+"""rdma.devices, rdma.port_state, rdma.link_layer, rdma.rate, rdma.errors (GIDs: gid.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from netval.agent.checks.context import (
 from netval.agent.checks.counters import deltas
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
-from netval.model.snapshot import RdmaPort
+from netval.model.snapshot import RdmaPort, Transport
 
 _ACTIVE = "ACTIVE"
 _LINK_UP = "LinkUp"
-_ROCE_V2 = "RoCE v2"
+_IB = "/sys/class/infiniband"
 
 
 def _no_devices(check: CheckId, ctx: CheckContext) -> list[CheckResult]:
@@ -51,6 +51,22 @@ def check_devices(ctx: CheckContext) -> list[CheckResult]:
             )
     for name in sorted(present):
         device = present[name]
+        why = ctx.judged.why_excluded(name)
+        if why is not None:
+            out.append(skipped(CheckId.RDMA_DEVICES, name, f"not judged: {why}"))
+            continue
+        if not device.ports:
+            out.append(
+                result(
+                    CheckId.RDMA_DEVICES,
+                    name,
+                    Status.ERROR,
+                    f"no port readable under {_IB}/{name}/ports/",
+                    {"ports": 0, "fwVer": device.fw_ver, "boardId": device.board_id},
+                    {"ports": ">=1"},
+                )
+            )
+            continue
         out.append(
             result(
                 CheckId.RDMA_DEVICES,
@@ -64,13 +80,38 @@ def check_devices(ctx: CheckContext) -> list[CheckResult]:
     return out
 
 
+def _excluded_ports(ctx: CheckContext, check: CheckId) -> list[CheckResult]:
+    out: list[CheckResult] = []
+    for name in sorted(ctx.snapshot.last.rdma):
+        for port in ctx.snapshot.last.rdma[name].ports.values():
+            why = ctx.judged.why_excluded(port.subject)
+            if why is not None:
+                out.append(skipped(check, port.subject, f"not judged: {why}"))
+    return out
+
+
 def check_port_state(ctx: CheckContext) -> list[CheckResult]:
+    excluded = _excluded_ports(ctx, CheckId.RDMA_PORT_STATE)
     if not ctx.judged.ports:
-        return _no_devices(CheckId.RDMA_PORT_STATE, ctx)
+        return excluded or _no_devices(CheckId.RDMA_PORT_STATE, ctx)
     out: list[CheckResult] = []
     expected = {"state": "4: ACTIVE", "physState": "5: LinkUp"}
     for port in ctx.judged.ports:
         observed = {"state": port.state, "physState": port.phys_state}
+        unread = [f for f, v in (("state", port.state), ("phys_state", port.phys_state)) if not v]
+        if unread:
+            files = ", ".join(f"{_IB}/{port.device}/ports/{port.port}/{f}" for f in unread)
+            out.append(
+                result(
+                    CheckId.RDMA_PORT_STATE,
+                    port.subject,
+                    Status.ERROR,
+                    f"not readable: {files}",
+                    observed,
+                    expected,
+                )
+            )
+            continue
         phys_ok = bool(port.phys_state and port.phys_state.endswith(_LINK_UP))
         if _is_active(port) and phys_ok:
             out.append(
@@ -95,25 +136,43 @@ def check_port_state(ctx: CheckContext) -> list[CheckResult]:
                     expected,
                 )
             )
-    return out
+    return out + excluded
 
 
 def check_link_layer(ctx: CheckContext) -> list[CheckResult]:
     if not ctx.judged.ports:
         return _no_devices(CheckId.RDMA_LINK_LAYER, ctx)
-    want = ctx.checks.rdma.link_layer.value
+    wanted = [w.value for w in ctx.checks.rdma.expected_link_layers]
+    want_text = " or ".join(wanted)
+    expected: dict[str, object] = (
+        {"linkLayer": wanted[0]} if len(wanted) == 1 else {"linkLayers": wanted}
+    )
     out: list[CheckResult] = []
     for port in ctx.judged.ports:
-        ok = port.link_layer == want
+        if not port.link_layer:
+            out.append(
+                result(
+                    CheckId.RDMA_LINK_LAYER,
+                    port.subject,
+                    Status.ERROR,
+                    f"not readable: {_IB}/{port.device}/ports/{port.port}/link_layer",
+                    {"linkLayer": None},
+                    expected,
+                )
+            )
+            continue
+        ok = port.link_layer in wanted
+        transport = ctx.judged.transport(port)
+        shown = f" ({transport.value})" if transport is Transport.IWARP else ""
         out.append(
             result(
                 CheckId.RDMA_LINK_LAYER,
                 port.subject,
                 Status.PASS if ok else Status.FAIL,
-                f"link layer {port.link_layer or 'unreadable'}"
-                + ("" if ok else f", expected {want}"),
-                {"linkLayer": port.link_layer},
-                {"linkLayer": want},
+                f"link layer {port.link_layer or 'unreadable'}{shown}"
+                + ("" if ok else f", expected {want_text}"),
+                {"linkLayer": port.link_layer, "transport": transport.value},
+                expected,
             )
         )
     return out
@@ -122,7 +181,8 @@ def check_link_layer(ctx: CheckContext) -> list[CheckResult]:
 def check_rate(ctx: CheckContext) -> list[CheckResult]:
     if not ctx.judged.ports:
         return _no_devices(CheckId.RDMA_RATE, ctx)
-    minimum = ctx.checks.rdma.min_rate_gbps
+    rdma_minimum = ctx.checks.rdma.min_rate_gbps
+    ib_minimum = ctx.checks.infiniband.min_rate_gbps
     # Without a stated minimum, the ports of one card model on a node are expected to run at
     # one rate: a port that negotiated down (a bad cable or optic) runs below its siblings.
     # Comparing per model (board_id) keeps a 200G storage NIC beside 400G compute NICs from
@@ -133,13 +193,13 @@ def check_rate(ctx: CheckContext) -> list[CheckResult]:
         if _is_active(p) and p_rate is not None:
             board = _board(ctx, p)
             fastest[board] = max(p_rate, fastest.get(board, p_rate))
-    basis = (
-        "checks.rdma.minRateGbps"
-        if minimum is not None
-        else "the fastest port of the same card model on this node"
-    )
     out: list[CheckResult] = []
     for port in ctx.judged.ports:
+        minimum, basis = rdma_minimum, "checks.rdma.minRateGbps"
+        if ib_minimum is not None and ctx.judged.transport(port) is Transport.INFINIBAND:
+            minimum, basis = ib_minimum, "checks.infiniband.minRateGbps"
+        if minimum is None:
+            basis = "the fastest port of the same card model on this node"
         reference = minimum if minimum is not None else fastest.get(_board(ctx, port))
         rate = port.rate_gbps
         if not _is_active(port):
@@ -157,7 +217,8 @@ def check_rate(ctx: CheckContext) -> list[CheckResult]:
                     CheckId.RDMA_RATE,
                     port.subject,
                     Status.ERROR,
-                    f"rate not readable ({port.rate!r})",
+                    f"rate not readable ({port.rate!r}): "
+                    f"{_IB}/{port.device}/ports/{port.port}/rate",
                 )
             )
             continue
@@ -188,65 +249,6 @@ def check_rate(ctx: CheckContext) -> list[CheckResult]:
     return out
 
 
-def check_gid_roce_v2(ctx: CheckContext) -> list[CheckResult]:
-    if not ctx.judged.ports:
-        return _no_devices(CheckId.RDMA_GID_ROCE_V2, ctx)
-    out: list[CheckResult] = []
-    for port in ctx.judged.ports:
-        subject = port.subject
-        if port.link_layer != "Ethernet":
-            out.append(
-                skipped(
-                    CheckId.RDMA_GID_ROCE_V2, subject, f"link layer {port.link_layer}: not RoCE"
-                )
-            )
-            continue
-        if not ctx.checks.rdma.require_ro_ce_v2:
-            out.append(
-                skipped(CheckId.RDMA_GID_ROCE_V2, subject, "checks.rdma.requireRoCEv2 is false")
-            )
-            continue
-        populated = [g for g in port.gids if g.populated]
-        v2 = [g for g in populated if g.type == _ROCE_V2]
-        types = sorted({g.type or "unknown" for g in populated})
-        observed = {"populatedGids": len(populated), "roceV2Gids": len(v2), "types": list(types)}
-        if v2:
-            out.append(
-                result(
-                    CheckId.RDMA_GID_ROCE_V2,
-                    subject,
-                    Status.PASS,
-                    f"{len(v2)} RoCE v2 GID(s), e.g. index {v2[0].index} on {v2[0].ndev or 'unknown netdev'}",
-                    observed,
-                    {"roceV2Gids": ">=1"},
-                )
-            )
-        elif not populated:
-            out.append(
-                result(
-                    CheckId.RDMA_GID_ROCE_V2,
-                    subject,
-                    Status.FAIL,
-                    "no populated GID (is the netdev gone, down, or in another network namespace?); expected a RoCE v2 GID",
-                    observed,
-                    {"roceV2Gids": ">=1"},
-                )
-            )
-        else:
-            out.append(
-                result(
-                    CheckId.RDMA_GID_ROCE_V2,
-                    subject,
-                    Status.FAIL,
-                    f"no RoCE v2 GID: {len(populated)} populated GID(s) of type {', '.join(types)}; "
-                    "expected a RoCE v2 GID (RoCE v1 is not routable across L3 fabrics)",
-                    observed,
-                    {"roceV2Gids": ">=1"},
-                )
-            )
-    return out
-
-
 def check_errors(ctx: CheckContext) -> list[CheckResult]:
     if not ctx.judged.ports:
         return _no_devices(CheckId.RDMA_ERRORS, ctx)
@@ -272,7 +274,12 @@ def check_errors(ctx: CheckContext) -> list[CheckResult]:
         )
         if not grown:
             out.append(
-                skipped(CheckId.RDMA_ERRORS, subject, "no error counters readable in hw_counters")
+                skipped(
+                    CheckId.RDMA_ERRORS,
+                    subject,
+                    f"none of the {driver.name} error counters "
+                    f"({', '.join(driver.rdma_errors)}) is in hw_counters",
+                )
             )
             continue
         nonzero = {k: v for k, v in grown.items() if v}

@@ -14,7 +14,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-from netval.agent.checks.drivers import all_hw_counter_names
+from netval.agent.checks.drivers import all_hw_counter_names, hw_counter_names_for
+from netval.agent.checks.infiniband import port_counter_names
 from netval.agent.collect.dcb_netlink import DcbReader
 from netval.agent.collect.ethtool_stats import EthtoolStats
 from netval.agent.collect.sysfs import SysfsReader
@@ -42,6 +43,8 @@ class LiveCollector:
             rdma_cm_root=rdma_cm_root,
             strict=False,
             hw_counter_names=all_hw_counter_names(),
+            port_counter_names=port_counter_names(),
+            hw_counter_names_for=hw_counter_names_for,
         )
         self.ethtool = EthtoolStats()
         self.dcb = DcbReader()
@@ -72,6 +75,13 @@ class LiveCollector:
         rdma: dict[str, RdmaDevice] = {}
         for name in self.reader.rdma_device_names():
             device = self.reader.read_rdma_device(name, gid_indices=self._gid_indices)
+            if any(
+                len(port.gids) < len(self._populated_gids.get((name, port.port), ()))
+                for port in device.ports.values()
+            ):
+                # A slot seen populated is empty now: after a flap or an address change
+                # the GIDs may sit at other indices (rdma.gid_index), so look at them all.
+                device = self.reader.read_rdma_device(name)
             rdma[name] = device
             for port in device.ports.values():
                 self._populated_gids[(name, port.port)] = [g.index for g in port.gids]
@@ -81,6 +91,10 @@ class LiveCollector:
                 wanted.extend(port.netdevs)
             if device.netdev_hint:
                 wanted.append(device.netdev_hint)
+            wanted.extend(device.pci_netdevs)  # a dual-port HCA's second port's netdev
+        # Only netdevs carrying RDMA traffic can be a LAG whose ports matter: the spec's
+        # extra interfaces are not searched for lower_* links.
+        rdma_bound = set(wanted)
         wanted.extend(self.interfaces)
         netdevs: dict[str, Netdev] = {}
         queue = list(dict.fromkeys(wanted))
@@ -88,14 +102,19 @@ class LiveCollector:
             name = queue.pop(0)
             if name in netdevs:
                 continue
+            dcb = self.dcb.read(name)
             netdev = self.reader.read_netdev(
-                name, ethtool=self.ethtool.read(name), dcb=self.dcb.read(name)
+                name,
+                ethtool=self.ethtool.read(name),
+                dcb=dcb,
+                dcb_error=self.dcb.last_error,
+                read_lower=name in rdma_bound,
             )
             if netdev is None:
                 continue
             netdevs[name] = netdev
             # A RoCE LAG's PFC/ECN state and counters live on the bond's slaves.
-            queue.extend(s for s in netdev.bond_slaves if s not in netdevs)
+            queue.extend(s for s in netdev.ports_below if s not in netdevs)
         self._samples_taken += 1
         return Sample(netdevs=netdevs, rdma=rdma)
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from netval.agent.checks.drivers import all_hw_counter_names
+from netval.agent.checks.drivers import all_hw_counter_names, hw_counter_names_for
+from netval.agent.checks.infiniband import port_counter_names
 from netval.agent.collect.sysfs import (
     DEVICE_FILES,
     NETDEV_FILES,
@@ -23,10 +25,28 @@ from netval.agent.collect.sysfs import (
     SnapshotDataError,
     SysfsReader,
 )
-from netval.model.snapshot import SNAPSHOT_FORMAT, Dcb, DcbApp, NodeSnapshot, Sample
+from netval.model.snapshot import (
+    SNAPSHOT_FORMAT,
+    SNAPSHOT_MAJOR,
+    Dcb,
+    DcbApp,
+    NodeSnapshot,
+    Sample,
+)
 
 META_FILE: Final = "meta.json"
 MIN_SAMPLES: Final = 2
+# dcb/<if>.error: why DCB netlink gave nothing (an errno name or a short reason).
+DCB_ERROR_MAX: Final = 64
+_MINOR = re.compile(r"^\.[0-9]{1,4}$")
+
+
+def _readable_format(fmt: object) -> bool:
+    """1.0 ("netval-snapshot/1") and every 1.x: minors only add files."""
+    if not isinstance(fmt, str) or not fmt.startswith(SNAPSHOT_MAJOR):
+        return False
+    rest = fmt[len(SNAPSHOT_MAJOR) :]
+    return rest == "" or _MINOR.match(rest) is not None
 
 
 class SnapshotError(ValueError):
@@ -92,10 +112,11 @@ def load_snapshot(directory: Path) -> NodeSnapshot:
     if not isinstance(meta_raw, dict):
         raise SnapshotError(f"{directory.name}/{META_FILE}: expected a JSON object")
     fmt = meta_raw.get("format")
-    if fmt != SNAPSHOT_FORMAT:
+    if not _readable_format(fmt):
         raise SnapshotError(
             f"{directory.name}/{META_FILE}: field format: unsupported {fmt!r} "
-            f"(this netval reads {SNAPSHOT_FORMAT!r})"
+            f"(this netval reads {SNAPSHOT_MAJOR!r} and {SNAPSHOT_MAJOR}.x up to "
+            f"{SNAPSHOT_FORMAT!r})"
         )
     try:
         meta = _Meta.model_validate(meta_raw)
@@ -130,6 +151,8 @@ def _load_sample(root: Path, sample_dir: Path) -> Sample:
         rdma_cm_root=sample_dir / "rdma_cm",
         strict=True,
         hw_counter_names=all_hw_counter_names(),
+        port_counter_names=port_counter_names(),
+        hw_counter_names_for=hw_counter_names_for,
     )
     try:
         rdma = {name: reader.read_rdma_device(name) for name in reader.rdma_device_names()}
@@ -139,6 +162,7 @@ def _load_sample(root: Path, sample_dir: Path) -> Sample:
                 name,
                 ethtool=_load_ethtool(root, sample_dir / "ethtool" / f"{name}.json"),
                 dcb=_load_dcb(root, sample_dir / "dcb" / f"{name}.json"),
+                dcb_error=_load_dcb_error(root, sample_dir / "dcb" / f"{name}.error"),
             )
             if netdev is not None:
                 netdevs[name] = netdev
@@ -162,6 +186,27 @@ def _load_ethtool(root: Path, path: Path) -> dict[str, int] | None:
             )
         out[key] = value
     return out
+
+
+def _load_dcb_error(root: Path, path: Path) -> str | None:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SnapshotError(
+            f"{path.relative_to(root.parent)}: cannot read: {exc.strerror}"
+        ) from None
+    try:
+        text = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise SnapshotError(f"{path.relative_to(root.parent)}: not ASCII text") from None
+    if not text or len(text) > DCB_ERROR_MAX or not text.isprintable():
+        raise SnapshotError(
+            f"{path.relative_to(root.parent)}: expected one short line (an errno name such as "
+            f"EOPNOTSUPP), got {text[:40]!r}"
+        )
+    return text
 
 
 def _load_dcb(root: Path, path: Path) -> Dcb | None:
@@ -222,6 +267,14 @@ def record_sample(
             _write_json(sample_dir / "ethtool" / f"{name}.json", netdev.ethtool)
         if netdev.dcb is not None:
             _write_json(sample_dir / "dcb" / f"{name}.json", dcb_to_json(netdev.dcb))
+        elif netdev.dcb_error:
+            path = sample_dir / "dcb" / f"{name}.error"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(
+                netdev.dcb_error[:DCB_ERROR_MAX] + "\n", encoding="ascii", errors="replace"
+            )
+        for lower in netdev.lower:
+            (net_dst / name / f"lower_{lower}").mkdir(parents=True, exist_ok=True)
     ib_src = sys_root / "class" / "infiniband"
     ib_dst = sample_dir / "sys" / "class" / "infiniband"
     for name, device in sample.rdma.items():
@@ -231,6 +284,10 @@ def record_sample(
             (ib_dst / name / "device" / "net" / device.netdev_hint).mkdir(
                 parents=True, exist_ok=True
             )
+        for netdev_name in device.pci_netdevs:  # each port binds to its dev_port's netdev
+            rel = f"device/net/{netdev_name}/dev_port"
+            (ib_dst / name / "device" / "net" / netdev_name).mkdir(parents=True, exist_ok=True)
+            _copy(ib_src / name / rel, ib_dst / name / rel)
         for port in device.ports:
             src = ib_src / name / "ports" / str(port)
             dst = ib_dst / name / "ports" / str(port)

@@ -29,17 +29,24 @@ NETDEV_FILES: Final = (
     "address",
     "device/uevent",
     "bonding/slaves",
+    # selection and transports (issue 11)
+    "flags",
+    "type",
+    "mode",
+    "dev_port",
 )
 PORT_FILES: Final = ("state", "phys_state", "rate", "link_layer")
-DEVICE_FILES: Final = ("node_type", "fw_ver", "board_id")
+DEVICE_FILES: Final = ("node_type", "fw_ver", "board_id", "device/uevent")
+LOWER_PREFIX: Final = "lower_"
+NOT_AVAILABLE: Final = "N/A"
 
 
 class SnapshotDataError(ValueError):
     """A recorded file is present but its content is not what the kernel writes."""
 
-    def __init__(self, path: Path, problem: str) -> None:
+    def __init__(self, path: Path | str, problem: str) -> None:
         super().__init__(f"{path}: {problem}")
-        self.path = path
+        self.path = Path(path)
         self.problem = problem
 
 
@@ -52,6 +59,7 @@ class SysfsReader:
         strict: bool = False,
         hw_counter_names: Iterable[str] = (),
         port_counter_names: Iterable[str] = (),
+        hw_counter_names_for: Callable[[str, str | None], Iterable[str]] | None = None,
     ) -> None:
         self.sys_root = sys_root
         self.net_root = sys_root / "class" / "net"
@@ -62,10 +70,14 @@ class SysfsReader:
         # them all would cost more than the rest of the cycle.
         self.hw_counter_names = tuple(sorted(set(hw_counter_names)))
         self.port_counter_names = tuple(sorted(set(port_counter_names)))
+        # (device, its PCI driver) -> the hw_counters worth reading on it; default: all.
+        self.hw_counter_names_for = hw_counter_names_for
 
     # -- primitive reads -------------------------------------------------------------------
 
-    def text(self, path: Path) -> str | None:
+    # Paths are Path or str: the per-counter and per-GID loops join strings, because a
+    # pathlib join costs more than the read itself (measured: bench/probe_cost.py).
+    def text(self, path: Path | str) -> str | None:
         try:
             with open(path, "rb") as fh:
                 raw = fh.read()
@@ -81,10 +93,13 @@ class SysfsReader:
         # that is no value, not the value "".
         return value or None
 
-    def integer(self, path: Path) -> int | None:
+    def integer(self, path: Path | str) -> int | None:
         value = self.text(path)
         if value is None:
             return None
+        return self._parse_int(path, value)
+
+    def _parse_int(self, path: Path | str, value: str) -> int | None:
         try:
             return int(value, 0) if value.startswith("0x") else int(value)
         except ValueError:
@@ -104,7 +119,13 @@ class SysfsReader:
         return (self.net_root / name).is_dir()
 
     def read_netdev(
-        self, name: str, *, ethtool: dict[str, int] | None = None, dcb: Dcb | None = None
+        self,
+        name: str,
+        *,
+        ethtool: dict[str, int] | None = None,
+        dcb: Dcb | None = None,
+        dcb_error: str | None = None,
+        read_lower: bool = True,
     ) -> Netdev | None:
         """A netdev's sysfs state; ethtool stats and DCB come from the caller's source."""
         base = self.net_root / name
@@ -114,6 +135,17 @@ class SysfsReader:
             return None
         speed = self.integer(base / "speed")
         slaves = self.text(base / "bonding" / "slaves")
+        driver = self.driver_of(base / "device")
+        # A netdev without a device of its own (bond, team, VLAN) names what is below it in
+        # lower_* links; only then is the directory listed, so NIC netdevs cost no listdir
+        # (and the live collector asks only for netdevs carrying RDMA traffic).
+        lower: tuple[str, ...] = ()
+        if read_lower and not slaves and driver is None:
+            lower = tuple(
+                n[len(LOWER_PREFIX) :]
+                for n in self.listdir(base)
+                if n.startswith(LOWER_PREFIX) and len(n) > len(LOWER_PREFIX)
+            )
         return Netdev(
             name=name,
             mtu=mtu,
@@ -123,29 +155,54 @@ class SysfsReader:
             # A down link reads -1 (or EINVAL) for speed: unknown either way.
             speed_mbps=speed if speed is not None and speed >= 0 else None,
             address=self.text(base / "address"),
-            driver=self._driver(base),
+            driver=driver,
             bond_slaves=tuple(slaves.split()) if slaves else (),
             ecn_np=self._ecn(base / "ecn" / "roce_np" / "enable"),
             ecn_rp=self._ecn(base / "ecn" / "roce_rp" / "enable"),
             ethtool=ethtool,
             dcb=dcb,
+            flags=self.integer(base / "flags"),
+            type=self.integer(base / "type"),
+            ipoib_mode=self.text(base / "mode"),
+            pci_address=self._uevent_field(base / "device" / "uevent", "PCI_SLOT_NAME"),
+            dev_port=self.integer(base / "dev_port"),
+            lower=lower,
+            dcb_error=dcb_error if dcb is None else None,
         )
 
-    def _driver(self, base: Path) -> str | None:
-        uevent = self.text(base / "device" / "uevent")
+    def _uevent_field(self, path: Path, key: str) -> str | None:
+        uevent = self.text(path)
         if uevent is None:
             return None
+        prefix = key + "="
         for line in uevent.splitlines():
-            if line.startswith("DRIVER="):
-                return line[len("DRIVER=") :] or None
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip() or None
         return None
+
+    def driver_of(self, device: Path) -> str | None:
+        """The driver bound to a device directory: its uevent's DRIVER=, else the basename
+        of its `driver` link (recorded snapshots keep only the uevent)."""
+        uevent = self.text(device / "uevent")
+        if uevent is not None:
+            for line in uevent.splitlines():
+                if line.startswith("DRIVER="):
+                    value = line[len("DRIVER=") :].strip()
+                    if value:
+                        return value
+        try:
+            target = os.readlink(device / "driver")
+        except OSError:
+            return None
+        return os.path.basename(target) or None
 
     def _ecn(self, enable_dir: Path) -> dict[int, bool]:
         out: dict[int, bool] = {}
         if not enable_dir.is_dir():
             return out
+        base = str(enable_dir)
         for prio in PRIORITIES:
-            value = self.integer(enable_dir / str(prio))
+            value = self.integer(f"{base}/{prio}")
             if value is not None:
                 out[prio] = value != 0
         return out
@@ -163,12 +220,20 @@ class SysfsReader:
     ) -> RdmaDevice:
         """`gid_indices(device, port, gids_dir)` lets the live collector skip empty slots."""
         base = self.ib_root / name
+        driver = self.driver_of(base / "device")
+        hw_names = (
+            tuple(self.hw_counter_names_for(name, driver))
+            if self.hw_counter_names_for is not None
+            else self.hw_counter_names
+        )
         ports: dict[int, RdmaPort] = {}
         for port_name in self.listdir(base / "ports"):
             if not port_name.isdigit():
                 continue
             port = int(port_name)
-            ports[port] = self._read_port(name, port, base / "ports" / port_name, gid_indices)
+            ports[port] = self._read_port(
+                name, port, base / "ports" / port_name, gid_indices, hw_names
+            )
         hint = self.listdir(base / "device" / "net")
         return RdmaDevice(
             name=name,
@@ -177,6 +242,10 @@ class SysfsReader:
             board_id=self.text(base / "board_id"),
             netdev_hint=hint[0] if hint else None,
             ports=ports,
+            pci_address=self._uevent_field(base / "device" / "uevent", "PCI_SLOT_NAME"),
+            # Each port binds to the netdev of its own dev_port, not to the first name here.
+            pci_netdevs={n: self.integer(base / "device" / "net" / n / "dev_port") for n in hint},
+            driver=driver,
         )
 
     def _read_port(
@@ -185,6 +254,7 @@ class SysfsReader:
         port: int,
         base: Path,
         gid_indices: Callable[[str, int, Path], Iterable[int]] | None,
+        hw_names: tuple[str, ...],
     ) -> RdmaPort:
         gids_dir = base / "gids"
         indices = (
@@ -193,8 +263,15 @@ class SysfsReader:
             else self.all_gid_indices(gids_dir)
         )
         gids = tuple(g for g in (self.read_gid(base, i) for i in indices) if g is not None)
-        counters = self._counters(base / "counters", self.port_counter_names)
-        hw_counters = self._counters(base / "hw_counters", self.hw_counter_names)
+        link_layer = self.text(base / "link_layer")
+        unavailable: dict[str, str] = {}
+        # Each PortCounters file is a MAD to the HCA's PMA; only IB ports' are judged.
+        counters = (
+            self._counters(base / "counters", self.port_counter_names, unavailable)
+            if link_layer == "InfiniBand"
+            else {}
+        )
+        hw_counters = self._counters(base / "hw_counters", hw_names, unavailable)
         tos = None
         if self.rdma_cm_root is not None:
             tos = self.integer(
@@ -206,11 +283,12 @@ class SysfsReader:
             state=self.text(base / "state"),
             phys_state=self.text(base / "phys_state"),
             rate=self.text(base / "rate"),
-            link_layer=self.text(base / "link_layer"),
+            link_layer=link_layer,
             gids=gids,
             counters=counters,
             hw_counters=hw_counters,
             default_roce_tos=tos,
+            unavailable=unavailable,
         )
 
     def all_gid_indices(self, gids_dir: Path) -> list[int]:
@@ -218,20 +296,33 @@ class SysfsReader:
 
     def read_gid(self, port_dir: Path, index: int) -> Gid | None:
         """A populated GID slot; empty (all-zero) slots are None, like unreadable ones."""
-        gid = self.text(port_dir / "gids" / str(index))
+        base = str(port_dir)
+        gid = self.text(f"{base}/gids/{index}")
         if gid is None or gid == ZERO_GID:
             return None
         return Gid(
             index=index,
             gid=gid,
-            type=self.text(port_dir / "gid_attrs" / "types" / str(index)),
-            ndev=self.text(port_dir / "gid_attrs" / "ndevs" / str(index)),
+            type=self.text(f"{base}/gid_attrs/types/{index}"),
+            ndev=self.text(f"{base}/gid_attrs/ndevs/{index}"),
         )
 
-    def _counters(self, directory: Path, names: tuple[str, ...]) -> dict[str, int]:
+    def _counters(
+        self, directory: Path, names: tuple[str, ...], unavailable: dict[str, str]
+    ) -> dict[str, int]:
         out: dict[str, int] = {}
+        base = str(directory)
         for name in names:
-            value = self.integer(directory / name)
+            path = f"{base}/{name}"
+            text = self.text(path)
+            if text is None:
+                continue
+            # ib_core answers "N/A (no PMA)" for PMA counters of a device without one: the
+            # kernel's own "no value", not bad input, and worth naming in the skip.
+            if text.startswith(NOT_AVAILABLE):
+                unavailable[f"{directory.name}/{name}"] = text[:40]
+                continue
+            value = self._parse_int(path, text)
             if value is not None:
                 out[name] = value
         return out

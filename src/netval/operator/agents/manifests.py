@@ -76,6 +76,11 @@ DEFAULT_CA_KEY: Final = "ca.crt"
 ENV_CONFIG: Final = "NETVAL_CONFIG"
 ENV_NODE: Final = "NETVAL_NODE_NAME"
 ENV_METRICS_ADDR: Final = "NETVAL_METRICS_ADDR"
+# Downward API: the pod's own name and namespace, for the agent's trace resource
+# (k8s.pod.name, k8s.namespace.name; netval.infra.telemetry reads them).
+ENV_POD_NAME: Final = "NETVAL_POD_NAME"
+ENV_POD_NAMESPACE: Final = "NETVAL_POD_NAMESPACE"
+OTEL_HEADERS_KEY: Final = "headers"  # key of the OTLP headers Secret (the chart's too)
 
 METRICS_PORT: Final = 9477
 METRICS_PORT_NAME: Final = "metrics"
@@ -138,6 +143,24 @@ class AgentMqttWiring:
         if self.ca_secret:
             files.append((self.ca_secret, self.ca_key, MQTT_CA_FILE))
         return files
+
+
+@dataclass(frozen=True, slots=True)
+class AgentPodOptions:
+    """Cluster-specific parts of the agent pods, from the operator's settings (the chart).
+
+    Pull secrets name Secrets in the agents' namespace. The sampler variables are the
+    standard OTEL_TRACES_SAMPLER(_ARG), so a large fleet can sample (the agent starts each
+    trace, the operator follows its decision); the OTLP headers (e.g. an authorization
+    token) come from a Secret key, never from the pod spec's plain values.
+    """
+
+    image_pull_secrets: tuple[str, ...] = ()
+    priority_class_name: str | None = None
+    traces_sampler: str | None = None
+    traces_sampler_arg: str | None = None
+    otel_headers_secret: str | None = None
+    otel_headers_key: str = OTEL_HEADERS_KEY
 
 
 # --- names --------------------------------------------------------------------------------
@@ -264,11 +287,20 @@ def render_configmap(
 
 
 def _env(
-    name: str, spec: NetworkValidationSpec, mqtt: AgentMqttWiring, metrics_port: int
+    name: str,
+    spec: NetworkValidationSpec,
+    mqtt: AgentMqttWiring,
+    metrics_port: int,
+    pod: AgentPodOptions,
 ) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         # First: later values may refer to it as $(NETVAL_NODE_NAME).
         {"name": ENV_NODE, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {
+            "name": ENV_POD_NAMESPACE,
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        },
         {"name": ENV_CONFIG, "value": AGENT_CONFIG_PATH},
         {"name": ENV_URL, "value": mqtt.url},
     ]
@@ -295,6 +327,13 @@ def _env(
     ]
     if spec.telemetry.otlp_endpoint:
         env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": spec.telemetry.otlp_endpoint})
+    if pod.traces_sampler:
+        env.append({"name": "OTEL_TRACES_SAMPLER", "value": pod.traces_sampler})
+    if pod.traces_sampler_arg:
+        env.append({"name": "OTEL_TRACES_SAMPLER_ARG", "value": pod.traces_sampler_arg})
+    if pod.otel_headers_secret:
+        secret = {"name": pod.otel_headers_secret, "key": pod.otel_headers_key}
+        env.append({"name": "OTEL_EXPORTER_OTLP_HEADERS", "valueFrom": {"secretKeyRef": secret}})
     return env
 
 
@@ -342,15 +381,12 @@ def _mounts(mqtt: AgentMqttWiring) -> list[dict[str, Any]]:
         # The netns of this sysfs, of the ethtool ioctls and of DCB netlink is then one and
         # the same host netns, so every source describes the same netdevs; without
         # hostNetwork they would not (this mount would show the host, netlink the pod).
-        # Read-only, recursively where the runtime can (kernel >= 5.12), so that submounts
-        # such as cgroupfs and configfs are read-only too; non-root with no capabilities, the
-        # agent could not write them anyway.
-        {
-            "name": VOLUME_SYS,
-            "mountPath": "/sys",
-            "readOnly": True,
-            "recursiveReadOnly": "IfPossible",
-        },
+        # Read-only. Not `recursiveReadOnly`: Kubernetes 1.29, the oldest version netval
+        # supports, has no such field (strict validation refuses the DaemonSet; 1.30 drops it
+        # behind a feature gate). Submounts such as cgroupfs and configfs stay writable in
+        # principle, but the agent runs non-root with every capability dropped and no
+        # privilege escalation, so it cannot write them.
+        {"name": VOLUME_SYS, "mountPath": "/sys", "readOnly": True},
         {"name": VOLUME_TMP, "mountPath": "/tmp"},
     ]
     if mqtt.secret_files():
@@ -430,6 +466,7 @@ def render_daemonset(
     metrics_port: int = METRICS_PORT,
     resources: Mapping[str, Any] | None = None,
     extra_tolerations: Sequence[Mapping[str, Any]] = (),
+    pod: AgentPodOptions = AgentPodOptions(),
 ) -> dict[str, Any]:
     """The agent DaemonSet of validation `name`.
 
@@ -459,7 +496,7 @@ def render_daemonset(
                 "image": image,
                 "imagePullPolicy": "IfNotPresent",
                 "command": list(AGENT_COMMAND),
-                "env": _env(name, spec, mqtt, metrics_port),
+                "env": _env(name, spec, mqtt, metrics_port, pod),
                 "ports": _ports(spec, metrics_port),
                 "volumeMounts": _mounts(mqtt),
                 "resources": json.loads(json.dumps(resources))
@@ -485,6 +522,10 @@ def render_daemonset(
     }
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if pod.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in pod.image_pull_secrets]
+    if pod.priority_class_name:
+        pod_spec["priorityClassName"] = pod.priority_class_name
     annotations = {AnnotationKey.GENERATION.value: str(generation)}
     return {
         **_agent_object("apps/v1", "DaemonSet", name, namespace, owner, annotations),

@@ -21,13 +21,13 @@ def render_agents(
     """(ConfigMap, DaemonSet) of the validation `owner` (its object, as Kopf gives it)."""
     name = owner["metadata"]["name"]
     configmap = manifests.render_configmap(
-        name, generation, spec, namespace=settings.namespace, owner=owner
+        name, generation, spec, namespace=settings.agent_namespace, owner=owner
     )
     daemonset = manifests.render_daemonset(
         name,
         generation,
         spec,
-        namespace=settings.namespace,
+        namespace=settings.agent_namespace,
         owner=owner,
         image=settings.agent_image,
         mqtt=manifests.AgentMqttWiring(
@@ -45,6 +45,13 @@ def render_agents(
         metrics_port=manifests.metrics_port_for(name),
         resources=settings.agent_resources,
         extra_tolerations=settings.agent_tolerations,
+        pod=manifests.AgentPodOptions(
+            image_pull_secrets=settings.agent_image_pull_secrets,
+            priority_class_name=settings.agent_priority_class_name,
+            traces_sampler=settings.agent_traces_sampler,
+            traces_sampler_arg=settings.agent_traces_sampler_arg,
+            otel_headers_secret=settings.agent_otel_headers_secret,
+        ),
     )
     return configmap, daemonset
 
@@ -64,4 +71,6 @@ async def apply_agents(
 async def delete_agents(kube: KubeApi, settings: OperatorSettings, validation: str) -> None:
     # Owner references would let the garbage collector do this; deleting explicitly makes
     # removal immediate and independent of GC.
-    await kube.delete_agent_objects(settings.namespace, manifests.agent_object_name(validation))
+    await kube.delete_agent_objects(
+        settings.agent_namespace, manifests.agent_object_name(validation)
+    )

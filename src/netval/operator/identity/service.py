@@ -173,7 +173,7 @@ async def start_identity(memo: kopf.Memo, operator: OperatorSettings) -> None:
     if not isinstance(settings, IdentitySettings):
         return
     api_client = load_kube_client()
-    reviewer = PodTokenReviewer(api_client, namespace=operator.namespace)
+    reviewer = PodTokenReviewer(api_client, namespace=operator.agent_namespace)
     service = IdentityService(settings, operator.mqtt, reviewer)
     await service.start()
     memo[MEMO_KEY] = service
@@ -182,7 +182,9 @@ async def start_identity(memo: kopf.Memo, operator: OperatorSettings) -> None:
         registry.register(IdentityCollector(service))
     if operator.agent_enroll_ca_configmap and service.ca_file is not None:
         body = ca_configmap(
-            operator.namespace, operator.agent_enroll_ca_configmap, service.ca_file.read_text()
+            operator.agent_namespace,
+            operator.agent_enroll_ca_configmap,
+            service.ca_file.read_text(),
         )
         await KubeApi(api_client).apply_configmap(body)
 

@@ -17,9 +17,12 @@ from typing import Final
 
 import aiomqtt
 from aiomqtt import MqttError
+from opentelemetry import trace
+from opentelemetry.trace import Tracer
 
 from netval.infra.mqtt_client import backoff_delay, make_client
 from netval.infra.mqtt_settings import MqttSettings
+from netval.infra.telemetry import process_span
 from netval.model.results import Report
 from netval.model.topics import DropReason, TopicKind, subscription
 from netval.operator.ingest.decode import Dropped, StateChange, decode_message
@@ -66,8 +69,10 @@ class ReportIngest:
         on_state: Callable[[StateChange], None],
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
+        tracer: Tracer | None = None,
     ) -> None:
         self.settings = settings
+        self._tracer = tracer or trace.NoOpTracer()  # CONSUMER spans, netval.infra.telemetry
         self.on_report = on_report
         self.on_state = on_state
         self.stats = IngestStats()
@@ -150,7 +155,15 @@ class ReportIngest:
                     data = payload if isinstance(payload, bytes) else str(payload or "").encode()
                     if message.retain:
                         self._last_retained = time.monotonic()
-                    self.handle(message.topic.value, data, retained=bool(message.retain))
+                    with process_span(
+                        self._tracer,
+                        message.topic.value,
+                        body_size=len(data),
+                        properties=message.properties,
+                        client_id=s.client_id,
+                        retained=bool(message.retain),
+                    ):
+                        self.handle(message.topic.value, data, retained=bool(message.retain))
             finally:
                 sync.cancel()
                 retained_task.cancel()

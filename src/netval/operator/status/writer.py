@@ -102,7 +102,7 @@ class StatusWriter:
         Ready message while nodes have not reported."""
         try:
             counts = await self.kube.agent_pod_counts(
-                self.settings.namespace,
+                self.settings.agent_namespace,
                 f"{LabelKey.NAME}={AGENT_APP_NAME}",
                 LabelKey.VALIDATION,
             )

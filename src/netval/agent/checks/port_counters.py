@@ -1,0 +1,160 @@
+"""pfc.global_pause (802.3x link-level pause) and link.phy_errors (PHY/FEC/FCS counters).
+
+Both read a physical port's ethtool statistics (the bond's slaves on a RoCE LAG). Global
+pause stops every traffic class at once: on a 400G link it can take a fifth of the time
+with every drop counter at zero, so PFC's per-priority counters look clean while jobs
+crawl. PHY errors after FEC (symbol errors, FCS errors) and PHY link-down events mean a
+bad cable, optic or port; FEC-corrected bits are normal on a healthy PAM4 link and are only
+reported, as a pre-FEC bit error ratio.
+"""
+
+from __future__ import annotations
+
+from netval.agent.checks.context import CheckContext, result, skipped
+from netval.agent.checks.counters import deltas
+from netval.agent.checks.netdev_counters import missing_text, netdev_counter_inputs
+from netval.model.ids import CheckId, Status
+from netval.model.results import CheckResult
+
+
+def _none(check: CheckId, ctx: CheckContext) -> list[CheckResult]:
+    return [skipped(check, ctx.node, ctx.judged.no_qos_reason("port counters"))]
+
+
+def check_global_pause(ctx: CheckContext) -> list[CheckResult]:
+    check = CheckId.PFC_GLOBAL_PAUSE
+    if not ctx.judged.qos_netdevs:
+        return _none(check, ctx)
+    elapsed_us = ctx.snapshot.elapsed_seconds * 1e6
+    out: list[CheckResult] = []
+    for name in ctx.judged.qos_netdevs:
+        inputs = netdev_counter_inputs(ctx, check, name)
+        if isinstance(inputs, CheckResult):
+            out.append(inputs)
+            continue
+        driver = inputs.counters
+        if not driver.global_pause:
+            out.append(skipped(check, name, f"{driver.name} has no 802.3x pause counter"))
+            continue
+        frames = deltas(inputs.first, inputs.last, driver.global_pause)
+        durations = deltas(inputs.first, inputs.last, driver.global_pause_duration)
+        if not frames and not durations:
+            # mlx5 lists rx/tx_global_pause only while global pause is configured: their
+            # absence on a port with PFC is the healthy case, not a blind spot.
+            netdev = ctx.snapshot.last.netdevs.get(name)
+            if netdev is not None and netdev.dcb is not None and netdev.dcb.pfc_enabled:
+                out.append(
+                    result(
+                        check,
+                        name,
+                        Status.PASS,
+                        f"no 802.3x pause counters listed: {name} runs PFC on "
+                        f"{sorted(netdev.dcb.pfc_enabled)}, not global pause",
+                        {"pfcEnabled": sorted(netdev.dcb.pfc_enabled), **inputs.found.observed},
+                        {"globalPauseFrames": 0},
+                    )
+                )
+            else:
+                out.append(
+                    skipped(
+                        check,
+                        name,
+                        missing_text(inputs.missing(driver.global_pause), driver)
+                        + " and PFC state unknown (a driver may list them only while "
+                        "link-level pause is configured)",
+                    )
+                )
+            continue
+        total_frames = sum(frames.values())
+        observed: dict[str, object] = {**frames, **durations}
+        pct = None
+        if durations and elapsed_us > 0:
+            pct = round(100.0 * max(durations.values()) / elapsed_us, 3)
+            observed["pausePercent"] = pct
+        expected = {"globalPauseFrames": 0}
+        span = ctx.interval_text()
+        if total_frames or any(durations.values()):
+            share = f", paused {pct:g}% of the window" if pct is not None else ""
+            out.append(
+                result(
+                    check,
+                    name,
+                    Status.FAIL,
+                    ", ".join(f"{k} +{v}" for k, v in {**frames, **durations}.items() if v)
+                    + f" in {span}{share}: 802.3x global pause stops every traffic class, "
+                    "lossy ones included; expected none (disable link-level flow control: "
+                    "ethtool -A <if> rx off tx off, and use PFC on the lossless priority)",
+                    observed,
+                    expected,
+                )
+            )
+        else:
+            out.append(
+                result(check, name, Status.PASS, f"no 802.3x pause in {span}", observed, expected)
+            )
+    return out
+
+
+def check_phy_errors(ctx: CheckContext) -> list[CheckResult]:
+    check = CheckId.LINK_PHY_ERRORS
+    if not ctx.judged.qos_netdevs:
+        return _none(check, ctx)
+    out: list[CheckResult] = []
+    for name in ctx.judged.qos_netdevs:
+        inputs = netdev_counter_inputs(ctx, check, name)
+        if isinstance(inputs, CheckResult):
+            out.append(inputs)
+            continue
+        driver = inputs.counters
+        if not driver.phy_errors:
+            out.append(skipped(check, name, f"{driver.name} has no PHY error counter"))
+            continue
+        errors = deltas(inputs.first, inputs.last, driver.phy_errors)
+        if not errors:
+            out.append(
+                skipped(check, name, missing_text(inputs.missing(driver.phy_errors), driver))
+            )
+            continue
+        corrected = deltas(inputs.first, inputs.last, driver.phy_corrected)
+        observed: dict[str, object] = {**errors, **corrected}
+        netdev = ctx.snapshot.last.netdevs.get(name)
+        bits = (
+            netdev.speed_mbps * 1e6 * ctx.snapshot.elapsed_seconds
+            if netdev is not None and netdev.speed_mbps
+            else 0
+        )
+        if corrected and bits > 0:
+            observed["preFecBer"] = float(f"{sum(corrected.values()) / bits:.3e}")
+        missing = inputs.missing(driver.phy_errors)
+        if missing:
+            observed["missing"] = missing
+        grown = {k: v for k, v in errors.items() if v}
+        span = ctx.interval_text()
+        expected = {k: 0 for k in errors}
+        if grown:
+            out.append(
+                result(
+                    check,
+                    name,
+                    Status.FAIL,
+                    ", ".join(f"{k} +{v}" for k, v in grown.items())
+                    + f" in {span}: errors past FEC or PHY link drops (cable, optic or port); "
+                    "expected none",
+                    observed,
+                    expected,
+                )
+            )
+        else:
+            ber = observed.get("preFecBer")
+            note = f", pre-FEC BER {ber}" if ber is not None else ""
+            out.append(
+                result(
+                    check,
+                    name,
+                    Status.PASS,
+                    f"no PHY errors in {span}{note}",
+                    observed,
+                    expected,
+                )
+            )
+    return out
