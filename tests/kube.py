@@ -241,6 +241,7 @@ NODES = kmock.resource("", "v1", "nodes")
 SELF_SUBJECT_ACCESS_REVIEWS = kmock.resource(
     "authorization.k8s.io", "v1", "selfsubjectaccessreviews"
 )
+TOKEN_REVIEWS = kmock.resource("authentication.k8s.io", "v1", "tokenreviews")
 # Set by the apiserver only; writes cannot change them.
 SYSTEM_METADATA = (
     "name",
@@ -489,6 +490,11 @@ class StatefulKubeAPI(kmock.KubernetesEmulator):
     )
     impersonation: bool = attrs.field(default=True, init=False)
     faults: list[Fault] = attrs.field(factory=list, init=False)
+    # TokenReview answers: token_reviewer(spec) -> status (what the real apiserver would say
+    # about spec.token for spec.audiences). Default: no token is authenticated.
+    token_reviewer: Callable[[dict[str, Any]], dict[str, Any]] | None = attrs.field(
+        default=None, init=False
+    )
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -797,6 +803,8 @@ class StatefulKubeAPI(kmock.KubernetesEmulator):
     async def _serve_create(self, request: kmock.Request) -> Any:
         if request.resource == SELF_SUBJECT_ACCESS_REVIEWS:
             return self._access_review(request)
+        if request.resource == TOKEN_REVIEWS:
+            return self._token_review(request)
         info = self._info(request.resource)
         resource = request.resource
         assert resource is not None
@@ -860,6 +868,19 @@ class StatefulKubeAPI(kmock.KubernetesEmulator):
         attributes = (body.get("spec") or {}).get("resourceAttributes") or {}
         allowed = True if self.access_policy is None else bool(self.access_policy(user, attributes))
         answer = {**copy.deepcopy(body), "status": {"allowed": allowed}}
+        answer.setdefault("metadata", {})
+        return _kmock_rendering.Response(status=201, payload=answer)
+
+    def _token_review(self, request: kmock.Request) -> Any:
+        """A TokenReview, answered by ``token_reviewer`` (not stored, like the real one)."""
+        body = request.data if isinstance(request.data, dict) else {}
+        spec = body.get("spec") or {}
+        status = (
+            {"authenticated": False, "error": "invalid bearer token"}
+            if self.token_reviewer is None
+            else self.token_reviewer(spec)
+        )
+        answer = {**copy.deepcopy(body), "status": status}
         answer.setdefault("metadata", {})
         return _kmock_rendering.Response(status=201, payload=answer)
 

@@ -56,6 +56,7 @@ from netval.infra import mqtt_settings, telemetry
 from netval.operator import main as operator_main
 from netval.operator import settings as operator_settings
 from netval.operator.agents import manifests
+from netval.operator.identity import service as identity_service
 
 # Environment the chart gives the operator that the operator reads (src constants) and the
 # standard OTel variables.
@@ -79,6 +80,13 @@ SRC_OPERATOR_ENV = {
     telemetry.ENV_POD_NAME,
     telemetry.ENV_POD_NAMESPACE,
     telemetry.ENV_NODE_NAME,
+    operator_settings.ENV_AGENT_ENROLL_URL,
+    operator_settings.ENV_AGENT_ENROLL_CA_CONFIGMAP,
+    identity_service.ENV_ENROLL_ADDR,
+    identity_service.ENV_ENROLL_CERT_FILE,
+    identity_service.ENV_ENROLL_KEY_FILE,
+    identity_service.ENV_ENROLL_CA_BUNDLE_FILE,
+    identity_service.ENV_CREDENTIAL_LIFETIME,
     mqtt_settings.ENV_URL,
     mqtt_settings.ENV_USERNAME,
     mqtt_settings.ENV_PASSWORD_FILE,

@@ -152,12 +152,13 @@ def run_chart_broker(
         PASSWD_FILE=str(auth / "passwd"),
         OPERATOR_PASSWORD_FILE=str(secrets["operator"]),
         AGENT_PASSWORD_FILE=str(secrets["agent"]),
+        DYNSEC_FILE=str(tmp_path / "data" / "dynamic-security.json"),
         PATH=os.environ["PATH"] + ":" + str(Path(broker_kit.MOSQUITTO_PASSWD or "").parent),
     )
     assert init["command"][:2] == ["/bin/sh", "-ec"]
+    (tmp_path / "data").mkdir()
     subprocess.run(["/bin/sh", "-ec", init["command"][2]], env=env, check=True, timeout=30)
     (tmp_path / "acl").write_text(acl)
-    (tmp_path / "data").mkdir()
     _broker_tls(tmp_path / "tls")
     port = _free_port()
     replacements = {
@@ -166,6 +167,7 @@ def run_chart_broker(
         "/mosquitto/auth/passwd": str(auth / "passwd"),
         "/mosquitto/config/acl": str(tmp_path / "acl"),
         "/mosquitto/data/": f"{tmp_path / 'data'}/",
+        "plugin /usr/lib/mosquitto_dynamic_security.so\n": f"plugin {broker_kit.DYNSEC_PLUGIN}\n",
     }
     for old, new in replacements.items():
         assert old in conf, old
@@ -267,6 +269,7 @@ def test_broker_password_file_is_private(tmp_path: Path) -> None:
         "OPERATOR_PASSWORD_FILE": str(tmp_path / "p"),
         "AGENT_USERNAME": "a",
         "AGENT_PASSWORD_FILE": str(tmp_path / "p"),
+        "DYNSEC_FILE": str(tmp_path / "dynamic-security.json"),
         "PATH": os.environ["PATH"] + ":" + str(Path(broker_kit.MOSQUITTO_PASSWD or "").parent),
     }
     subprocess.run(["/bin/sh", "-ec", init["command"][2]], env=env, check=True, timeout=30)

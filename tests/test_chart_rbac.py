@@ -70,6 +70,12 @@ WEBHOOK_RULES: dict[Rule, set[str]] = {
     ): {"get", "patch"},
     ("cluster", "", "pods", None): {"get", "list", "patch"},
 }
+# Per-node MQTT identity (bundled broker with the dynamic security plugin, webhook on): who an
+# enrolling agent's token belongs to (operator/identity/review.py; the Pod read is the
+# webhook's pods get).
+IDENTITY_RULES: dict[Rule, set[str]] = {
+    ("cluster", "authentication.k8s.io", "tokenreviews", None): {"create"},
+}
 KUEUE_RULES: dict[Rule, set[str]] = {
     ("cluster", "kueue.x-k8s.io", "workloads", None): {"get", "list", "watch"},
     ("cluster", "kueue.x-k8s.io", "workloads/status", None): {"patch"},
@@ -85,6 +91,13 @@ def expected_rules(values: dict[str, Any]) -> dict[Rule, set[str]]:
         rules.update(copy.deepcopy(WEBHOOK_RULES))
     if values.get("kueue", {}).get("enabled", False):
         rules.update(copy.deepcopy(KUEUE_RULES))
+    mqtt = values.get("mqtt", {})
+    if (
+        not mqtt.get("external", {}).get("enabled", False)
+        and mqtt.get("broker", {}).get("dynamicSecurity", {}).get("enabled", True)
+        and values.get("webhook", {}).get("enabled", True)
+    ):
+        rules.update(copy.deepcopy(IDENTITY_RULES))
     return rules
 
 

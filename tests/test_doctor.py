@@ -15,6 +15,7 @@ from mosquitto import MosquittoBroker
 from netval.cli import main
 from netval.cli.doctor import (
     BASE_PERMISSIONS,
+    IDENTITY_PERMISSIONS,
     KUEUE_PERMISSIONS,
     WEBHOOK_PERMISSIONS,
     missing_schema_fields,
@@ -256,7 +257,7 @@ def test_permission_table_matches_the_chart() -> None:
 
     mine: dict[tuple[str, str, str, str | None], set[str]] = {}
     for namespace, group, resource, sub, name, verbs in (
-        *BASE_PERMISSIONS, *WEBHOOK_PERMISSIONS, *KUEUE_PERMISSIONS
+        *BASE_PERMISSIONS, *WEBHOOK_PERMISSIONS, *KUEUE_PERMISSIONS, *IDENTITY_PERMISSIONS
     ):  # fmt: skip
         scope = (
             "cluster"
@@ -270,6 +271,7 @@ def test_permission_table_matches_the_chart() -> None:
         **rules.agent_rules(chart_kit.NAMESPACE),
         **rules.WEBHOOK_RULES,
         **rules.KUEUE_RULES,
+        **rules.IDENTITY_RULES,
     }
     assert mine == theirs
 

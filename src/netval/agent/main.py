@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -14,6 +15,7 @@ from netval.agent.collect.link_events import LinkWatcher
 from netval.agent.collect.live import LiveCollector
 from netval.agent.config import AgentSettings
 from netval.agent.config_watch import ConfigWatcher
+from netval.agent.enroll import enroller_from_env
 from netval.agent.metrics import AgentMetrics, serve_agent_metrics
 from netval.agent.peers.service import PeerService
 from netval.agent.publish import ReportPublisher
@@ -44,6 +46,12 @@ async def run_agent(
         exporter=span_exporter,
         resource_attributes={"k8s.node.name": settings.node},
     )
+    enroller = enroller_from_env(env, settings.node)  # per-node MQTT identity, if configured
+    if enroller is not None:
+        credential = await enroller.enroll_until(stop)
+        if credential is None:
+            return
+        settings = dataclasses.replace(settings, mqtt=credential.apply(settings.mqtt))
     metrics = AgentMetrics(interval_seconds=spec.interval_seconds)
     peers = (
         PeerService(validation=settings.config.validation, node=settings.node, spec=spec)
@@ -72,6 +80,8 @@ async def run_agent(
                 # Probing matters more than being scraped: run on without metrics.
                 log.error("cannot serve metrics on %s: %s", settings.metrics_addr, exc)
         await publisher.start()
+        if enroller is not None:
+            tasks.append(asyncio.create_task(enroller.keep(publisher, stop), name="netval-enroll"))
         runner = ProbeRunner(
             config=settings.config,
             node=settings.node,

@@ -82,6 +82,10 @@ WEBHOOK_PERMISSIONS: Final[tuple[Permission, ...]] = (
      WEBHOOK_CONFIGURATION, ("get", "patch")),
     (None, "", "pods", "", "", ("get", "list", "patch")),
 )  # fmt: skip
+# With per-node MQTT identity (the operator has NETVAL_ENROLL_ADDR): enrolling agents' tokens.
+IDENTITY_PERMISSIONS: Final[tuple[Permission, ...]] = (
+    (None, "authentication.k8s.io", "tokenreviews", "", "", ("create",)),
+)
 KUEUE_PERMISSIONS: Final[tuple[Permission, ...]] = (
     (None, KUEUE_GROUP, "workloads", "", "", ("get", "list", "watch")),
     (None, KUEUE_GROUP, "workloads", "status", "", ("patch",)),
@@ -109,6 +113,11 @@ class OperatorInfo:
         return "--webhook-addr" in self.args or any(
             a.startswith("--webhook-addr=") for a in self.args
         )
+
+    @property
+    def identity(self) -> bool:
+        addr = self.env.get("NETVAL_ENROLL_ADDR", "").strip().lower()
+        return addr not in ("", "off")
 
     @property
     def kueue(self) -> bool:
@@ -282,6 +291,8 @@ class Doctor:
             perms += WEBHOOK_PERMISSIONS
         if self.operator is not None and self.operator.kueue:
             perms += KUEUE_PERMISSIONS
+        if self.operator is not None and self.operator.identity:
+            perms += IDENTITY_PERMISSIONS
         return perms
 
     def check_permissions(self) -> None:

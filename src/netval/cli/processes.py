@@ -28,12 +28,14 @@ def cmd_agent(args: argparse.Namespace) -> int:
     import asyncio
 
     from netval.agent.config import AgentConfigError, agent_settings_from_env
+    from netval.agent.enroll import enroll_settings_from_env
     from netval.agent.main import run_agent
 
     setup_logging()
     try:
         settings = agent_settings_from_env(os.environ)
-    except AgentConfigError as exc:
+        enroll_settings_from_env(os.environ, settings.node)  # checked before it starts
+    except (AgentConfigError, ValueError) as exc:
         raise BadInput(str(exc)) from None
     asyncio.run(run_agent(settings))
     return EXIT_OK
@@ -44,6 +46,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     from netval.infra.metrics_server import parse_host_port
     from netval.operator.admission.options import webhook_options
+    from netval.operator.identity.service import identity_settings_from_env
     from netval.operator.leadership.settings import ElectionConfigError, election_settings_from_env
     from netval.operator.main import OperatorStartError, run_operator
     from netval.operator.process import parse_liveness_url
@@ -52,6 +55,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     setup_logging()
     try:
         settings = operator_settings_from_env(os.environ)
+        identity_settings_from_env(os.environ)  # checked before it starts
     except OperatorConfigError as exc:
         raise BadInput(str(exc)) from None
     try:

@@ -107,6 +107,7 @@ async def start_runtime(memo: kopf.Memo) -> None:
     addr = memo.get("metrics_addr")
     server: asyncio.Server | None = None
     registry = operator_registry(runtime)
+    memo["metrics_registry"] = registry  # the identity service adds its own collector
     try:
         if addr is not None:
             host, port = addr

@@ -29,6 +29,8 @@ ENV_AGENT_PRIORITY_CLASS_NAME: Final = "NETVAL_AGENT_PRIORITY_CLASS_NAME"
 ENV_AGENT_TRACES_SAMPLER: Final = "NETVAL_AGENT_OTEL_TRACES_SAMPLER"
 ENV_AGENT_TRACES_SAMPLER_ARG: Final = "NETVAL_AGENT_OTEL_TRACES_SAMPLER_ARG"
 ENV_AGENT_OTEL_HEADERS_SECRET: Final = "NETVAL_AGENT_OTEL_HEADERS_SECRET"
+ENV_AGENT_ENROLL_URL: Final = "NETVAL_AGENT_ENROLL_URL"
+ENV_AGENT_ENROLL_CA_CONFIGMAP: Final = "NETVAL_AGENT_ENROLL_CA_CONFIGMAP"
 
 DEFAULT_NAMESPACE: Final = "netval-system"
 DEFAULT_IMAGE: Final = "ghcr.io/netval/netval:0.1.0"
@@ -64,6 +66,11 @@ class OperatorSettings:
     def agent_namespace(self) -> str:
         """Where the agent DaemonSets and ConfigMaps live (the operator's own by default)."""
         return self.agents_namespace or self.namespace
+
+    # Per-node MQTT identity (operator/identity): the enrollment URL the agents get and the
+    # ConfigMap (key ca.crt, agents' namespace) that verifies it; None: shared credentials.
+    agent_enroll_url: str | None = None
+    agent_enroll_ca_configmap: str | None = None
 
 
 def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorSettings:
@@ -120,6 +127,8 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
         agent_traces_sampler=env.get(ENV_AGENT_TRACES_SAMPLER, "").strip() or None,
         agent_traces_sampler_arg=env.get(ENV_AGENT_TRACES_SAMPLER_ARG, "").strip() or None,
         agent_otel_headers_secret=_name_env(env, ENV_AGENT_OTEL_HEADERS_SECRET),
+        agent_enroll_url=_enroll_url(env),
+        agent_enroll_ca_configmap=env.get(ENV_AGENT_ENROLL_CA_CONFIGMAP, "").strip() or None,
     )
 
 
@@ -163,3 +172,10 @@ def _json_env(env: Mapping[str, str], name: str, kind: type) -> Any:
     if not isinstance(value, kind):
         raise OperatorConfigError(f"{name}: expected a JSON {kind.__name__}")
     return value
+
+
+def _enroll_url(env: Mapping[str, str]) -> str | None:
+    url = env.get(ENV_AGENT_ENROLL_URL, "").strip()
+    if url and not url.startswith("https://"):
+        raise OperatorConfigError(f"{ENV_AGENT_ENROLL_URL}={url!r}: must be an https:// URL")
+    return url or None

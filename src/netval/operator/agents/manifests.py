@@ -99,6 +99,16 @@ VOLUME_CONFIG: Final = "config"
 VOLUME_SYS: Final = "sys"
 VOLUME_MQTT: Final = "mqtt"
 VOLUME_TMP: Final = "tmp"
+VOLUME_ENROLL: Final = "enroll"
+
+# Per-node MQTT identity (netval.agent.enroll): the pod's projected ServiceAccount token
+# (audience netval, bound to the pod; the kubelet renews it) and the enrollment server's CA.
+ENROLL_DIR: Final = "/var/run/secrets/netval.io/enroll"
+ENROLL_AUDIENCE: Final = "netval"
+ENROLL_TOKEN_SECONDS: Final = 3600
+ENV_ENROLL_URL: Final = "NETVAL_ENROLL_URL"
+ENV_ENROLL_TOKEN_FILE: Final = "NETVAL_ENROLL_TOKEN_FILE"
+ENV_ENROLL_CA_FILE: Final = "NETVAL_ENROLL_CA_FILE"
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +126,8 @@ class AgentMqttWiring:
     password_key: str = DEFAULT_PASSWORD_KEY
     ca_secret: str | None = None
     ca_key: str = DEFAULT_CA_KEY
+    enroll_url: str | None = None  # per-node identity: agents enroll instead of a password
+    enroll_ca_configmap: str | None = None  # key ca.crt: verifies enroll_url
 
     def __post_init__(self) -> None:
         _host, _port, tls = parse_mqtt_url(self.url)
@@ -299,6 +311,13 @@ def _env(
         env.append({"name": ENV_PASSWORD_FILE, "value": f"{MQTT_SECRET_DIR}/{MQTT_PASSWORD_FILE}"})
     if mqtt.ca_secret:
         env.append({"name": ENV_CA_FILE, "value": f"{MQTT_SECRET_DIR}/{MQTT_CA_FILE}"})
+    if mqtt.enroll_url:
+        env += [
+            {"name": ENV_ENROLL_URL, "value": mqtt.enroll_url},
+            {"name": ENV_ENROLL_TOKEN_FILE, "value": f"{ENROLL_DIR}/token"},
+        ]
+        if mqtt.enroll_ca_configmap:
+            env.append({"name": ENV_ENROLL_CA_FILE, "value": f"{ENROLL_DIR}/ca.crt"})
     env += [
         # The node's address, not every interface of the host network (docs/operations.md
         # "Scraping the agents"); brackets make IPv6 host IPs unambiguous.
@@ -340,6 +359,17 @@ def _volumes(validation: str, mqtt: AgentMqttWiring) -> list[dict[str, Any]]:
         volumes.append(
             {"name": VOLUME_MQTT, "projected": {"sources": sources, "defaultMode": 0o440}}
         )
+    if mqtt.enroll_url:
+        enroll: list[dict[str, Any]] = [
+            {"serviceAccountToken": {"audience": ENROLL_AUDIENCE, "path": "token",
+                                     "expirationSeconds": ENROLL_TOKEN_SECONDS}},
+        ]  # fmt: skip
+        if mqtt.enroll_ca_configmap:
+            enroll.append({"configMap": {"name": mqtt.enroll_ca_configmap,
+                                         "items": [{"key": "ca.crt", "path": "ca.crt"}]}})  # fmt: skip
+        volumes.append(
+            {"name": VOLUME_ENROLL, "projected": {"sources": enroll, "defaultMode": 0o440}}
+        )
     return volumes
 
 
@@ -365,6 +395,8 @@ def _mounts(mqtt: AgentMqttWiring) -> list[dict[str, Any]]:
     ]
     if mqtt.secret_files():
         mounts.append({"name": VOLUME_MQTT, "mountPath": MQTT_SECRET_DIR, "readOnly": True})
+    if mqtt.enroll_url:
+        mounts.append({"name": VOLUME_ENROLL, "mountPath": ENROLL_DIR, "readOnly": True})
     return mounts
 
 

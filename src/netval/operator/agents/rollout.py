@@ -33,9 +33,13 @@ def render_agents(
         mqtt=manifests.AgentMqttWiring(
             url=settings.agent_mqtt_url,
             username=settings.agent_mqtt_username,
-            # an anonymous broker: no password to mount
-            password_secret=settings.agent_mqtt_secret if settings.agent_mqtt_username else None,
+            # an anonymous broker, or per-node identity: no shared password to mount
+            password_secret=settings.agent_mqtt_secret
+            if settings.agent_mqtt_username and not settings.agent_enroll_url
+            else None,
             ca_secret=settings.agent_mqtt_ca_secret,
+            enroll_url=settings.agent_enroll_url,
+            enroll_ca_configmap=settings.agent_enroll_ca_configmap,
         ),
         config_hash=manifests.config_hash(manifests.agent_config_document(name, generation, spec)),
         metrics_port=manifests.metrics_port_for(name),

@@ -7,6 +7,7 @@ from typing import Any
 
 import kopf
 
+from netval.operator.identity.service import start_identity, stop_identity
 from netval.operator.main import SIGNALS_KEY, configure_kopf, start_runtime, stop_runtime
 
 
@@ -19,8 +20,10 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
         # own once its tasks started, which may be after this handler ran
         asyncio.get_running_loop().call_later(0.2, install_signals)
     await start_runtime(memo)
+    await start_identity(memo, memo["settings"])  # agent enrollment, if configured
 
 
 @kopf.on.cleanup()
 async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await stop_identity(memo)
     await stop_runtime(memo)

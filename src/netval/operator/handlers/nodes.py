@@ -6,6 +6,7 @@ from typing import Any
 
 import kopf
 
+from netval.operator.identity.service import started_identity
 from netval.operator.main import started_runtime
 
 
@@ -20,3 +21,11 @@ async def node_event(
         runtime.store.on_node(name, None)
     else:
         runtime.store.on_node(name, dict(labels), list(spec.get("taints") or []))
+
+
+@kopf.on.event("", "v1", "nodes")
+async def node_delete(type: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """A deleted Node's MQTT identity is revoked: its clients are disconnected at once."""
+    identity = started_identity(memo)
+    if type == "DELETED" and identity is not None:
+        await identity.revoke_node(name)

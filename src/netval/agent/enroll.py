@@ -1,0 +1,226 @@
+"""The agent's per-node MQTT identity: enroll with the pod's projected ServiceAccount token,
+use the credential the operator issues, renew it before it expires.
+
+`NETVAL_ENROLL_URL` (https://.../v1/enroll) turns it on; the token is read from
+`NETVAL_ENROLL_TOKEN_FILE` at every enrollment (the kubelet rotates the file) and the server
+is verified with `NETVAL_ENROLL_CA_FILE` (hostname included). The agent re-enrolls at 2/3 of
+the credential's lifetime, and at once when the broker keeps refusing the credential (a
+broker restarted without its dynamic security state): the publisher then reconnects with the
+new password. The answer is a trust boundary: validated with pydantic; the password never
+appears in logs or reprs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import random
+import ssl
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Final, Protocol
+
+import aiohttp
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+
+from netval.infra.mqtt_client import backoff_delay
+from netval.infra.mqtt_settings import MqttSettings
+
+log = logging.getLogger("netval.agent.enroll")
+
+ENV_ENROLL_URL: Final = "NETVAL_ENROLL_URL"
+ENV_ENROLL_TOKEN_FILE: Final = "NETVAL_ENROLL_TOKEN_FILE"
+ENV_ENROLL_CA_FILE: Final = "NETVAL_ENROLL_CA_FILE"
+DEFAULT_TOKEN_FILE: Final = "/var/run/secrets/netval.io/enroll/token"
+RENEW_AT: Final = 2 / 3  # of the lifetime
+MAX_ANSWER: Final = 8192
+AUTH_FAILURES_BEFORE_REENROLL: Final = 2
+
+
+class EnrollError(Exception):
+    """An enrollment that did not give a credential (status 0: no answer)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"enrollment failed: {message}" + (f" (HTTP {status})" if status else ""))
+        self.status = status
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    username: Annotated[str, Field(min_length=1, max_length=1024)]
+    password: Annotated[str, Field(min_length=16, max_length=1024)]
+    expiresAt: AwareDatetime
+    clientId: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    node: Annotated[str, Field(min_length=1, max_length=253)]
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    username: str
+    password: str = field(repr=False)
+    expires_at: datetime
+    issued_at: datetime
+    client_id: str | None = None  # the one the broker binds the credential to
+
+    def renew_at(self) -> datetime:
+        return self.issued_at + (self.expires_at - self.issued_at) * RENEW_AT
+
+    def apply(self, settings: MqttSettings) -> MqttSettings:
+        return dataclasses.replace(
+            settings,
+            username=self.username,
+            password=self.password,
+            client_id=self.client_id or settings.client_id,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EnrollSettings:
+    url: str
+    token_file: Path
+    ca_file: Path | None
+    node: str
+
+
+def enroll_settings_from_env(env: Mapping[str, str], node: str) -> EnrollSettings | None:
+    url = env.get(ENV_ENROLL_URL, "").strip()
+    if not url:
+        return None
+    if not url.startswith("https://"):
+        raise ValueError(f"{ENV_ENROLL_URL}={url!r}: must be an https:// URL")
+    ca = env.get(ENV_ENROLL_CA_FILE, "").strip()
+    token = env.get(ENV_ENROLL_TOKEN_FILE, "").strip() or DEFAULT_TOKEN_FILE
+    return EnrollSettings(url, Path(token), Path(ca) if ca else None, node)
+
+
+class Publisher(Protocol):
+    settings: MqttSettings
+
+    @property
+    def connected(self) -> bool: ...
+
+    @property
+    def connect_failures(self) -> int: ...
+
+
+class Enroller:
+    def __init__(
+        self,
+        settings: EnrollSettings,
+        *,
+        timeout: float = 10.0,
+        backoff_base: float = 1.0,
+        backoff_cap: float = 60.0,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.settings = settings
+        self.timeout = timeout
+        self.backoff = (backoff_base, backoff_cap)
+        self.clock = clock
+        self._tls = ssl.create_default_context(
+            cafile=str(settings.ca_file) if settings.ca_file else None
+        )
+        self._rng = random.Random()  # noqa: S311 - jitter
+        self.credential: Credential | None = None
+        self.enrollments = 0
+        self.failures = 0
+
+    async def enroll(self) -> Credential:
+        """One enrollment; raises EnrollError."""
+        try:
+            token = self.settings.token_file.read_text().strip()
+        except OSError as exc:
+            raise EnrollError(
+                0, f"cannot read {self.settings.token_file}: {exc.strerror}"
+            ) from None
+        headers = {"Authorization": f"Bearer {token}"}
+        timeout = aiohttp.ClientTimeout(total=self.timeout)
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as session,
+                session.post(
+                    self.settings.url,
+                    json={"node": self.settings.node},
+                    headers=headers,
+                    ssl=self._tls,
+                ) as response,  # fmt: skip
+            ):
+                raw = await response.content.read(MAX_ANSWER + 1)
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError, ssl.SSLError) as exc:
+            raise EnrollError(0, f"{self.settings.url}: {type(exc).__name__}: {exc}") from None
+        if status != 200:
+            raise EnrollError(status, _error_message(raw))
+        if len(raw) > MAX_ANSWER:
+            raise EnrollError(status, "the answer is too large")
+        try:
+            answer = _Answer.model_validate_json(raw)
+        except ValidationError as exc:
+            raise EnrollError(status, f"unexpected answer ({exc.error_count()} errors)") from None
+        if answer.node != self.settings.node:
+            raise EnrollError(status, f"issued for node {answer.node!r}, not this one")
+        credential = Credential(
+            answer.username, answer.password, answer.expiresAt, self.clock(), answer.clientId
+        )
+        self.credential = credential
+        self.enrollments += 1
+        log.info("enrolled as %s until %s", credential.username, credential.expires_at.isoformat())
+        return credential
+
+    async def enroll_until(self, stop: asyncio.Event) -> Credential | None:
+        """Enroll, retrying with backoff (the operator may not be up yet); None if stopped."""
+        failures = 0
+        while not stop.is_set():
+            try:
+                return await self.enroll()
+            except EnrollError as exc:
+                failures += 1
+                self.failures += 1
+                level = logging.WARNING if failures == 1 or exc.status == 403 else logging.DEBUG
+                log.log(level, "%s", exc)
+            base, cap = self.backoff
+            delay = backoff_delay(failures, base=base, cap=cap, rng=self._rng)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+        return None
+
+    async def keep(self, publisher: Publisher, stop: asyncio.Event, *, poll: float = 1.0) -> None:
+        """Renew at 2/3 of the lifetime, or when the broker refuses the credential; hand each
+        new credential to the publisher (the broker disconnects the old session)."""
+        refused_since = publisher.connect_failures
+        while not stop.is_set():
+            credential = self.credential
+            due = credential is None or self.clock() >= credential.renew_at()
+            refused = (
+                not publisher.connected
+                and publisher.connect_failures - refused_since >= AUTH_FAILURES_BEFORE_REENROLL
+            )
+            if due or refused:
+                if refused:
+                    log.warning("the broker refuses the MQTT credential: enrolling again")
+                new = await self.enroll_until(stop)
+                if new is None:
+                    return
+                publisher.settings = new.apply(publisher.settings)
+                refused_since = publisher.connect_failures
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), poll)
+
+
+def _error_message(raw: bytes) -> str:
+    try:
+        doc = json.loads(raw[:MAX_ANSWER])
+        message = doc.get("message") if isinstance(doc, dict) else None
+    except (ValueError, UnicodeDecodeError):
+        message = None
+    return str(message)[:300] if message else "refused"
+
+
+def enroller_from_env(env: Mapping[str, str], node: str) -> Enroller | None:
+    settings = enroll_settings_from_env(env, node)
+    return Enroller(settings) if settings is not None else None

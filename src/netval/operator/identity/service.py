@@ -1,0 +1,200 @@
+"""The operator's identity service, wired in one place: the dynamic security admin
+connection, the credential issuer, the enrollment HTTPS server and the expiry sweep.
+
+Enabled by `NETVAL_ENROLL_ADDR` (docs/architecture.md, "Processes and configuration");
+Kopf's startup handler calls `start_identity`, the Node handler `revoke_node`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import ssl
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Final
+
+import kopf
+from prometheus_client import CollectorRegistry
+
+from netval.infra.metrics_server import parse_host_port
+from netval.infra.mqtt_settings import MqttSettings
+from netval.infra.task_stop import cancel_and_wait
+from netval.model.keys import MANAGED_BY_OPERATOR, LabelKey
+from netval.operator.agents.manifests import AGENT_APP_NAME
+from netval.operator.identity.credentials import DEFAULT_LIFETIME, CredentialIssuer
+from netval.operator.identity.dynsec import DynsecAdmin, DynsecError
+from netval.operator.identity.enroll_server import MIN_REISSUE_SECONDS, EnrollmentServer
+from netval.operator.identity.metrics import IdentityCollector
+from netval.operator.identity.review import PodTokenReviewer
+from netval.operator.kube import certs
+from netval.operator.kube.api import KubeApi, load_kube_client
+from netval.operator.settings import OperatorConfigError, OperatorSettings
+
+log = logging.getLogger("netval.operator.identity")
+
+ENV_ENROLL_ADDR: Final = "NETVAL_ENROLL_ADDR"
+ENV_ENROLL_CERT_FILE: Final = "NETVAL_ENROLL_CERT_FILE"
+ENV_ENROLL_KEY_FILE: Final = "NETVAL_ENROLL_KEY_FILE"
+ENV_ENROLL_CA_BUNDLE_FILE: Final = "NETVAL_ENROLL_CA_BUNDLE_FILE"
+ENV_CREDENTIAL_LIFETIME: Final = "NETVAL_CREDENTIAL_LIFETIME_SECONDS"
+MEMO_KEY: Final = "identity"  # Kopf memo: IdentitySettings before start, IdentityService after
+MIN_LIFETIME: Final = 60.0
+MAX_SWEEP_SECONDS: Final = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class IdentitySettings:
+    host: str
+    port: int  # 0: a free port (tests)
+    cert_file: Path | None = None  # None: a self-signed certificate (development only)
+    key_file: Path | None = None
+    lifetime: timedelta = DEFAULT_LIFETIME
+    ca_file: Path | None = None  # the CA agents verify the server with (None: the cert's)
+    min_reissue_seconds: float = MIN_REISSUE_SECONDS  # per pod (tests: 0)
+
+
+def identity_settings_from_env(env: Mapping[str, str] = os.environ) -> IdentitySettings | None:
+    """None when `NETVAL_ENROLL_ADDR` is unset or `off`: no enrollment (shared credentials)."""
+    text = env.get(ENV_ENROLL_ADDR, "").strip()
+    if not text:
+        return None
+    try:
+        addr = parse_host_port(text, variable=ENV_ENROLL_ADDR)
+    except ValueError as exc:
+        raise OperatorConfigError(str(exc)) from None
+    if addr is None:
+        return None
+    cert, key = env.get(ENV_ENROLL_CERT_FILE, "").strip(), env.get(ENV_ENROLL_KEY_FILE, "").strip()
+    if bool(cert) != bool(key):
+        raise OperatorConfigError(f"{ENV_ENROLL_CERT_FILE} and {ENV_ENROLL_KEY_FILE} go together")
+    lifetime_text = env.get(ENV_CREDENTIAL_LIFETIME, "").strip()
+    try:
+        seconds = float(lifetime_text) if lifetime_text else DEFAULT_LIFETIME.total_seconds()
+    except ValueError:
+        raise OperatorConfigError(
+            f"{ENV_CREDENTIAL_LIFETIME}: not a number: {lifetime_text!r}"
+        ) from None
+    if seconds < MIN_LIFETIME:
+        raise OperatorConfigError(
+            f"{ENV_CREDENTIAL_LIFETIME}: at least {MIN_LIFETIME:g}, got {seconds:g}"
+        )
+    ca = env.get(ENV_ENROLL_CA_BUNDLE_FILE, "").strip()
+    return IdentitySettings(
+        host=addr[0], port=addr[1], cert_file=Path(cert) if cert else None,
+        key_file=Path(key) if key else None, lifetime=timedelta(seconds=seconds),
+        ca_file=Path(ca) if ca else None,
+    )  # fmt: skip
+
+
+def server_tls(settings: IdentitySettings) -> tuple[ssl.SSLContext, Path]:
+    """The server's TLS context, and the CA bundle agents verify it with."""
+    cert, key, ca = settings.cert_file, settings.key_file, settings.ca_file
+    if cert is None or key is None:
+        directory = Path(tempfile.mkdtemp(prefix="netval-enroll-"))
+        files = certs.generate_self_signed(directory, certs.server_sans(settings.host))
+        cert, key, ca = files.cert, files.key, files.ca
+        log.warning(
+            "enrollment: no certificate given, generated a self-signed one in %s", directory
+        )
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context, ca or cert
+
+
+def ca_configmap(namespace: str, name: str, ca_pem: str) -> dict[str, Any]:
+    """The agents' copy of the enrollment CA (the operator's pods have it mounted; the
+    agents' namespace may be another one, and a CA is no secret)."""
+    labels = {LabelKey.NAME.value: AGENT_APP_NAME, LabelKey.MANAGED_BY.value: MANAGED_BY_OPERATOR}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "data": {"ca.crt": ca_pem},
+    }
+
+
+class IdentityService:
+    def __init__(
+        self, settings: IdentitySettings, mqtt: MqttSettings, reviewer: PodTokenReviewer
+    ) -> None:
+        self.settings = settings
+        admin_id = f"{mqtt.client_id}-identity" if mqtt.client_id else None
+        self.admin = DynsecAdmin(dataclasses.replace(mqtt, client_id=admin_id))
+        self.issuer = CredentialIssuer(self.admin, lifetime=settings.lifetime)
+        self.server = EnrollmentServer(
+            reviewer, self.issuer, min_reissue=settings.min_reissue_seconds
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        self.ca_file: Path | None = None
+
+    async def start(self) -> int:
+        self.admin.start()
+        context, self.ca_file = server_tls(self.settings)
+        port = await self.server.start(self.settings.host, self.settings.port, context)
+        self._tasks.append(asyncio.create_task(self._maintain(), name="netval-identity-sweep"))
+        return port
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._tasks)
+        await self.server.stop()
+        await self.admin.stop()
+
+    async def revoke_node(self, node: str) -> None:
+        try:
+            await self.issuer.revoke_node(node)
+        except DynsecError as exc:  # an event handler is not retried: the expiry sweep is
+            log.warning("cannot revoke node %s now (it expires with its credential): %s", node, exc)
+
+    async def _maintain(self) -> None:
+        """After each (re)connect, deny by default; then expire credentials periodically."""
+        every = min(MAX_SWEEP_SECONDS, self.settings.lifetime.total_seconds() / 12)
+        prepared_for = 0
+        while True:
+            with contextlib.suppress(DynsecError):
+                if self.admin.connects != prepared_for and self.admin.connected:
+                    await self.issuer.prepare()
+                    prepared_for = self.admin.connects
+                await self.issuer.expire()
+            await asyncio.sleep(every if prepared_for == self.admin.connects else 1.0)
+
+
+async def start_identity(memo: kopf.Memo, operator: OperatorSettings) -> None:
+    """Start the service if enrollment is configured (memo `identity` or the environment)."""
+    settings: Any = memo.get(MEMO_KEY)
+    if settings is None:
+        settings = identity_settings_from_env()
+    if not isinstance(settings, IdentitySettings):
+        return
+    api_client = load_kube_client()
+    reviewer = PodTokenReviewer(api_client, namespace=operator.agent_namespace)
+    service = IdentityService(settings, operator.mqtt, reviewer)
+    await service.start()
+    memo[MEMO_KEY] = service
+    registry = memo.get("metrics_registry")
+    if isinstance(registry, CollectorRegistry):
+        registry.register(IdentityCollector(service))
+    if operator.agent_enroll_ca_configmap and service.ca_file is not None:
+        body = ca_configmap(
+            operator.agent_namespace,
+            operator.agent_enroll_ca_configmap,
+            service.ca_file.read_text(),
+        )
+        await KubeApi(api_client).apply_configmap(body)
+
+
+async def stop_identity(memo: kopf.Memo) -> None:
+    service = memo.get(MEMO_KEY)
+    if isinstance(service, IdentityService):
+        await service.stop()
+
+
+def started_identity(memo: kopf.Memo) -> IdentityService | None:
+    service = memo.get(MEMO_KEY)
+    return service if isinstance(service, IdentityService) else None

@@ -1,0 +1,126 @@
+"""Shared parts of the per-node identity tests (test_identity.py, test_enrollment.py) and of
+bench/enrollment.py: an asyncio loop in a thread (the operator's async parts, driven from a
+sync test), and a paho MQTT client that records what it receives and how its connection
+ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from kube import wait_for
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    """An event loop in its own thread; `run(coro)` waits (bounded) for the result."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        async def call() -> Any:
+            return fn(*args)
+
+        return self.run(call())
+
+    def close(self) -> None:
+        async def drain() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        self.run(drain())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+class Mqtt:
+    """A paho MQTT 3.1.1 client: `connect()` returns the CONNACK reason; `messages` holds
+    every (topic, payload) received in order; `disconnects` the reasons of lost connections."""
+
+    def __init__(
+        self,
+        port: int,
+        username: str,
+        password: str,
+        *,
+        client_id: str = "",
+        will: tuple[str, bytes] | None = None,
+    ) -> None:
+        import paho.mqtt.client as paho
+
+        self.messages: list[tuple[str, bytes]] = []
+        self.connacks: list[Any] = []
+        self.disconnects: list[Any] = []
+        self.lock = threading.Lock()
+        self.client = paho.Client(
+            paho.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv311
+        )
+        self.client.username_pw_set(username, password)
+        if will is not None:
+            self.client.will_set(will[0], will[1], qos=1, retain=True)
+        self.client.on_connect = lambda c, u, f, reason, p: self.connacks.append(reason)
+        self.client.on_disconnect = lambda c, u, f, reason, p: self.disconnects.append(reason)
+        self.client.on_message = self._on_message
+        self.port = port
+
+    def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
+        with self.lock:
+            self.messages.append((message.topic, bytes(message.payload)))
+
+    def connect(self) -> Any:
+        self.client.connect("127.0.0.1", self.port, keepalive=30)
+        self.client.loop_start()
+        return wait_for(lambda: self.connacks[-1] if self.connacks else None, 10, what="CONNACK")
+
+    @property
+    def accepted(self) -> bool:
+        return bool(self.connacks) and not self.connacks[-1].is_failure
+
+    def subscribe(self, *filters: str) -> None:
+        done = threading.Event()
+        self.client.on_subscribe = lambda *a: done.set()
+        self.client.subscribe([(f, 1) for f in filters])
+        assert done.wait(10), "no SUBACK"
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = True) -> None:
+        """QoS 1: returns once the broker acknowledged it (Mosquitto acknowledges an
+        unauthorised publish too and drops it: check delivery at a subscriber)."""
+        info = self.client.publish(topic, payload, qos=1, retain=retain)
+        info.wait_for_publish(10)
+
+    def received(self, topic: str) -> list[bytes]:
+        with self.lock:
+            return [p for t, p in self.messages if t == topic]
+
+    def topics(self) -> set[str]:
+        with self.lock:
+            return {t for t, _ in self.messages}
+
+    def wait_message(self, topic: str, payload: bytes, timeout: float = 10.0) -> None:
+        wait_for(lambda: payload in self.received(topic), timeout, what=f"{topic} {payload!r}")
+
+    def drop(self) -> None:
+        """Lose the connection without DISCONNECT (as a SIGKILL would): the will fires."""
+        sock = self.client.socket()
+        self.client.loop_stop()
+        if isinstance(sock, socket.socket):
+            sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()

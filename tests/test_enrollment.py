@@ -1,0 +1,486 @@
+"""Agent enrollment, end to end over real interfaces: the operator's HTTPS enrollment server
+(`IdentityService`), TokenReview and Pod reads against the test API server (tests/kube.py,
+with a token -> pod mapping this file controls, shaped as a real apiserver answers), the
+chart's Mosquitto with the dynamic security plugin, and the agent's `Enroller` and
+`ReportPublisher`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import ssl
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from identity_kit import LoopThread, Mqtt
+from kube import KubeCluster, wait_for
+from netval.agent.enroll import Enroller, EnrollError, EnrollSettings
+from netval.agent.publish import ReportPublisher
+from netval.infra.mqtt_settings import MqttSettings
+from netval.model.keys import MANAGED_BY_OPERATOR
+from netval.operator.identity.review import PodTokenReviewer
+from netval.operator.identity.service import IdentityService, IdentitySettings
+from netval.operator.kube import certs
+from test_chart_broker import run_chart_broker
+
+NS = "netval-system"
+SA = "netval-agent"
+AGENT_LABELS = {
+    "app.kubernetes.io/name": "netval-agent",
+    "app.kubernetes.io/managed-by": MANAGED_BY_OPERATOR,
+}
+
+
+@dataclass
+class Claims:
+    """What a projected ServiceAccount token says (the apiserver's view of it)."""
+
+    pod: str
+    uid: str
+    node: str | None
+    namespace: str = NS
+    service_account: str = SA
+    audiences: tuple[str, ...] = ("netval",)
+    bound: bool = True
+
+
+@dataclass
+class TokenAuthority:
+    """The test's apiserver side of TokenReview: token -> claims, answered as a real
+    apiserver does (an audience mismatch is not authenticated)."""
+
+    tokens: dict[str, Claims] = field(default_factory=dict)
+    reviews: int = 0
+
+    def mint(self, claims: Claims) -> str:
+        token = "eyJ" + secrets.token_urlsafe(24)
+        self.tokens[token] = claims
+        return token
+
+    def review(self, spec: dict[str, Any]) -> dict[str, Any]:
+        self.reviews += 1
+        claims = self.tokens.get(spec.get("token", ""))
+        if claims is None:
+            return {"authenticated": False, "error": "invalid bearer token"}
+        wanted = spec.get("audiences") or ["https://kubernetes.default.svc"]
+        matched = [a for a in wanted if a in claims.audiences]
+        if not matched:
+            return {
+                "authenticated": False,
+                "error": "token audiences are invalid for the target audiences",
+            }
+        extra: dict[str, list[str]] = {}
+        if claims.bound:
+            extra = {
+                "authentication.kubernetes.io/pod-name": [claims.pod],
+                "authentication.kubernetes.io/pod-uid": [claims.uid],
+            }
+            if claims.node is not None:
+                extra["authentication.kubernetes.io/node-name"] = [claims.node]
+        return {
+            "authenticated": True,
+            "audiences": matched,
+            "user": {
+                "username": f"system:serviceaccount:{claims.namespace}:{claims.service_account}",
+                "uid": "sa-uid",
+                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{claims.namespace}"],
+                "extra": extra,
+            },
+        }
+
+
+class Enrollment:
+    def __init__(
+        self, tmp_path: Path, kube: KubeCluster, port: int, secrets_: dict[str, str]
+    ) -> None:
+        self.tmp_path = tmp_path
+        self.kube = kube
+        self.mqtt_port = port
+        self.secrets = secrets_
+        self.authority = TokenAuthority()
+        kube.api.token_reviewer = self.authority.review
+        kube.ensure_namespace(NS)
+        self.tls = certs.generate_self_signed(tmp_path / "tls", ["127.0.0.1"])
+        self.loop = LoopThread()
+        self.clients: list[Mqtt] = []
+        self.service = self.start_service(timedelta(hours=24))
+
+    def start_service(self, lifetime: timedelta, min_reissue: float = 0.0) -> IdentityService:
+        operator_mqtt = MqttSettings(host="127.0.0.1", port=self.mqtt_port, username="netval-operator",
+                                     password=self.secrets["operator"], client_id="operator")  # fmt: skip
+        settings = IdentitySettings(
+            "127.0.0.1", 0, self.tls.cert, self.tls.key, lifetime, min_reissue_seconds=min_reissue
+        )
+        reviewer = PodTokenReviewer(self.kube.api_client(), namespace=NS)
+        service = IdentityService(settings, operator_mqtt, reviewer)
+        self.loop.run(service.start())
+        assert self.loop.run(service.admin.wait_connected(10))
+        return service
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.service.server.port}/v1/enroll"
+
+    def pod(self, name: str, node: str, *, labels: dict[str, str] | None = None,
+            service_account: str = SA) -> dict[str, Any]:  # fmt: skip
+        return self.kube.create({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "labels": AGENT_LABELS if labels is None else labels},
+            "spec": {"nodeName": node, "serviceAccountName": service_account,
+                     "containers": [{"name": "agent", "image": "netval"}]},
+        })  # fmt: skip
+
+    def agent_token(self, name: str, node: str) -> str:
+        pod = self.pod(name, node)
+        return self.authority.mint(Claims(name, pod["metadata"]["uid"], node))
+
+    def post(self, token: str | None, body: Any = None, *, raw: bytes | None = None,
+             header: str | None = None) -> tuple[int, dict[str, Any]]:  # fmt: skip
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else b"")
+        request = urllib.request.Request(self.url, data=data, method="POST")
+        if header is not None:
+            request.add_header("Authorization", header)
+        elif token is not None:
+            request.add_header("Authorization", f"Bearer {token}")
+        context = ssl.create_default_context(cafile=str(self.tls.ca))
+        try:
+            with urllib.request.urlopen(request, context=context, timeout=20) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            text = exc.read()
+            return exc.code, json.loads(text) if text else {}
+
+    def enroller(self, token: str, node: str, **kw: Any) -> Enroller:
+        token_file = self.tmp_path / f"token-{node}-{secrets.token_hex(3)}"
+        token_file.write_text(token)
+        return Enroller(EnrollSettings(self.url, token_file, self.tls.ca, node), **kw)
+
+    def mqtt(self, username: str, password: str, **kw: Any) -> Mqtt:
+        client = Mqtt(self.mqtt_port, username, password, **kw)
+        self.clients.append(client)
+        return client
+
+    def operator(self) -> Mqtt:
+        op = self.mqtt("netval-operator", self.secrets["operator"])
+        assert not op.connect().is_failure
+        op.subscribe("netval/#")
+        return op
+
+    def clients_of(self, node: str) -> list[str]:
+        (response,) = self.loop.run(self.service.admin.execute([{"command": "listClients"}]))
+        return [c for c in response["data"]["clients"] if c.startswith(f"netval-node:{node}:")]
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        self.loop.run(self.service.stop())
+        self.loop.close()
+
+
+@pytest.fixture
+def enrollment(tmp_path: Path, kube: KubeCluster) -> Iterator[Enrollment]:
+    with run_chart_broker(tmp_path) as (port, secrets_):
+        env = Enrollment(tmp_path, kube, port, secrets_)
+        try:
+            yield env
+        finally:
+            env.close()
+
+
+def base(node: str) -> str:
+    return f"netval/v1/pool/{node}"
+
+
+def test_an_agent_enrolls_and_speaks_for_its_node_only(enrollment: Enrollment) -> None:
+    enroller = enrollment.enroller(enrollment.agent_token("agent-a", "node-a"), "node-a")
+    credential = enrollment.loop.run(enroller.enroll())
+    assert credential.username == "netval-node:node-a:agent-a"
+    assert (credential.expires_at - credential.issued_at) > timedelta(hours=23)
+    assert credential.password not in repr(credential)
+    op = enrollment.operator()
+    assert credential.client_id == credential.username
+    a = enrollment.mqtt(credential.username, credential.password, client_id=credential.client_id)
+    assert not a.connect().is_failure
+    a.publish(f"{base('node-b')}/report", b"forged")
+    a.publish(f"{base('node-a')}/report", b"mine")
+    op.wait_message(f"{base('node-a')}/report", b"mine")
+    assert op.topics() == {f"{base('node-a')}/report"}
+
+
+def test_a_token_cannot_obtain_or_replace_another_nodes_credential(enrollment: Enrollment) -> None:
+    b_status, b_answer = enrollment.post(
+        enrollment.agent_token("agent-b", "node-b"), {"node": "node-b"}
+    )
+    assert b_status == 200 and b_answer["node"] == "node-b"
+    a_token = enrollment.agent_token("agent-a", "node-a")
+    status, answer = enrollment.post(a_token, {"node": "node-b"})
+    assert status == 403 and "password" not in answer, answer
+    assert "node-a" in answer["message"]
+    # B's credential is B's alone and still works; A got nothing for B.
+    assert enrollment.clients_of("node-b") == ["netval-node:node-b:agent-b"]
+    b = enrollment.mqtt(b_answer["username"], b_answer["password"], client_id=b_answer["clientId"])
+    assert not b.connect().is_failure
+    # Asking for its own node (or for none) gives A its own.
+    for body in ({"node": "node-a"}, None, {}):
+        status, answer = enrollment.post(a_token, body)
+        assert (status, answer.get("node")) == (200, "node-a")
+
+
+def _deny_cases(e: Enrollment) -> dict[str, tuple[str | None, int]]:
+    pod = e.pod("agent-x", "node-x")
+    uid = pod["metadata"]["uid"]
+    e.pod("not-agent", "node-x", labels={"app": "other"})
+    not_agent_uid = e.kube.get("v1", "Pod", "not-agent", namespace=NS)["metadata"]["uid"]
+    e.pod("wrong-sa", "node-x", service_account="default")
+    wrong_sa_uid = e.kube.get("v1", "Pod", "wrong-sa", namespace=NS)["metadata"]["uid"]
+    mint = e.authority.mint
+    return {
+        "no token": (None, 401),
+        "unknown token": ("eyJnot-a-token", 403),
+        "wrong audience": (
+            mint(Claims("agent-x", uid, "node-x", audiences=("https://kubernetes.default.svc",))),
+            403,
+        ),
+        "pod uid mismatch": (mint(Claims("agent-x", "another-uid", "node-x")), 403),
+        "non-agent service account": (
+            mint(Claims("agent-x", uid, "node-x", service_account="default")),
+            403,
+        ),
+        "other namespace": (mint(Claims("agent-x", uid, "node-x", namespace="default")), 403),
+        "token not bound to a pod": (mint(Claims("agent-x", uid, "node-x", bound=False)), 403),
+        "pod without agent labels": (mint(Claims("not-agent", not_agent_uid, "node-x")), 403),
+        "pod of another service account": (mint(Claims("wrong-sa", wrong_sa_uid, "node-x")), 403),
+        "node in the token differs": (mint(Claims("agent-x", uid, "node-y")), 403),
+        "pod gone": (mint(Claims("agent-gone", "gone-uid", "node-x")), 403),
+    }
+
+
+def test_tokens_that_do_not_prove_an_agent_pod_are_refused(enrollment: Enrollment) -> None:
+    cases = _deny_cases(enrollment)
+    for what, (token, expected) in cases.items():
+        status, answer = enrollment.post(token, {"node": "node-x"})
+        assert status == expected, (what, answer)
+        assert "password" not in answer, what
+    assert enrollment.service.issuer.issued == 0
+    assert enrollment.clients_of("node-x") == []
+    assert enrollment.service.server.outcomes == {"unauthenticated": 1, "denied": len(cases) - 1}
+
+
+def test_the_api_server_unavailable_is_503(enrollment: Enrollment) -> None:
+    import kmock
+
+    token = enrollment.agent_token("agent-a", "node-a")
+    (
+        enrollment.kube.api[
+            kmock.action.CREATE, kmock.resource("authentication.k8s.io", "v1", "tokenreviews")
+        ]
+        << 503
+    )
+    status, answer = enrollment.post(token, {"node": "node-a"})
+    assert status == 503 and "password" not in answer
+
+
+_HEADER_TEXT = st.text(
+    st.characters(min_codepoint=32, max_codepoint=255, exclude_characters="\x7f"), max_size=60
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    header=st.one_of(st.none(), _HEADER_TEXT.map(lambda t: "Bearer " + t), _HEADER_TEXT),
+    raw=st.one_of(
+        st.binary(max_size=600),
+        st.builds(
+            lambda n: json.dumps({"node": n}).encode(),
+            st.one_of(
+                st.text(max_size=300), st.integers(), st.none(), st.lists(st.text(max_size=3))
+            ),
+        ),
+    ),
+)
+def test_garbage_requests_get_a_clear_refusal(
+    enrollment: Enrollment, header: str | None, raw: bytes
+) -> None:
+    header = (
+        None
+        if header is None
+        else "".join(c for c in header if c.isprintable() and c not in "\r\n")
+    )
+    status, answer = enrollment.post(None, raw=raw, header=header)
+    assert status in (400, 401, 403), (status, answer)
+    assert "password" not in answer
+    assert enrollment.service.issuer.issued == 0
+
+
+def test_rotation_refuses_the_old_password_and_the_agent_reconnects(enrollment: Enrollment) -> None:
+    e = enrollment
+    e.loop.run(e.service.stop())
+    e.service = e.start_service(timedelta(seconds=3))  # renewed at 2 s
+    enroller = e.enroller(e.agent_token("agent-a", "node-a"), "node-a")
+    first = e.loop.run(enroller.enroll())
+    publisher = ReportPublisher(
+        MqttSettings("127.0.0.1", e.mqtt_port, client_id="agent-a"), "pool", "node-a",
+        backoff_base=0.1, backoff_cap=0.5,
+    )  # fmt: skip
+    publisher.settings = first.apply(publisher.settings)
+    stop = e.loop.run(_event())
+    op = e.operator()
+    e.loop.run(publisher.start())
+    keep = e.loop.call(lambda: asyncio.ensure_future(enroller.keep(publisher, stop, poll=0.1)))
+    op.wait_message(f"{base('node-a')}/state", b"online")
+    wait_for(lambda: enroller.enrollments >= 2, 15, what="a renewal")
+    second = enroller.credential
+    assert second is not None and second.password != first.password
+    wait_for(lambda: publisher.connected and publisher.settings.password == second.password, 15,
+             what="the publisher reconnected with the new password")  # fmt: skip
+    old = e.mqtt(first.username, first.password, client_id=first.client_id)
+    assert old.connect().is_failure
+    report_count = len(op.received(f"{base('node-a')}/state"))
+    assert report_count >= 2  # online again after the reconnect
+    e.loop.call(stop.set)
+    e.loop.run(publisher.stop())
+    e.loop.run(_wait(keep))
+
+
+def test_agent_reenrolls_when_the_broker_lost_its_identities(enrollment: Enrollment) -> None:
+    e = enrollment
+    enroller = e.enroller(e.agent_token("agent-a", "node-a"), "node-a")
+    first = e.loop.run(enroller.enroll())
+    publisher = ReportPublisher(
+        MqttSettings("127.0.0.1", e.mqtt_port, client_id="agent-a"), "pool", "node-a",
+        backoff_base=0.1, backoff_cap=0.3,
+    )  # fmt: skip
+    publisher.settings = first.apply(publisher.settings)
+    stop = e.loop.run(_event())
+    e.loop.run(publisher.start())
+    keep = e.loop.call(lambda: asyncio.ensure_future(enroller.keep(publisher, stop, poll=0.1)))
+    wait_for(lambda: publisher.connected, 10, what="connected")
+    # What a new broker pod looks like to the agent: its identity is gone.
+    e.loop.run(e.service.issuer.revoke_node("node-a"))
+    wait_for(
+        lambda: enroller.enrollments >= 2 and publisher.connected, 20, what="re-enrolled and back"
+    )
+    assert enroller.credential is not None and enroller.credential.password != first.password
+    e.loop.call(stop.set)
+    e.loop.run(publisher.stop())
+    e.loop.run(_wait(keep))
+
+
+def test_an_unreachable_enrollment_server_is_an_error_not_a_crash(
+    enrollment: Enrollment, tmp_path: Path
+) -> None:
+    token = tmp_path / "t"
+    token.write_text("x")
+    enroller = Enroller(
+        EnrollSettings("https://127.0.0.1:1/v1/enroll", token, enrollment.tls.ca, "n"), timeout=2
+    )
+    with pytest.raises(EnrollError):
+        enrollment.loop.run(enroller.enroll())
+    missing = Enroller(EnrollSettings(enrollment.url, tmp_path / "none", enrollment.tls.ca, "n"))
+    with pytest.raises(EnrollError, match="cannot read"):
+        enrollment.loop.run(missing.enroll())
+
+
+async def _event() -> asyncio.Event:
+    return asyncio.Event()
+
+
+async def _wait(future: Any) -> None:
+    await asyncio.wait_for(future, 10)
+
+
+def test_the_agent_process_enrolls_and_reports_for_its_node(
+    enrollment: Enrollment, tmp_path: Path
+) -> None:
+    import signal
+    import subprocess
+
+    import yaml
+
+    from test_agent import LO_CHECKS, agent_config, netval_script, stop_process
+
+    e = enrollment
+    token = tmp_path / "token"
+    token.write_text(e.agent_token("agent-a", "node-a"))
+    config = tmp_path / "agent.yaml"
+    config.write_text(yaml.safe_dump(agent_config(LO_CHECKS, interval="5s")))
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "NETVAL_CONFIG": str(config),
+        "NETVAL_NODE_NAME": "node-a",
+        "NETVAL_MQTT_URL": f"mqtt://127.0.0.1:{e.mqtt_port}",
+        "NETVAL_METRICS_ADDR": "off",
+        "NETVAL_ENROLL_URL": e.url,
+        "NETVAL_ENROLL_TOKEN_FILE": str(token),
+        "NETVAL_ENROLL_CA_FILE": str(e.tls.ca),
+        # this checkout's code, when the tests run with PYTHONPATH pointing at it
+        **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
+    }  # no MQTT user or password: the agent has only its token
+    op = e.operator()
+    log = (tmp_path / "agent.log").open("wb")
+    proc = subprocess.Popen([netval_script(), "agent"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_for(lambda: op.received("netval/v1/v/node-a/report"), 30, what="the agent's report")
+        assert op.received("netval/v1/v/node-a/state")[-1] == b"online"
+        assert e.clients_of("node-a") == ["netval-node:node-a:agent-a"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        op.wait_message("netval/v1/v/node-a/state", b"offline")
+    finally:
+        stop_process(proc)
+        log.close()
+    agent_log = (tmp_path / "agent.log").read_text()
+    assert "enrolled as netval-node:node-a:agent-a" in agent_log
+    assert token.read_text() not in agent_log
+
+
+def test_the_agent_process_refuses_a_plaintext_enrollment_url(tmp_path: Path) -> None:
+    import subprocess
+
+    import yaml
+
+    from test_agent import LO_CHECKS, agent_config, netval_script
+
+    config = tmp_path / "agent.yaml"
+    config.write_text(yaml.safe_dump(agent_config(LO_CHECKS)))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NETVAL_CONFIG": str(config),
+           "NETVAL_NODE_NAME": "node-a", "NETVAL_MQTT_URL": "mqtt://127.0.0.1:1",
+           "NETVAL_METRICS_ADDR": "off", "NETVAL_ENROLL_URL": "http://operator:9444/v1/enroll",
+           **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}}  # fmt: skip
+    proc = subprocess.run([netval_script(), "agent"], env=env, capture_output=True, text=True,
+                          timeout=15, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "NETVAL_ENROLL_URL" in proc.stderr and "https://" in proc.stderr
+
+
+def test_a_pod_that_enrolls_in_a_loop_is_throttled(enrollment: Enrollment) -> None:
+    e = enrollment
+    e.loop.run(e.service.stop())
+    e.service = e.start_service(timedelta(hours=24), min_reissue=60)
+    token = e.agent_token("agent-a", "node-a")
+    status, first = e.post(token, {"node": "node-a"})
+    assert status == 200
+    for _ in range(3):
+        status, answer = e.post(token, {"node": "node-a"})
+        assert status == 429 and "password" not in answer, answer
+    assert e.service.issuer.issued == 1 and e.service.server.outcomes["throttled"] == 3
+    # The credential it has keeps working; another pod is not held back.
+    a = e.mqtt(first["username"], first["password"], client_id=first["clientId"])
+    assert not a.connect().is_failure
+    status, _ = e.post(e.agent_token("agent-b", "node-b"), {"node": "node-b"})
+    assert status == 200
