@@ -129,6 +129,15 @@ class _Client:
         self.client.loop_stop()
 
 
+def plaintext_listener(conf: str) -> str:
+    """The chart's configuration with its TLS listener turned plaintext: for tests of the
+    access rules (ACL, dynamic security), which are the same either way; the TLS listener
+    itself is tested on its own below."""
+    tls = re.compile(r"^(cafile|certfile|keyfile|tls_version) .*\n", re.M)
+    assert len(tls.findall(conf)) == 4, conf
+    return tls.sub("", conf)
+
+
 @contextlib.contextmanager
 def run_chart_broker(
     tmp_path: Path, edit: Callable[[str], str] | None = None

@@ -33,7 +33,7 @@ from netval.model.keys import MANAGED_BY_OPERATOR
 from netval.operator.identity.review import PodTokenReviewer
 from netval.operator.identity.service import IdentityService, IdentitySettings
 from netval.operator.kube import certs
-from test_chart_broker import run_chart_broker
+from test_chart_broker import plaintext_listener, run_chart_broker
 
 NS = "netval-system"
 SA = "netval-agent"
@@ -191,7 +191,7 @@ class Enrollment:
 
 @pytest.fixture
 def enrollment(tmp_path: Path, kube: KubeCluster) -> Iterator[Enrollment]:
-    with run_chart_broker(tmp_path) as (port, secrets_):
+    with run_chart_broker(tmp_path, plaintext_listener) as (port, secrets_):
         env = Enrollment(tmp_path, kube, port, secrets_)
         try:
             yield env

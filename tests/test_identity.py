@@ -21,7 +21,7 @@ from kube import wait_for
 from netval.infra.mqtt_settings import MqttSettings
 from netval.operator.identity.credentials import CredentialIssuer, IssuedCredential
 from netval.operator.identity.dynsec import DynsecAdmin
-from test_chart_broker import run_chart_broker
+from test_chart_broker import plaintext_listener, run_chart_broker
 
 V = "roce-pool"
 
@@ -76,7 +76,7 @@ class Identity:
 
 @pytest.fixture
 def identity(tmp_path: Path) -> Iterator[Identity]:
-    with run_chart_broker(tmp_path) as (port, secrets):
+    with run_chart_broker(tmp_path, plaintext_listener) as (port, secrets):
         ident = Identity(port, secrets)
         try:
             yield ident

@@ -19,7 +19,14 @@ from netval.model.spec import NetworkValidationSpec
 from netval.operator.ingest.subscriber import ReportIngest
 from netval.operator.state.store import Store
 from operator_env import GPU, report, report_msg
-from test_chart_broker import _agent_publisher, _broker_parts, _publish_all, run_chart_broker
+from test_chart_broker import (
+    BROKER_HOST,
+    _agent_publisher,
+    _broker_parts,
+    _publish_all,
+    rendered_ca,
+    run_chart_broker,
+)
 from test_ingest_faults import until
 
 NODES = 10_000
@@ -54,13 +61,15 @@ def test_a_restarted_operator_folds_every_node_of_10000_retained(tmp_path: Path)
         store = Store()
         for i in range(NODES):
             store.on_node(node(i), GPU)
-        settings = MqttSettings(
-            host="127.0.0.1",
+        ca_file = tmp_path / "ca.crt"
+        ca_file.write_text(rendered_ca())
+        settings = MqttSettings(  # as the chart configures the operator: TLS, name verified
+            host=BROKER_HOST,
             port=port,
-            tls=False,
+            tls=True,
             username="netval-operator",
             password=secrets["operator"],
-            ca_file=None,
+            ca_file=ca_file,
             client_id="netval-operator",
         )
         ingest = ReportIngest(

@@ -96,6 +96,7 @@ def probe_node_topics(
     *,
     node: str = PROBE_NODE,
     timeout: float = 5.0,
+    exact_client_id: bool = False,
 ) -> AclProbe:
     """Publish to `node`'s report, state and endpoint topics as `settings`' identity.
 
@@ -106,7 +107,12 @@ def probe_node_topics(
     session = _Session()
     client = paho.Client(
         CallbackAPIVersion.VERSION2,
-        client_id=f"{settings.client_id or 'netval'}-acl-probe",
+        # a per-node credential is bound to its client id; else never take over a session
+        client_id=(
+            settings.client_id or ""
+            if exact_client_id
+            else f"{settings.client_id or 'netval'}-acl-probe"
+        ),
         protocol=paho.MQTTv5,
     )
     if settings.username is not None:

@@ -1,5 +1,10 @@
-"""The operator's start check of the broker's ACL: can its own identity publish a report,
-state or endpoint for a node (it must not: it reads everything and writes assignments only)?
+"""The operator's start check of the broker's ACL: can a node's identity publish a report,
+state or endpoint for another node (it must not)?
+
+With per-node identity (operator/identity) the operator issues a short-lived credential for a
+reserved probe node, probes with it, and revokes it; `netval doctor` runs the same probe with
+whatever credential it is given (a node's). The operator's own identity is not the one to
+probe: it legitimately writes node topics (it clears a deleted validation's retained ones).
 
 A broker that lets it probably enforces no per-node ACL at all (an external broker set up
 without netval's rules, docs/operations.md "External brokers"): then any credential speaks
@@ -34,9 +39,15 @@ _TASKS: set[asyncio.Task[AclProbe]] = set()  # keeps the background checks refer
 class BrokerAclCheck(Collector):
     """One run of the check; as a collector, its outcome as a gauge."""
 
-    def __init__(self, settings: MqttSettings, *, timeout: float = 5.0) -> None:
-        suffix = f"{settings.client_id}-acl" if settings.client_id else None
-        self.settings = settings.with_client_id(suffix)  # never take over the ingest session
+    def __init__(
+        self, settings: MqttSettings, *, timeout: float = 5.0, own_client_id: bool = False
+    ) -> None:
+        if not own_client_id:  # never take over the ingest session
+            suffix = f"{settings.client_id}-acl" if settings.client_id else None
+            settings = settings.with_client_id(suffix)
+        # else: a per-node credential, which the broker binds to its own client id
+        self.settings = settings
+        self.own_client_id = own_client_id
         self.timeout = timeout
         self.result: AclProbe | None = None
 
@@ -46,6 +57,7 @@ class BrokerAclCheck(Collector):
             self.settings,
             self.settings.ssl_context(),
             timeout=self.timeout,
+            exact_client_id=self.own_client_id,
         )
         self.result = result
         if result.error is not None:

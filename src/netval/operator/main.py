@@ -16,7 +16,6 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from netval.infra.metrics_server import serve_metrics
 from netval.infra.telemetry import make_tracer_provider
 from netval.model.manifest import API_GROUP
-from netval.operator.broker_check import start_broker_acl_check
 from netval.operator.kube.api import KubeApi, load_kube_client
 from netval.operator.metrics import operator_registry
 from netval.operator.runtime import OperatorRuntime
@@ -113,9 +112,6 @@ async def start_runtime(memo: kopf.Memo) -> None:
             host, port = addr
             server = await serve_metrics(host, port, registry, _healthy(runtime))
         runtime.start()
-        # Once per term: says (log + netval_broker_acl_violations) when this identity may
-        # publish for a node it does not own, i.e. the broker enforces no per-node ACL.
-        start_broker_acl_check(runtime.settings.mqtt, registry)
     except BaseException:
         if server is not None:
             server.close()

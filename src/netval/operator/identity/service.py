@@ -28,6 +28,7 @@ from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.task_stop import cancel_and_wait
 from netval.model.keys import MANAGED_BY_OPERATOR, LabelKey
 from netval.operator.agents.manifests import AGENT_APP_NAME
+from netval.operator.broker_check import BrokerAclCheck
 from netval.operator.identity.credentials import DEFAULT_LIFETIME, CredentialIssuer
 from netval.operator.identity.dynsec import DynsecAdmin, DynsecError
 from netval.operator.identity.enroll_server import MIN_REISSUE_SECONDS, EnrollmentServer
@@ -47,6 +48,10 @@ ENV_CREDENTIAL_LIFETIME: Final = "NETVAL_CREDENTIAL_LIFETIME_SECONDS"
 MEMO_KEY: Final = "identity"  # Kopf memo: IdentitySettings before start, IdentityService after
 MIN_LIFETIME: Final = 60.0
 MAX_SWEEP_SECONDS: Final = 300.0
+# The broker ACL check's own identity: a node name no Kubernetes Node can have (leading "_"),
+# other than the node it probes (netval.infra.broker_acl.PROBE_NODE).
+ACL_PROBE_NODE: Final = "_netval-acl-prober"
+ACL_PROBE_POD: Final = "acl-check"
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,12 +131,14 @@ class IdentityService:
     ) -> None:
         self.settings = settings
         admin_id = f"{mqtt.client_id}-identity" if mqtt.client_id else None
+        self.mqtt = mqtt
         self.admin = DynsecAdmin(dataclasses.replace(mqtt, client_id=admin_id))
         self.issuer = CredentialIssuer(self.admin, lifetime=settings.lifetime)
         self.server = EnrollmentServer(
             reviewer, self.issuer, min_reissue=settings.min_reissue_seconds
         )
         self._tasks: list[asyncio.Task[None]] = []
+        self.background: set[asyncio.Task[None]] = set()  # one-shot tasks, cancelled at stop
         self.ca_file: Path | None = None
 
     async def start(self) -> int:
@@ -142,9 +149,31 @@ class IdentityService:
         return port
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._tasks)
+        await cancel_and_wait([*self._tasks, *self.background])
         await self.server.stop()
         await self.admin.stop()
+
+    async def check_broker_acl(self, registry: CollectorRegistry | None) -> None:
+        """Once per start: a credential for a reserved probe node must not publish for another
+        node (logged, and `netval_broker_acl_violations`); the credential is revoked after."""
+        try:
+            cred = await self.issuer.issue(ACL_PROBE_NODE, ACL_PROBE_POD)
+        except DynsecError as exc:
+            log.warning("broker ACL check could not run: no probe credential: %s", exc)
+            return
+        try:
+            probe = dataclasses.replace(
+                self.mqtt,
+                username=cred.username,
+                password=cred.password,
+                client_id=cred.client_id,
+            )
+            check = BrokerAclCheck(probe, own_client_id=True)
+            if registry is not None:
+                registry.register(check)
+            await check.run()
+        finally:
+            await self.revoke_node(ACL_PROBE_NODE)
 
     async def revoke_node(self, node: str) -> None:
         try:
@@ -180,6 +209,12 @@ async def start_identity(memo: kopf.Memo, operator: OperatorSettings) -> None:
     registry = memo.get("metrics_registry")
     if isinstance(registry, CollectorRegistry):
         registry.register(IdentityCollector(service))
+    task = asyncio.create_task(
+        service.check_broker_acl(registry if isinstance(registry, CollectorRegistry) else None),
+        name="netval-broker-acl-check",
+    )
+    service.background.add(task)
+    task.add_done_callback(service.background.discard)
     if operator.agent_enroll_ca_configmap and service.ca_file is not None:
         body = ca_configmap(
             operator.agent_namespace,
