@@ -68,6 +68,9 @@ class RecordingKube:
     async def agent_pod_counts(self, *_: Any) -> dict[str, tuple[int, int]]:
         return {}
 
+    def close(self) -> None:
+        pass  # nothing to release: the runtime calls it at the end of its term
+
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(f"RecordingKube has no {name!r}: add it to the bench's stand-in")
 
