@@ -55,6 +55,10 @@ OTHER_WORKERS: Final = 4
 T = TypeVar("T")
 
 
+class ClosedError(RuntimeError):
+    """A call made or retried through a closed `KubeApi` (after its leadership term)."""
+
+
 def load_kube_client(timeout: tuple[float, float] | None = None) -> client.ApiClient:
     """In-cluster configuration inside a pod, else KUBECONFIG (development, tests); every
     request through it is bounded by `timeout` (default API_TIMEOUT)."""
@@ -106,12 +110,16 @@ class KubeApi:
         self.attempts = attempts
         self.backoff = backoff
         self.retries = 0  # attempts after a retryable failure, for the metrics
+        self._closed = False
         self._rng = random.Random()  # noqa: S311 - jitter
         self._status_pool = ThreadPoolExecutor(STATUS_WORKERS, thread_name_prefix="kube-status")
         self._node_pool = ThreadPoolExecutor(NODE_WORKERS, thread_name_prefix="kube-nodes")
         self._other_pool = ThreadPoolExecutor(OTHER_WORKERS, thread_name_prefix="kube-other")
 
     def close(self) -> None:
+        """End of a leadership term: queued calls are dropped and no running one starts
+        another attempt (one already on the wire ends within its timeout)."""
+        self._closed = True
         for pool in (self._status_pool, self._node_pool, self._other_pool):
             pool.shutdown(wait=False, cancel_futures=True)
 
@@ -129,6 +137,8 @@ class KubeApi:
         base, cap = self.backoff
         attempts = _attempts or self.attempts
         for attempt in range(1, attempts + 1):
+            if self._closed:  # the term ended: a later attempt could race the next leader
+                raise ClosedError(f"kube call {fn.__name__}: the client was closed")
             try:
                 return fn(*args, **kwargs)
             except Exception as exc:
