@@ -39,6 +39,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import mosquitto
+from kube import wait_for
 from netns import namespace, netval_script
 from netval.agent.collect.live import LiveCollector
 from netval.agent.config import AgentConfig
@@ -328,8 +329,12 @@ def test_link_event_report_within_two_seconds(tmp_path: Path) -> None:
 
         online = sub.wait_for("state online", is_state("online"), time.monotonic() + 10)
         # `online` is published by the publisher task while the link watcher binds its
-        # netlink socket in the same event loop; give the watcher a moment to be listening.
-        time.sleep(0.5)
+        # netlink socket in the same event loop: wait until it says it listens.
+        wait_for(
+            lambda: "listening for link events" in agent_log.read_text(errors="replace"),
+            10,
+            what="the agent's link watcher",
+        )
         assert agent.poll() is None, diagnostics()
 
         # -- carrier lost: a failing report within 2 s (the interval is 60 s) --------------

@@ -93,14 +93,16 @@ async def run_agent(
         )
         sampler = runner.sampler
         metrics.attach_sampler(sampler)
+        # Before the baseline: the watcher learns the judged netdevs from it, so a carrier
+        # change right after start is an event (not only after the first regular cycle).
+        watcher = LinkWatcher(runner.on_link_change)
+        runner.watcher = watcher
         await runner.take_baseline()
         if peers is not None:
             # The newest sample, never a read of its own: a blocked sysfs file must not
             # stall the loop the responder runs on.
             await peers.start(publisher.publish_retained, sampler.latest_source())
             tasks.append(asyncio.create_task(peers.run(stop), name="netval-peer-throughput"))
-        watcher = LinkWatcher(runner.on_link_change)
-        runner.watcher = watcher
         config_watcher = ConfigWatcher(settings.config_path, settings.config, runner.apply_config)
         metrics.attach_config(config_watcher)
         tasks += [

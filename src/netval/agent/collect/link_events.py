@@ -69,6 +69,7 @@ class LinkWatcher:
             try:
                 async with AsyncIPRoute() as ipr:
                     await ipr.bind(groups=RTMGRP_LINK)
+                    log.info("listening for link events")
                     while True:
                         async for msg in ipr.get():
                             self.handle(msg)
