@@ -74,6 +74,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # The bundled broker in plaintext (asked for), and its certificate from cert-manager or
     # from a Secret of the user's (agents elsewhere: their CA-only Secret named).
     "broker-plaintext": {"mqtt": {"tls": {"enabled": False}}},
+    # the shared agent login instead of per-node identity (no dynamic security plugin)
+    "broker-shared-login": {"mqtt": {"broker": {"dynamicSecurity": {"enabled": False}}}},
     "broker-cert-manager": {"mqtt": {"tls": {"certManager": {"enabled": True}}}},
     "broker-tls-existing": {
         "agent": {"namespace": AGENT_NAMESPACE},

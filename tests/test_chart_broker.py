@@ -23,6 +23,7 @@ import pytest
 
 import mosquitto as broker_kit
 from chart_kit import NAMESPACE, one, render
+from kube import wait_for
 
 # --- the broker, for real -----------------------------------------------------------------
 
@@ -68,13 +69,13 @@ def _broker_tls(directory: Path) -> None:
         (directory / key).chmod(0o600)
 
 
-def _broker_parts() -> tuple[str, str, dict[str, Any], dict[str, str]]:
-    config = one("default", "ConfigMap", "netval-mqtt")["data"]
-    deployment = one("default", "Deployment", "netval-mqtt")
+def _broker_parts(variant: str = "default") -> tuple[str, str, dict[str, Any], dict[str, str]]:
+    config = one(variant, "ConfigMap", "netval-mqtt")["data"]
+    deployment = one(variant, "Deployment", "netval-mqtt")
     (init,) = deployment["spec"]["template"]["spec"]["initContainers"]
     passwords = {
         who: base64.b64decode(
-            one("default", "Secret", f"netval-mqtt-{who}")["data"]["password"]
+            one(variant, "Secret", f"netval-mqtt-{who}")["data"]["password"]
         ).decode()
         for who in ("operator", "agent")
     }
@@ -140,14 +141,14 @@ def plaintext_listener(conf: str) -> str:
 
 @contextlib.contextmanager
 def run_chart_broker(
-    tmp_path: Path, edit: Callable[[str], str] | None = None
+    tmp_path: Path, edit: Callable[[str], str] | None = None, variant: str = "default"
 ) -> Iterator[tuple[int, dict[str, str]]]:
     """The default variant's broker in a real Mosquitto: the init container's password
     script, the ACL and mosquitto.conf with only its file paths and listener pointed here
     (and `edit` applied to the configuration, for controls)."""
     if not broker_kit.available():
         pytest.skip(broker_kit.MISSING_REASON)
-    conf, acl, init, passwords = _broker_parts()
+    conf, acl, init, passwords = _broker_parts(variant)
     auth = tmp_path / "auth"
     auth.mkdir()
     secrets = {}
@@ -179,6 +180,8 @@ def run_chart_broker(
         "plugin /usr/lib/mosquitto_dynamic_security.so\n": f"plugin {broker_kit.DYNSEC_PLUGIN}\n",
     }
     for old, new in replacements.items():
+        if old.startswith("plugin ") and "plugin " not in conf:
+            continue  # a variant without the dynamic security plugin
         assert old in conf, old
         conf = conf.replace(old, new)
     if edit is not None:
@@ -216,10 +219,39 @@ def chart_broker(tmp_path: Path) -> Iterator[tuple[int, dict[str, str]]]:
         yield broker
 
 
-def test_broker_configuration_works_in_a_real_mosquitto(
+def test_the_shared_agent_login_may_do_nothing_with_per_node_identity(
     chart_broker: tuple[int, dict[str, str]],
 ) -> None:
+    """Default chart (dynamic security on): agents enroll for their own node's client, so the
+    shared agent login, still in its Secret, must not speak for any node."""
     port, secrets = chart_broker
+    operator = _Client(port, "netval-operator", secrets["operator"])
+    shared = _Client(port, "netval-agent", secrets["agent"])
+    try:
+        assert operator.accepted and shared.accepted
+        operator.subscribe("netval/#", wait=0)
+        base = "netval/v1/roce-training-pool/gpu-node-1"
+        operator.publish(f"{base}/assignment", b'{"domain": "zone-a"}')
+        for kind, payload in (("report", b"{}"), ("state", b"offline"), ("endpoint", b"{}")):
+            shared.publish(f"{base}/{kind}", payload)  # each dropped by the ACL
+        got = shared.subscribe("netval/#")
+        # a marker after the refused publishes: once it arrives, they would have too
+        operator.publish(f"{base}/marker", b"x")
+        wait_for(lambda: f"{base}/marker" in operator.messages, 10, what="the marker")
+        assert set(operator.messages) == {f"{base}/assignment", f"{base}/marker"}
+        assert got == {}  # nor may it read anything
+    finally:
+        operator.close()
+        shared.close()
+
+
+def test_broker_configuration_works_in_a_real_mosquitto(tmp_path: Path) -> None:
+    """The shared agent login's rules (the chart without dynamic security)."""
+    with run_chart_broker(tmp_path, variant="broker-shared-login") as chart_broker:
+        _shared_login_rules(*chart_broker)
+
+
+def _shared_login_rules(port: int, secrets: dict[str, str]) -> None:
     # The init container hashed both entries: no plain password reaches the broker's file.
     entries = dict(line.split(":", 1) for line in secrets["passwd"].splitlines())
     assert set(entries) == {"netval-operator", "netval-agent"}
@@ -367,11 +399,13 @@ class _Counter:
         self.client.loop_stop()
 
 
-def _agent_publisher(port: int, password: str) -> Any:
+def _agent_publisher(port: int, password: str, username: str = "netval-operator") -> Any:
+    """A publisher standing in for a fleet of agents (the broker's limits are what is measured,
+    not who may publish: the default chart's per-node clients are tested in test_identity)."""
     import paho.mqtt.client as paho
 
     client = paho.Client(paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
-    client.username_pw_set("netval-agent", password)
+    client.username_pw_set(username, password)
     client.max_inflight_messages_set(1000)
     client.max_queued_messages_set(0)
     connected = threading.Event()
@@ -405,7 +439,7 @@ def _burst(port: int, secrets: dict[str, str]) -> dict[str, int]:
     slow.subscribe(topic)
     time.sleep(0.2)
     slow.client.loop_stop()  # connected, reads nothing: TCP buffers, in-flight window, queue
-    agent = _agent_publisher(port, secrets["agent"])
+    agent = _agent_publisher(port, secrets["operator"])
     try:
         messages = [
             (f"netval/v1/burst/node-{i:05d}/report", f'{{"seq": {i}}}'.encode())
@@ -426,7 +460,7 @@ def _burst(port: int, secrets: dict[str, str]) -> dict[str, int]:
 def _retained_replay(port: int, secrets: dict[str, str]) -> tuple[int, float]:
     """RETAINED_NODES agents' retained report and state, then a resubscribing operator
     (the ingest's two subscriptions): how many of the 2 x RETAINED_NODES it gets, how fast."""
-    agent = _agent_publisher(port, secrets["agent"])
+    agent = _agent_publisher(port, secrets["operator"])
     try:
         report = b'{"schema": "netval.io/report/v1", "results": [' + b"0" * 2000 + b"]}"
         messages = []

@@ -48,7 +48,7 @@ def test_a_restarted_operator_folds_every_node_of_10000_retained(tmp_path: Path)
     now = datetime.now(UTC)
     older, newest = now - timedelta(seconds=20), now - timedelta(seconds=10)
     with run_chart_broker(tmp_path) as (port, secrets):
-        agents = _agent_publisher(port, secrets["agent"])
+        agents = _agent_publisher(port, secrets["operator"])
         try:
             # a tenth of the agents reported twice: the broker retains only the newest
             msgs = [report_msg(report(node(i), started=older)) for i in range(NODES // 10)]

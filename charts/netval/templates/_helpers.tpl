@@ -328,11 +328,19 @@ topic readwrite netval/#
 topic readwrite $CONTROL/dynamic-security/#
 {{- end }}
 
+{{- if $b.dynamicSecurity.enabled }}
+
+# Agents enroll for their own per-node client (dynamic security). The shared agent login has
+# no entry here, so the broker lets it do nothing: one Secret can no longer speak for every
+# node.
+{{- else }}
+
 user {{ $b.agentUsername }}
 topic write netval/v1/+/+/report
 topic readwrite netval/v1/+/+/state
 topic readwrite netval/v1/+/+/endpoint
 topic read netval/v1/+/+/assignment
+{{- end }}
 {{- end -}}
 
 {{/*
