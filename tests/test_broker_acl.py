@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 import mosquitto
 from netval.infra.broker_acl import PROBE_KINDS, Outcome, probe_node_topics
 from netval.infra.mqtt_settings import MqttSettings
-from netval.operator.broker_check import start_broker_acl_check
+from netval.operator.broker_check import BrokerAclCheck
 
 pytestmark = pytest.mark.skipif(not mosquitto.available(), reason=mosquitto.MISSING_REASON)
 
@@ -121,14 +121,15 @@ def test_operator_start_check_logs_and_exports_violations(
     async def main() -> tuple[str, str, str]:
         registries = [CollectorRegistry() for _ in range(3)]
         checks = [
-            start_broker_acl_check(as_(permissive, OPERATOR), registries[0]),
-            start_broker_acl_check(as_(enforcing, OPERATOR), registries[1]),
-            start_broker_acl_check(as_(enforcing, (OPERATOR[0], "wrong")), registries[2]),
+            BrokerAclCheck(as_(permissive, OPERATOR)),
+            BrokerAclCheck(as_(enforcing, OPERATOR)),
+            BrokerAclCheck(as_(enforcing, (OPERATOR[0], "wrong"))),
         ]
+        for check, registry in zip(checks, registries, strict=True):
+            registry.register(check)
         assert _gauge(registries[0]) == ""  # absent until the check has run
         async with asyncio.timeout(20):
-            while any(c.result is None for c in checks):  # noqa: ASYNC110 - polled with a deadline
-                await asyncio.sleep(0.02)
+            await asyncio.gather(*(c.run() for c in checks))
         return _gauge(registries[0]), _gauge(registries[1]), _gauge(registries[2])
 
     bad, good, failed = asyncio.run(main())

@@ -21,19 +21,17 @@ import logging
 from collections.abc import Iterator
 from typing import Final
 
-from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from netval.infra.broker_acl import AclProbe, probe_node_topics
 from netval.infra.mqtt_settings import MqttSettings
 
-__all__ = ["BrokerAclCheck", "start_broker_acl_check"]
+__all__ = ["BrokerAclCheck"]
 
 log = logging.getLogger(__name__)
 
 METRIC: Final = "netval_broker_acl_violations"
-_TASKS: set[asyncio.Task[AclProbe]] = set()  # keeps the background checks referenced
 
 
 class BrokerAclCheck(Collector):
@@ -80,21 +78,7 @@ class BrokerAclCheck(Collector):
             return
         yield GaugeMetricFamily(
             METRIC,
-            "Node topics (report, state, endpoint of a node it does not own) the operator's "
-            "MQTT identity could publish to at start; anything above 0 means no per-node ACL",
+            "Node topics (report, state, endpoint of a node it does not own) the probed MQTT "
+            "identity could publish to; anything above 0 means no per-node ACL",
             value=len(result.violations),
         )
-
-
-def start_broker_acl_check(
-    settings: MqttSettings, registry: CollectorRegistry | None = None
-) -> BrokerAclCheck:
-    """Start the check in the background (an event loop must be running); its gauge goes to
-    `registry` when given."""
-    check = BrokerAclCheck(settings)
-    if registry is not None:
-        registry.register(check)
-    task = asyncio.get_running_loop().create_task(check.run(), name="netval-broker-acl-check")
-    _TASKS.add(task)
-    task.add_done_callback(_TASKS.discard)
-    return check
