@@ -111,13 +111,18 @@ class DynsecAdmin:
     # -- the connection task ----------------------------------------------------------------
 
     async def _run(self) -> None:
-        failures = 0
+        failures = 0  # sessions in a row that ended without connecting
         while True:
+            connects = self.connects
             try:
                 await self._session()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if self.connects != connects:
+                    # It had connected: start the backoff over (a broker restart after a long
+                    # quiet spell is retried at once, not at the cap) and say so again.
+                    failures = 0
                 level = logging.WARNING if failures == 0 else logging.DEBUG
                 if not isinstance(exc, MqttError):
                     log.exception("dynamic security admin: unexpected error")
