@@ -15,17 +15,12 @@ async def node_event(
     type: str | None, name: str, labels: kopf.Labels, spec: kopf.Spec, memo: kopf.Memo, **_: Any
 ) -> None:
     runtime = started_runtime(memo)
-    if runtime is None:
-        return  # the initial listing is replayed to handlers once the runtime exists
     if type == "DELETED":
-        runtime.store.on_node(name, None)
-    else:
+        if runtime is not None:
+            runtime.store.on_node(name, None)
+        # A deleted Node's MQTT identity is revoked: its clients are disconnected at once.
+        identity = started_identity(memo)
+        if identity is not None:
+            await identity.revoke_node(name)
+    elif runtime is not None:  # else: the initial listing is replayed once the runtime exists
         runtime.store.on_node(name, dict(labels), list(spec.get("taints") or []))
-
-
-@kopf.on.event("", "v1", "nodes")
-async def node_delete(type: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    """A deleted Node's MQTT identity is revoked: its clients are disconnected at once."""
-    identity = started_identity(memo)
-    if type == "DELETED" and identity is not None:
-        await identity.revoke_node(name)
