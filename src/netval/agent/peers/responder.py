@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 _REPLY_KIND: Final = {KIND_PING: KIND_PONG, KIND_MTU: KIND_MTU_ACK}
 _MAX_UDP: Final = 65535
+_PICK_ATTEMPTS: Final = 8
 _BATCH: Final = 64  # datagrams handled per wakeup before yielding to the loop
 
 
@@ -157,6 +158,19 @@ class PeerResponder:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
+        # Port 0 lets the kernel pick the UDP port, and the TCP sink must take the same number;
+        # another socket may already hold it for TCP, so a picked port is tried a few times.
+        attempts = _PICK_ATTEMPTS if self.port == 0 else 1
+        for attempt in range(attempts):
+            try:
+                await self._start_once()
+                return
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE or attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _start_once(self) -> None:
         loop = asyncio.get_running_loop()
         self._loop = loop
         family = family_of(self.address)
@@ -177,7 +191,7 @@ class PeerResponder:
             self._server = await loop.create_server(
                 lambda: _SinkProtocol(self._sink),
                 host=self.address,
-                port=self.udp_port,  # same number as UDP (port 0 in tests picks one for both)
+                port=self.udp_port,  # same number as UDP
                 family=family,
                 reuse_address=True,
                 backlog=self.limits.max_connections * 2,
