@@ -88,7 +88,9 @@ Gaps left (a test that depends on one of these would pass here and not on a clus
   objects. Tests play the controllers (e.g. patch a DaemonSet's ``/status``) when they need one.
 - Each version of a multi-version group (kueue v1beta1/v1beta2) is a separate store: no
   conversion between versions. Pick one version per test and use it everywhere.
-- ``limit``/``continue`` are ignored (whole lists); no BOOKMARKs except initial-events-end; no
+- ``limit``/``continue`` page a list in (namespace, name) order, with an opaque token that
+  is not bound to a resourceVersion (no 410 for an old one); ``Accept: ...;as=
+  PartialObjectMetadataList`` answers metadata only, as an apiserver does; no BOOKMARKs except initial-events-end; no
   410 Gone (the whole event history is kept); fieldSelector accepts any dotted path (a real
   apiserver only a few per type); no authn/authz (any token works), no RBAC, no
   ``managedFields``. SelfSubjectAccessReviews are answered by ``api.access_policy`` (default:
@@ -364,6 +366,29 @@ def field_selector_matcher(selector: str | None) -> Callable[[dict[str, Any]], b
         else:
             checks.append(lambda obj, f=lookup, v=value: f(obj) == v)
     return lambda obj: all(check(obj) for check in checks)
+
+
+def _page(items: list[dict[str, Any]], request: kmock.Request) -> tuple[list[dict[str, Any]], str]:
+    """`limit`/`continue`: the items after the token's key, at most `limit`; the next token
+    ("" after the last page)."""
+
+    def key(item: dict[str, Any]) -> tuple[str, str]:
+        meta = item.get("metadata", {})
+        return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+    items = sorted(items, key=key)
+    token = request.params.get("continue") or ""
+    if token:
+        try:
+            after = tuple(json.loads(urllib.parse.unquote(token)))
+        except (ValueError, TypeError):
+            raise _error(400, "BadRequest", "invalid continue token") from None
+        items = [i for i in items if key(i) > after]
+    limit = int(request.params.get("limit") or 0)
+    if limit <= 0 or len(items) <= limit:
+        return items, ""
+    page = items[:limit]
+    return page, urllib.parse.quote(json.dumps(list(key(page[-1]))))
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -707,10 +732,23 @@ class StatefulKubeAPI(kmock.KubernetesEmulator):
             for item in items:
                 item.pop("kind", None)
                 item.pop("apiVersion", None)
+        items, after = _page(items, request)
+        metadata = {"resourceVersion": rv, "continue": after}
+        if "as=PartialObjectMetadataList" in request.headers.get("Accept", ""):
+            return {
+                "apiVersion": "meta.k8s.io/v1",
+                "kind": "PartialObjectMetadataList",
+                "metadata": metadata,
+                "items": [
+                    {"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                     "metadata": item["metadata"]}
+                    for item in items
+                ],
+            }  # fmt: skip
         return {
             "apiVersion": self._api_version(request.resource),
             "kind": f"{info.kind}List",
-            "metadata": {"resourceVersion": rv, "continue": ""},
+            "metadata": metadata,
             "items": items,
         }
 

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -28,13 +28,23 @@ FAST_LEASE = {  # short timings so tests see a failover in seconds; the renew de
 }
 
 
+class BrokerLogin(Protocol):
+    """What a replica needs of a broker: a `MosquittoBroker`, or the chart's (tests that run
+    `test_chart_broker.run_chart_broker`)."""
+
+    host: str
+    port: int
+    username: str
+    password: str
+
+
 class OperatorProc:
     """One `netval operator` subprocess; `token` identifies its requests at the test API."""
 
     def __init__(
         self,
         kube: KubeCluster,
-        broker: MosquittoBroker,
+        broker: BrokerLogin,
         workdir: Path,
         token: str,
         *,

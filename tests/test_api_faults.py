@@ -46,6 +46,30 @@ def stored_status(kube: KubeCluster, name: str = "pool-a") -> dict[str, Any]:
 # -- KubeApi against the real HTTP API ---------------------------------------------------
 
 
+def test_node_names_are_listed_in_pages_of_metadata_and_a_failed_page_is_retried(
+    kube: KubeCluster,
+) -> None:
+    names = {f"gpu-{i:02d}" for i in range(7)}
+    for name in names:
+        add_node(kube, name, {"nvidia.com/gpu.present": "true"})
+    api = fast_api(kube)
+    failing = kube.inject("GET", r"/api/v1/nodes\?", status=503, times=1)
+    seen: list[dict[str, Any]] = []
+    original = api._node_metadata_page
+
+    def page(limit: int, after: str | None) -> dict[str, Any]:
+        found = original(limit, after)
+        seen.append(found)
+        return found
+
+    api._node_metadata_page = page  # type: ignore[method-assign]
+    assert asyncio.run(api.list_node_names(page=3)) == names
+    assert failing.hits == 1
+    assert [len(p["items"]) for p in seen] == [3, 3, 1]
+    assert {p["kind"] for p in seen} == {"PartialObjectMetadataList"}
+    assert all(set(item) == {"apiVersion", "kind", "metadata"} for p in seen for item in p["items"])
+
+
 def test_node_writes_retry_5xx_and_conflicts(kube: KubeCluster) -> None:
     add_node(kube, "gpu-a", {})
     api = fast_api(kube)

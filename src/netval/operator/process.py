@@ -9,6 +9,9 @@ In order, each step only once the one before it worked (a failure leaves nothing
    writer and node gating, the gate releaser, the Kueue controller, the admission webhook and
    its configurations) with a fresh memo: a new leader starts from fresh state.
 
+What a Service routes to any ready replica is served by the process, leader or not: the
+admission webhook and agent enrollment (`identity`); a term adds only their writing duties.
+
 Kopf's peering is not used: it pauses only Kopf's own watches, not the loops started at
 Kopf's start-up, so a paused replica kept writing. Here a standby runs no Kopf at all.
 """
@@ -32,6 +35,15 @@ from prometheus_client.registry import Collector
 from netval.infra.metrics_server import serve_metrics
 from netval.infra.supervised import TaskRestartsCollector
 from netval.operator.admission.server import SHARED_SERVICE_MEMO_KEY
+from netval.operator.identity.metrics import IdentityCollector
+from netval.operator.identity.service import (
+    SHARED_MEMO_KEY as SHARED_IDENTITY_MEMO_KEY,
+)
+from netval.operator.identity.service import (
+    IdentityService,
+    build_identity,
+    identity_settings_from_env,
+)
 from netval.operator.kube.api import load_kube_client
 from netval.operator.leadership.elector import LeaderElector
 from netval.operator.leadership.lease import LeaseClient
@@ -74,6 +86,7 @@ class OperatorProcess:
         self._stop = asyncio.Event()
         self._servers: list[asyncio.Server] = []
         self.webhook_service: WebhookService | None = None
+        self.identity: IdentityService | None = None
 
     def runtime(self) -> OperatorRuntime | None:
         return None if self.memo is None else started_runtime(self.memo)
@@ -107,6 +120,7 @@ class OperatorProcess:
             _import_kube_apis()
             if self.webhook is not None:
                 self.webhook_service = self._webhook_service(self.webhook)
+            await self._start_identity()
             if standalone:
                 await run_term(self._term, self._stop, grace=STANDALONE_STOP_GRACE)
                 return
@@ -120,6 +134,8 @@ class OperatorProcess:
         finally:
             if self.webhook_service is not None:
                 await self.webhook_service.stop()
+            if self.identity is not None:
+                await self.identity.stop()
             self._remove_signals()
             for server in self._servers:
                 server.close()
@@ -152,6 +168,19 @@ class OperatorProcess:
         service.start()
         return service
 
+    async def _start_identity(self) -> None:
+        settings = identity_settings_from_env()  # checked by the CLI
+        if settings is None:
+            return
+        service = build_identity(settings, self.settings)
+        try:
+            await service.start()
+        except OSError as exc:
+            await service.stop()
+            where = f"{settings.host}:{settings.port}"
+            raise OperatorStartError(f"NETVAL_ENROLL_ADDR {where}: {exc.strerror or exc}") from None
+        self.identity = service
+
     def _install_signals(self) -> None:
         # Kopf installs its own while a term runs (and stops the term on them); ours stop the
         # process otherwise, e.g. a standby on SIGTERM.
@@ -176,6 +205,8 @@ class OperatorProcess:
         memo[SIGNALS_KEY] = self._install_signals
         if self.webhook_service is not None:
             memo[SHARED_SERVICE_MEMO_KEY] = self.webhook_service
+        if self.identity is not None:
+            memo[SHARED_IDENTITY_MEMO_KEY] = self.identity
         self.memo = memo
         self.terms += 1
         try:
@@ -202,6 +233,7 @@ class OperatorProcess:
         registry = CollectorRegistry()
         registry.register(_ProcessCollector(self))
         registry.register(TaskRestartsCollector())
+        registry.register(_IdentityOfProcess(self))
         return registry
 
 
@@ -263,6 +295,23 @@ class _ProcessCollector(Collector):
             "Terms that ended because the Lease could not be renewed",
             value=elector.losses if elector is not None else 0,
         )
+        # the term's own registry: the runtime's metrics and what a term's duties add (the
+        # broker ACL check's outcome)
+        memo = process.memo
+        registry = None if memo is None else memo.get("metrics_registry")
         runtime = process.runtime()
-        if runtime is not None:
+        if isinstance(registry, CollectorRegistry):
+            yield from registry.collect()
+        elif runtime is not None:
             yield from operator_registry(runtime).collect()
+
+
+class _IdentityOfProcess(Collector):
+    """Enrollment metrics on every replica (each answers enrollments)."""
+
+    def __init__(self, process: OperatorProcess) -> None:
+        self._process = process
+
+    def collect(self) -> Iterator[Metric]:
+        if self._process.identity is not None:
+            yield from IdentityCollector(self._process.identity).collect()

@@ -112,6 +112,11 @@ class CredentialIssuer:
             log.info("revoked the MQTT identity of node %s (%d clients)", node, len(names))
         return names
 
+    async def enrolled_nodes(self) -> set[str]:
+        """The nodes that hold at least one credential."""
+        names = (acl.node_of_client(n) for n in await self._usernames())
+        return {name.partition(":")[0] for name in names if name}
+
     async def expire(self) -> list[str]:
         """Delete the clients whose credential expired (an agent that stopped renewing)."""
         now = self.clock()

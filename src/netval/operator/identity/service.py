@@ -1,8 +1,14 @@
 """The operator's identity service, wired in one place: the dynamic security admin
 connection, the credential issuer, the enrollment HTTPS server and the expiry sweep.
 
-Enabled by `NETVAL_ENROLL_ADDR` (docs/architecture.md, "Processes and configuration");
-Kopf's startup handler calls `start_identity`, the Node handler `revoke_node`.
+Enabled by `NETVAL_ENROLL_ADDR` (docs/architecture.md, "Processes and configuration").
+Enrollment is answered by every replica (the Service routes agents to any ready one; the
+credentials live in the broker's dynamic security store, so any replica can issue them):
+`netval operator` starts the service for the whole process (`OperatorProcess`). The duties
+that write on their own, the expiry sweep, the broker ACL check and the agents' CA ConfigMap,
+are the leader's: Kopf's startup handler calls `start_identity` in each term, which starts
+them (and starts the service itself when no process did, in tests). The Node handler calls
+`revoke_node`.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import logging
 import os
 import ssl
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -46,6 +52,7 @@ ENV_ENROLL_KEY_FILE: Final = "NETVAL_ENROLL_KEY_FILE"
 ENV_ENROLL_CA_BUNDLE_FILE: Final = "NETVAL_ENROLL_CA_BUNDLE_FILE"
 ENV_CREDENTIAL_LIFETIME: Final = "NETVAL_CREDENTIAL_LIFETIME_SECONDS"
 MEMO_KEY: Final = "identity"  # Kopf memo: IdentitySettings before start, IdentityService after
+SHARED_MEMO_KEY: Final = "identity_shared"  # the process's IdentityService, leader or not
 MIN_LIFETIME: Final = 60.0
 MAX_SWEEP_SECONDS: Final = 300.0
 # The broker ACL check's own identity: a node name no Kubernetes Node can have (leading "_"),
@@ -142,14 +149,39 @@ class IdentityService:
         self.ca_file: Path | None = None
 
     async def start(self) -> int:
+        """Serve enrollments (every replica)."""
         self.admin.start()
         context, self.ca_file = server_tls(self.settings)
         port = await self.server.start(self.settings.host, self.settings.port, context)
-        self._tasks.append(asyncio.create_task(self._maintain(), name="netval-identity-sweep"))
         return port
 
-    async def stop(self) -> None:
+    def lead(
+        self,
+        registry: CollectorRegistry | None,
+        *,
+        departed: Callable[[], Awaitable[set[str]]] | None = None,
+    ) -> None:
+        """The leader's duties, for one term: the expiry sweep, the broker ACL check and,
+        given the Node names, revoking nodes deleted while nobody led."""
+        if self._tasks:
+            return
+        self._tasks.append(asyncio.create_task(self._maintain(), name="netval-identity-sweep"))
+        self._once(self.check_broker_acl(registry), "netval-broker-acl-check")
+        if departed is not None:
+            self._once(self.revoke_departed(departed), "netval-identity-departed")
+
+    def _once(self, work: Coroutine[Any, Any, Any], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def stop_leading(self) -> None:
         await cancel_and_wait([*self._tasks, *self.background])
+        self._tasks.clear()
+        self.background.clear()
+
+    async def stop(self) -> None:
+        await self.stop_leading()
         await self.server.stop()
         await self.admin.stop()
 
@@ -181,6 +213,23 @@ class IdentityService:
         except DynsecError as exc:  # an event handler is not retried: the expiry sweep is
             log.warning("cannot revoke node %s now (it expires with its credential): %s", node, exc)
 
+    async def revoke_departed(self, node_names: Callable[[], Awaitable[set[str]]]) -> list[str]:
+        """Revoke the nodes that hold a credential but no longer exist: Node deletions while
+        no replica led (a SIGKILL, a rollout) were seen by nobody. Credentials are listed
+        before Nodes, so one issued for a Node that exists is never taken for a departed one;
+        reserved names (the ACL probe's, "_...") are no Node's."""
+        try:
+            enrolled = await self.issuer.enrolled_nodes()
+            present = await node_names()
+        except Exception as exc:  # the expiry sweep still ends them
+            log.warning("cannot look for departed nodes now (their credentials expire): %s", exc)
+            return []
+        departed = sorted(n for n in enrolled - present if not n.startswith("_"))
+        for node in departed:
+            log.info("node %s holds an MQTT identity but no longer exists: revoking it", node)
+            await self.revoke_node(node)
+        return departed
+
     async def _maintain(self) -> None:
         """After each (re)connect, deny by default; then expire credentials periodically."""
         every = min(MAX_SWEEP_SECONDS, self.settings.lifetime.total_seconds() / 12)
@@ -194,39 +243,51 @@ class IdentityService:
             await asyncio.sleep(every if prepared_for == self.admin.connects else 1.0)
 
 
+def build_identity(settings: IdentitySettings, operator: OperatorSettings) -> IdentityService:
+    reviewer = PodTokenReviewer(load_kube_client(), namespace=operator.agent_namespace)
+    return IdentityService(settings, operator.mqtt, reviewer)
+
+
 async def start_identity(memo: kopf.Memo, operator: OperatorSettings) -> None:
-    """Start the service if enrollment is configured (memo `identity` or the environment)."""
-    settings: Any = memo.get(MEMO_KEY)
-    if settings is None:
-        settings = identity_settings_from_env()
-    if not isinstance(settings, IdentitySettings):
-        return
-    api_client = load_kube_client()
-    reviewer = PodTokenReviewer(api_client, namespace=operator.agent_namespace)
-    service = IdentityService(settings, operator.mqtt, reviewer)
-    await service.start()
-    memo[MEMO_KEY] = service
+    """A term's start: the leader's duties on the process's service (memo `identity_shared`),
+    or, without one, a service of this term's own if enrollment is configured (memo
+    `identity` or the environment)."""
     registry = memo.get("metrics_registry")
-    if isinstance(registry, CollectorRegistry):
-        registry.register(IdentityCollector(service))
-    task = asyncio.create_task(
-        service.check_broker_acl(registry if isinstance(registry, CollectorRegistry) else None),
-        name="netval-broker-acl-check",
-    )
-    service.background.add(task)
-    task.add_done_callback(service.background.discard)
+    registry = registry if isinstance(registry, CollectorRegistry) else None
+    service: Any = memo.get(SHARED_MEMO_KEY)
+    if not isinstance(service, IdentityService):
+        service = memo.get(MEMO_KEY)  # a retried start-up: started before, not again
+    if not isinstance(service, IdentityService):
+        settings: Any = memo.get(MEMO_KEY)
+        if settings is None:
+            settings = identity_settings_from_env()
+        if not isinstance(settings, IdentitySettings):
+            return
+        service = build_identity(settings, operator)
+        await service.start()
+        if registry is not None:
+            registry.register(IdentityCollector(service))
+    memo[MEMO_KEY] = service
+    kube = KubeApi(load_kube_client())
+    service.lead(registry, departed=kube.list_node_names)
     if operator.agent_enroll_ca_configmap and service.ca_file is not None:
         body = ca_configmap(
             operator.agent_namespace,
             operator.agent_enroll_ca_configmap,
             service.ca_file.read_text(),
         )
-        await KubeApi(api_client).apply_configmap(body)
+        await kube.apply_configmap(body)
 
 
 async def stop_identity(memo: kopf.Memo) -> None:
+    """A term's end: the process's service stays up (it still answers enrollments)."""
     service = memo.get(MEMO_KEY)
-    if isinstance(service, IdentityService):
+    if not isinstance(service, IdentityService):
+        return
+    shared = memo.get(SHARED_MEMO_KEY) is service
+    if shared:
+        await service.stop_leading()
+    else:
         await service.stop()
 
 
