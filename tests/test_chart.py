@@ -53,7 +53,6 @@ from chart_kit import (
 )
 from netval.cli import build_parser
 from netval.infra import mqtt_settings, telemetry
-from netval.operator import main as operator_main
 from netval.operator import settings as operator_settings
 from netval.operator.agents import manifests
 from netval.operator.identity import service as identity_service
@@ -246,10 +245,8 @@ def test_operator_deployment_runs_with_peering(variant: str) -> None:
     spec = deployment["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == OPERATOR_SA
     assert spec["securityContext"]["runAsUser"] == manifests.AGENT_UID == 65532
-    # Kopf's peering: the object the replicas meet in, and its CRD in the chart's crds/.
-    peering = one(variant, "ClusterKopfPeering", operator_main.PEERING_NAME)
-    assert peering["apiVersion"] == "kopf.dev/v1"
-    assert "namespace" not in peering["metadata"]
+    # Kopf's peering is not used (the replicas elect a leader on a Lease): nothing of it.
+    assert not [d for d in docs(variant) if d.get("apiVersion", "").startswith("kopf.dev/")]
     pdb = one(variant, "PodDisruptionBudget", "netval-operator")
     assert pdb["spec"]["minAvailable"] == 1
 

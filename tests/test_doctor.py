@@ -40,8 +40,24 @@ def _ready_pod(name: str, node: str) -> dict[str, Any]:
             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
 
 
+def lease(
+    kube: KubeCluster, *, renewed_ago: float, holder: str = "netval-operator-7d9f-x2"
+) -> None:
+    """The operator's Lease as its leader keeps it (netval.operator.leadership)."""
+    renewed = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=renewed_ago)
+    body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "netval-operator", "namespace": NS},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                     "renewTime": renewed.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}  # fmt: skip
+    if kube.stored("coordination.k8s.io/v1", "leases", "netval-operator", namespace=NS):
+        kube.patch("coordination.k8s.io/v1", "leases", "netval-operator", {"spec": body["spec"]},
+                   namespace=NS)  # fmt: skip
+    else:
+        kube.create(body)
+
+
 def install(kube: KubeCluster, broker: MosquittoBroker, *, ready_nodes: int = 2) -> None:
-    """A cluster as the chart leaves it: CRD, operator Deployment (ready), peering, one
+    """A cluster as the chart leaves it: CRD, operator Deployment (ready), a leader, one
     validation targeting two nodes, its agent DaemonSet with ready pods."""
     kube.create(_crd())
     kube.ensure_namespace(NS)
@@ -59,8 +75,7 @@ def install(kube: KubeCluster, broker: MosquittoBroker, *, ready_nodes: int = 2)
                                                        "value": user}]}]}}}})  # fmt: skip
     kube.patch("apps/v1", "deployments", "netval-operator", {"status": {"readyReplicas": 2}},
                namespace=NS, subresource="status")  # fmt: skip
-    kube.create({"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
-                 "metadata": {"name": "netval"}})  # fmt: skip
+    lease(kube, renewed_ago=1.0)
     kube.create({"apiVersion": NV, "kind": "NetworkValidation", "metadata": {"name": "pool"},
                  "spec": {"nodeSelector": {"pool": "gpu"}}})  # fmt: skip
     for node in ("gpu-a", "gpu-b", "cpu-a"):
@@ -125,8 +140,8 @@ def test_ready_cluster_passes(
     code, lines = _doctor(capsys, "--mqtt-password-file", str(password_file))
     assert code == 0, "\n".join(lines.values())
     assert "PASS" in lines["crd"] and "every field" in lines["crd"]
-    assert "2/2 ready, peering" in lines["operator"]
-    assert "PASS" in lines["peering"]
+    assert "2/2 ready, leader election" in lines["operator"]
+    assert "PASS" in lines["leader"] and "held by netval-operator-7d9f-x2" in lines["leader"]
     assert (
         "PASS" in lines["permissions"]
         and "system:serviceaccount:netval-system:netval-operator" in lines["permissions"]
@@ -150,7 +165,7 @@ def test_broken_cluster_says_what_to_fix(
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     install(kube, mosquitto_broker, ready_nodes=1)
-    kube.delete("kopf.dev/v1", "ClusterKopfPeering", "netval")
+    lease(kube, renewed_ago=120.0)  # the leader hung, and no standby took over
     kube.api.access_policy = lambda user, attrs: (
         attrs.get("resource") != "nodes" or attrs["verb"] != "patch"
     )
@@ -158,7 +173,8 @@ def test_broken_cluster_says_what_to_fix(
     wrong.write_text("not-the-password\n")
     code, lines = _doctor(capsys, "--mqtt-password-file", str(wrong))
     assert code == 1
-    assert "FAIL" in lines["peering"] and "fix:" in lines["peering"]
+    assert "FAIL" in lines["leader"] and "not renewed for 120 s" in lines["leader"]
+    assert "fix: kubectl -n netval-system logs deployment/netval-operator" in lines["leader"]
     assert (
         "may not: patch nodes" in lines["permissions"]
         and "fix: helm upgrade" in lines["permissions"]
@@ -169,6 +185,26 @@ def test_broken_cluster_says_what_to_fix(
     )
     assert "no ready agent on 1 of 2 targeted node(s): gpu-b" in lines["agents/pool"]
     assert "SKIP" in lines["broker.acl"] and "needs broker.login" in lines["broker.acl"]
+
+
+def test_leader_check_names_a_missing_or_released_lease_and_skips_standalone(
+    kube: KubeCluster, mosquitto_broker: MosquittoBroker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    install(kube, mosquitto_broker)
+    lease(kube, renewed_ago=1.0, holder="")
+    _, lines = _doctor(capsys)
+    assert "FAIL" in lines["leader"] and "nobody leads" in lines["leader"]
+    kube.delete("coordination.k8s.io/v1", "leases", "netval-operator", namespace=NS)
+    _, lines = _doctor(capsys)
+    assert "FAIL" in lines["leader"] and "no replica has led yet" in lines["leader"]
+    deployment = kube.get("apps/v1", "deployments", "netval-operator", namespace=NS)
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["args"] = [*container["args"], "--standalone"]
+    kube.patch("apps/v1", "deployments", "netval-operator",
+               {"spec": {"template": deployment["spec"]["template"]}}, namespace=NS)  # fmt: skip
+    _, lines = _doctor(capsys)
+    assert "SKIP" in lines["leader"] and "--standalone" in lines["leader"]
+    assert "standalone" in lines["operator"]
 
 
 def test_broker_without_per_node_acl_fails(

@@ -36,8 +36,6 @@ Fixed ServiceAccount names: the operator renders agent DaemonSets that name "net
 {{- define "netval.operatorServiceAccount" -}}netval-operator{{- end -}}
 {{- define "netval.agentServiceAccount" -}}netval-agent{{- end -}}
 
-{{/* The Kopf peering name of `netval operator` (netval.operator.main.PEERING_NAME). */}}
-{{- define "netval.peeringName" -}}netval{{- end -}}
 
 {{/* Selector labels of one component: call with (dict "ctx" $ "component" "operator"). */}}
 {{- define "netval.selectorLabels" -}}

@@ -6,9 +6,9 @@ Checks, in order (a check that needs an earlier one that failed is skipped, sayi
 - `crd`: networkvalidations.netval.io is installed, serves v1alpha1, and its schema has every
   spec and status field this netval writes and reads (an older CRD prunes them silently).
 - `operator`: its Deployment in --namespace (the one running `netval operator`) is ready;
-  its arguments and environment tell the later checks whether it peers, serves the webhook,
-  uses Kueue, and which broker it uses.
-- `peering`: with peering (no --standalone), the ClusterKopfPeering object exists.
+  its arguments and environment tell the later checks whether it elects a leader, serves the
+  webhook, uses Kueue, and which broker it uses.
+- `leader`: without --standalone, a replica holds the operator's Lease and renews it.
 - `permissions`: a SelfSubjectAccessReview for every verb the operator uses (the table below,
   the same as the chart's RBAC), as the operator's service account (impersonated; in a pod:
   the pod's own identity).
@@ -50,8 +50,8 @@ CRD_VERSION: Final = "v1alpha1"
 CRD_FIX: Final = (
     "kubectl apply -f crds/networkvalidations.netval.io.yaml (or helm upgrade the chart)"
 )
-PEERING_NAME: Final = "netval"
 LEASE_NAME: Final = "netval-operator"  # NETVAL_LEASE_NAME's default (operator.leadership)
+LEASE_DURATION: Final = 15.0  # NETVAL_LEASE_DURATION_SECONDS's default
 WEBHOOK_CONFIGURATION: Final = "netval.io"
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
 KUEUE_VERSIONS: Final = ("v1beta2", "v1beta1")  # what the operator's Kueue controller reads
@@ -105,8 +105,14 @@ class OperatorInfo:
     volumes: dict[str, dict[str, Any]] = field(default_factory=dict)  # mount path -> volume
 
     @property
-    def peering(self) -> bool:
+    def elects(self) -> bool:
         return "--standalone" not in self.args
+
+    @property
+    def lease(self) -> tuple[str | None, str]:
+        """(namespace or None for the operator's, name) of its Lease."""
+        namespace = self.env.get("NETVAL_LEASE_NAMESPACE", "").strip() or None
+        return namespace, self.env.get("NETVAL_LEASE_NAME", "").strip() or LEASE_NAME
 
     @property
     def webhook(self) -> bool:
@@ -239,7 +245,7 @@ class Doctor:
             status = dep.get("status") or {}
             want = (dep.get("spec") or {}).get("replicas", 1)
             ready = status.get("readyReplicas", 0) or 0
-            mode = "peering" if info.peering else "standalone"
+            mode = "leader election" if info.elects else "standalone"
             extras = [x for x, on in (("webhook", info.webhook), ("kueue", info.kueue)) if on]
             what = f"Deployment {self.ns}/{info.name}: {ready}/{want} ready, {mode}" + (
                 f", {' and '.join(extras)}" if extras else ""
@@ -253,24 +259,41 @@ class Doctor:
         self.add(fail("operator", f"no Deployment running `netval operator` in {self.ns}",
                       f"helm install netval charts/netval -n {self.ns} (or pass -n NS)"))  # fmt: skip
 
-    def check_peering(self) -> None:
+    def check_leader(self) -> None:
         if self.operator is None:
-            self.add(skip("peering", "needs the operator Deployment (peering or standalone?)"))
+            self.add(skip("leader", "needs the operator Deployment (leader election or not?)"))
             return
-        if not self.operator.peering:
-            self.add(skip("peering", "the operator runs --standalone: no peering object"))
+        if not self.operator.elects:
+            self.add(skip("leader", "the operator runs --standalone: no Lease"))
             return
-        code, _ = self._get(f"/apis/kopf.dev/v1/clusterkopfpeerings/{PEERING_NAME}")
-        if code == 200:
-            self.add(ok("peering", f"ClusterKopfPeering {PEERING_NAME} exists"))
-        elif code == 404:
-            self.add(fail("peering", f"ClusterKopfPeering {PEERING_NAME} is missing (or its CRD): "
-                          "the replicas cannot agree which one is active",
-                          "helm upgrade the chart (it installs the peering CRD and object), "
-                          "or run the operator --standalone with one replica"))  # fmt: skip
-        else:
-            self.add(fail("peering", f"cannot read ClusterKopfPeering {PEERING_NAME}: HTTP {code}",
-                          "is doctor allowed to get clusterkopfpeerings?"))  # fmt: skip
+        namespace, name = self.operator.lease
+        namespace = namespace or self.ns
+        code, body = self._get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}")
+        logs = f"kubectl -n {self.ns} logs deployment/{self.operator.name}"
+        where = f"Lease {namespace}/{name}"
+        if code == 404:
+            self.add(fail("leader", f"{where} does not exist: no replica has led yet",
+                          f"{logs}: can the operator reach the API server and create Leases?"))  # fmt: skip
+            return
+        if code != 200 or not isinstance(body, dict):
+            self.add(fail("leader", f"cannot read {where}: HTTP {code}",
+                          "is doctor allowed to get leases in that namespace?"))  # fmt: skip
+            return
+        spec = body.get("spec") or {}
+        holder = str(spec.get("holderIdentity") or "")
+        if not holder:
+            self.add(fail("leader", f"{where}: nobody leads (the last leader released it)",
+                          f"{logs}: is any replica running?"))  # fmt: skip
+            return
+        age = _seconds_since(spec.get("renewTime"))
+        duration = _number(spec.get("leaseDurationSeconds")) or LEASE_DURATION
+        if age is None or age > 2 * duration:
+            renewed = "never renewed" if age is None else f"not renewed for {age:.0f} s"
+            self.add(fail("leader", f"{where}: held by {holder} but {renewed} (lease "
+                          f"{duration:g} s): the leader is gone or hung and no replica took over",
+                          f"{logs}; kubectl -n {self.ns} get pods"))  # fmt: skip
+            return
+        self.add(ok("leader", f"{where} held by {holder}, renewed {age:.0f} s ago"))
 
     def _subject(self) -> tuple[str, dict[str, str]]:
         """(who, impersonation headers) whose permissions are checked."""
@@ -513,18 +536,35 @@ class Doctor:
 
     def run(self) -> list[CheckResult]:
         if not self.check_api():
-            for name in ("crd", "operator", "peering", "permissions", "kueue", "webhook", "agents"):
+            for name in ("crd", "operator", "leader", "permissions", "kueue", "webhook", "agents"):
                 self.add(skip(name, "needs kubernetes-api"))
             return self.results
         self.check_crd()
         self.check_operator()
-        self.check_peering()
+        self.check_leader()
         self.check_permissions()
         self.check_broker()
         self.check_kueue()
         self.check_webhook()
         self.check_agents()
         return self.results
+
+
+def _seconds_since(stamp: Any) -> float | None:
+    """Seconds since an RFC 3339 time (a Lease's MicroTime), None if absent or unreadable."""
+    if not isinstance(stamp, str):
+        return None
+    try:
+        then = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=datetime.UTC)
+    return max(0.0, (datetime.datetime.now(datetime.UTC) - then).total_seconds())
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _pod_ready(pod: Mapping[str, Any]) -> bool:

@@ -190,7 +190,7 @@ def _doctor_parser(sub: argparse._SubParsersAction[NetvalParser]) -> None:
         help="check that the cluster is ready for netval, and say what to fix",
         description="Check the cluster for netval: the CRD and its version, the operator and "
         "its permissions (SelfSubjectAccessReview, as the operator's service account), the "
-        "peering object, the MQTT broker (reachable, TLS, login), Kueue, the admission webhook "
+        "leader's Lease, the MQTT broker (reachable, TLS, login, ACL), Kueue, the admission webhook "
         "and its CA, the agents' DaemonSets. One line per check with the fix; exit 0 only when "
         "every check passes (skipped: not applicable), 1 when one fails, 2 on bad input.",
     )

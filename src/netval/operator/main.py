@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from netval.operator.admission.options import WebhookOptions
     from netval.operator.leadership.settings import ElectionSettings
 
-PEERING_NAME: Final = "netval"  # the chart's ClusterKopfPeering (unused since the Lease)
 RUNTIME_KEY: Final = "runtime"  # Kopf memo: the started OperatorRuntime
 SIGNALS_KEY: Final = "install_signals"  # Kopf memo: the process's signal handlers, if any
 
