@@ -1,6 +1,6 @@
 """The chart's NetworkPolicies: the bundled broker admits only the operator and the agents on
-its MQTT port (on by default), the operator's policy (opt-in) admits the webhook port and
-metrics from the configured namespaces only.
+its MQTT port (on by default), the operator's policy (opt-in) admits the webhook port, the
+agents on the enrollment port, and metrics from the configured namespaces only.
 """
 
 from __future__ import annotations
@@ -69,11 +69,14 @@ def test_no_broker_policy_when_off_or_external() -> None:
     assert not find("external-broker", "NetworkPolicy")
 
 
-def test_operator_policy_admits_webhook_and_metrics_only() -> None:
+def test_operator_policy_admits_webhook_enrollment_and_metrics_only() -> None:
     policy = one("all-on", "NetworkPolicy", "netval-operator")
     spec = policy["spec"]
     assert spec["podSelector"]["matchLabels"] == OPERATOR_SELECTOR
-    webhook, metrics = spec["ingress"]
+    webhook, enroll, metrics = spec["ingress"]
+    # The agents enroll from where they reach the broker: the same peers as its MQTT port.
+    broker = one("all-on", "NetworkPolicy", "netval-mqtt")["spec"]["ingress"][0]["from"]
+    assert enroll == {"ports": [{"port": "enroll", "protocol": "TCP"}], "from": broker[1:]}
     assert webhook == {
         "ports": [{"port": "webhook", "protocol": "TCP"}],
         "from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}],
@@ -93,11 +96,18 @@ def test_operator_policy_admits_webhook_and_metrics_only() -> None:
         {"networkPolicy": {"operator": {"enabled": True}}, "webhook": {"enabled": False}}
     )["netval-operator"]
     assert [r["ports"][0]["port"] for r in no_webhook["spec"]["ingress"]] == ["metrics"]
+    # Without per-node identity (shared agent login) there is no enrollment port to open.
+    shared = _policies(
+        {"networkPolicy": {"operator": {"enabled": True}},
+         "mqtt": {"broker": {"dynamicSecurity": {"enabled": False}}}}
+    )["netval-operator"]  # fmt: skip
+    assert [r["ports"][0]["port"] for r in shared["spec"]["ingress"]] == ["webhook", "metrics"]
 
 
 def test_named_ports_exist_on_the_pods() -> None:
     """The policies name ports; the pods they select must have them."""
     operator = one("all-on", "Deployment", "netval-operator")["spec"]["template"]["spec"]
-    assert {"webhook", "metrics"} <= {p["name"] for p in operator["containers"][0]["ports"]}
+    ports = {p["name"] for p in operator["containers"][0]["ports"]}
+    assert {"webhook", "enroll", "metrics"} <= ports
     broker = one("default", "Deployment", "netval-mqtt")["spec"]["template"]["spec"]
     assert "mqtt" in {p["name"] for p in broker["containers"][0]["ports"]}

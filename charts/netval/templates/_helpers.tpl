@@ -420,3 +420,33 @@ endpoint uses the webhook's certificate and Service).
 {{- if and (not .Values.mqtt.external.enabled) .Values.mqtt.broker.dynamicSecurity.enabled .Values.webhook.enabled -}}true{{- end -}}
 {{- end -}}
 {{- define "netval.enrollCaConfigMap" -}}{{ include "netval.fullname" . }}-enroll-ca{{- end -}}
+
+{{/* The agents as NetworkPolicy peers (the broker's MQTT port, the operator's enrollment
+port): their pods by label, for plugins that identify host-network pods, and
+networkPolicy.broker.agentSources (their node addresses) minus podCidrs. */}}
+{{- define "netval.agentPeers" -}}
+{{- $np := .Values.networkPolicy -}}
+- namespaceSelector:
+    matchLabels:
+      kubernetes.io/metadata.name: {{ include "netval.agentNamespace" . }}
+  podSelector:
+    matchLabels:
+      app.kubernetes.io/name: netval-agent
+{{- range $np.broker.agentSources }}
+{{- $peer := deepCopy . }}
+{{- if and (hasKey $peer "ipBlock") $np.broker.podCidrs }}
+{{- $cidr := $peer.ipBlock.cidr }}
+{{- $v6 := contains ":" $cidr }}
+{{- $except := list }}
+{{- range $np.broker.podCidrs }}
+{{- if eq $v6 (contains ":" .) }}
+{{- $except = append $except . }}
+{{- end }}
+{{- end }}
+{{- if $except }}
+{{- $_ := set $peer.ipBlock "except" (concat ($peer.ipBlock.except | default list) $except) }}
+{{- end }}
+{{- end }}
+- {{ toYaml $peer | indent 2 | trim }}
+{{- end }}
+{{- end -}}
