@@ -1,18 +1,22 @@
 """The broker ACL probe (netval.infra.broker_acl) and the operator's start check, against a
-real Mosquitto: one that enforces netval's per-node ACL and one that does not."""
+real Mosquitto: one that enforces netval's per-node ACL and one that does not; the check in
+real `netval operator` processes without per-node identity (an external broker)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 import mosquitto
+from kube import wait_for
 from netval.infra.broker_acl import PROBE_KINDS, Outcome, probe_node_topics
 from netval.infra.mqtt_settings import MqttSettings
 from netval.operator.broker_check import BrokerAclCheck
@@ -21,6 +25,7 @@ pytestmark = pytest.mark.skipif(not mosquitto.available(), reason=mosquitto.MISS
 
 OPERATOR = ("netval-operator", "op-pw")
 NODE_A = ("gpu-a", "a-pw")
+METRIC_LINE = "netval_broker_acl_violations"
 
 # docs/operations.md "Broker ACL", in Mosquitto's syntax: the operator reads all and writes
 # assignments; a node writes its own report/state/endpoint, reads its assignment and peers'
@@ -139,3 +144,55 @@ def test_operator_start_check_logs_and_exports_violations(
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 3 and all("does not enforce netval's ACL" in e for e in errors)
     assert any("could not run" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("acl", ["permissive", "enforcing"])
+def test_the_operator_process_probes_with_the_agents_login_without_per_node_identity(
+    acl: str, request: pytest.FixtureRequest, kube: Any, tmp_path: Path
+) -> None:
+    """`netval operator` (the real process, leading) with an external broker and the agents'
+    login as probe credential (what the chart sets): its /metrics and log tell whether that
+    login may speak for another node."""
+    from operator_processes import FAST_LEASE, OperatorProc
+
+    broker: mosquitto.MosquittoBroker = request.getfixturevalue(acl)
+    kube.ensure_namespace("netval-system")
+    password = tmp_path / "agent-password"
+    password.write_text(NODE_A[1] + "\n")
+    env = {**FAST_LEASE, "NETVAL_ACL_PROBE_USERNAME": NODE_A[0],
+           "NETVAL_ACL_PROBE_PASSWORD_FILE": str(password)}  # fmt: skip
+    proc = OperatorProc(kube, broker, tmp_path / "op", "op-a", env=env).start()
+    try:
+
+        def gauge() -> str | None:
+            try:
+                url = f"http://127.0.0.1:{proc.metrics_port}/metrics"
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    text = response.read().decode()
+            except OSError:
+                return None
+            lines = [line for line in text.splitlines() if line.startswith(METRIC_LINE)]
+            return lines[0] if lines else None
+
+        line = wait_for(gauge, 60, what="the broker ACL start check on /metrics")
+        if acl == "permissive":
+            assert line == f"{METRIC_LINE} 3.0"
+            assert "broker ACL: identity 'gpu-a' may publish to" in proc.log()
+        else:
+            assert line == f"{METRIC_LINE} 0.0"
+            assert "cannot publish for a node (enforced)" in proc.log()
+    finally:
+        assert proc.terminate() == 0
+
+
+def test_the_operator_says_the_acl_is_unchecked_without_a_probe_login(
+    enforcing: mosquitto.MosquittoBroker, kube: Any, tmp_path: Path
+) -> None:
+    from operator_processes import FAST_LEASE, OperatorProc
+
+    kube.ensure_namespace("netval-system")
+    proc = OperatorProc(kube, enforcing, tmp_path / "op", "op-a", env=FAST_LEASE).start()
+    try:
+        wait_for(lambda: "broker ACL not checked" in proc.log(), 60, what="the warning")
+    finally:
+        assert proc.terminate() == 0

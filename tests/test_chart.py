@@ -61,6 +61,8 @@ from netval.operator.identity import service as identity_service
 # standard OTel variables.
 SRC_OPERATOR_ENV = {
     operator_settings.ENV_NAMESPACE,
+    operator_settings.ENV_ACL_PROBE_USERNAME,
+    operator_settings.ENV_ACL_PROBE_PASSWORD_FILE,
     operator_settings.ENV_AGENT_IMAGE,
     operator_settings.ENV_AGENT_MQTT_URL,
     operator_settings.ENV_AGENT_MQTT_USERNAME,
@@ -290,6 +292,13 @@ def test_operator_environment_builds_real_settings(variant: str, tmp_path: Path)
     if mqtt_settings.ENV_CA_FILE in env:
         assert env[mqtt_settings.ENV_CA_FILE].startswith(mounts["mqtt-ca"] + "/")
         env[mqtt_settings.ENV_CA_FILE] = certifi.where()
+    if operator_settings.ENV_ACL_PROBE_PASSWORD_FILE in env:
+        assert env[operator_settings.ENV_ACL_PROBE_PASSWORD_FILE].startswith(
+            mounts["acl-probe"] + "/"
+        )
+        probe_password = tmp_path / "probe-password"
+        probe_password.write_text("agent-pw\n")
+        env[operator_settings.ENV_ACL_PROBE_PASSWORD_FILE] = str(probe_password)
     settings = operator_settings.operator_settings_from_env(env)
     assert settings.namespace == NAMESPACE
     assert settings.agent_image == "ghcr.io/netval/netval:0.1.0" == operator_settings.DEFAULT_IMAGE
@@ -301,6 +310,13 @@ def test_operator_environment_builds_real_settings(variant: str, tmp_path: Path)
         assert settings.agent_mqtt_ca_secret == external["caSecret"]
         assert settings.agent_mqtt_username == external["agentUsername"]
         assert not find(variant, "Deployment", "netval-mqtt")
+        # The broker ACL start check probes with what every agent holds: the agents' login.
+        assert settings.acl_probe is not None
+        assert settings.acl_probe.username == external["agentUsername"]
+        assert settings.acl_probe.password == "agent-pw"
+        volumes = operator_deployment(variant)["spec"]["template"]["spec"]["volumes"]
+        (probe,) = [v for v in volumes if v["name"] == "acl-probe"]
+        assert probe["secret"]["secretName"] == external["agentExistingSecret"]
     else:
         if values.get("mqtt", {}).get("tls", {}).get("enabled", True):
             assert settings.mqtt.url == f"mqtts://netval-mqtt.{NAMESPACE}.svc:8883"
@@ -310,6 +326,7 @@ def test_operator_environment_builds_real_settings(variant: str, tmp_path: Path)
             assert settings.agent_mqtt_ca_secret is None
         assert settings.mqtt.username == "netval-operator"
         assert settings.mqtt.password == "s3cret"
+        assert settings.acl_probe is None  # the bundled broker: enrollment's own check
         assert settings.agent_mqtt_username == "netval-agent"
         broker = values.get("mqtt", {}).get("broker", {})
         if broker.get("agentExistingSecret"):

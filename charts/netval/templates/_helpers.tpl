@@ -450,3 +450,15 @@ networkPolicy.broker.agentSources (their node addresses) minus podCidrs. */}}
 - {{ toYaml $peer | indent 2 | trim }}
 {{- end }}
 {{- end -}}
+
+{{/* The broker ACL start check's login with an external broker (JSON {username, secret};
+{} for none): mqtt.external.aclProbe, else the agents'. */}}
+{{- define "netval.aclProbe" -}}
+{{- $p := .Values.mqtt.external.aclProbe | default dict -}}
+{{- $username := default (include "netval.agentMqttUsername" .) $p.username -}}
+{{- if and .Values.mqtt.external.enabled (ne $p.enabled false) $username -}}
+{{- toJson (dict "username" $username "secret" (default (include "netval.agentMqttPasswordSecret" .) $p.existingSecret)) -}}
+{{- else -}}
+{}
+{{- end -}}
+{{- end -}}

@@ -151,17 +151,16 @@ def _get(env: Mapping[str, str], name: str) -> str | None:
     return value.strip()
 
 
-def _read_password(path: str) -> str:
+def read_password_file(path: str, variable: str = ENV_PASSWORD_FILE) -> str:
+    """A mounted Secret's password; errors name `variable`, the setting that gave `path`."""
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
-        raise ValueError(
-            f"{ENV_PASSWORD_FILE}={path!r}: cannot read: {exc.strerror or exc}"
-        ) from None
+        raise ValueError(f"{variable}={path!r}: cannot read: {exc.strerror or exc}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise ValueError(f"{ENV_PASSWORD_FILE}={path!r}: not UTF-8 text") from None
+        raise ValueError(f"{variable}={path!r}: not UTF-8 text") from None
     # Strip exactly one trailing line ending (echo / editors add one); keep other whitespace,
     # which may be part of the password.
     if text.endswith("\r\n"):
@@ -169,7 +168,7 @@ def _read_password(path: str) -> str:
     elif text.endswith("\n"):
         text = text[:-1]
     if not text:
-        raise ValueError(f"{ENV_PASSWORD_FILE}={path!r}: the file is empty")
+        raise ValueError(f"{variable}={path!r}: the file is empty")
     return text
 
 
@@ -217,7 +216,7 @@ def mqtt_settings_from_env(env: Mapping[str, str], *, client_id: str | None = No
     if password_file is not None:
         if username is None:
             raise ValueError(f"{ENV_PASSWORD_FILE} is set but {ENV_USERNAME} is not")
-        password = _read_password(password_file)
+        password = read_password_file(password_file)
 
     ca_path = _get(env, ENV_CA_FILE)
     ca_file = None

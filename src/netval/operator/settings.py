@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -10,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from netval.infra.mqtt_settings import MqttSettings, mqtt_settings_from_env
+from netval.infra.mqtt_settings import MqttSettings, mqtt_settings_from_env, read_password_file
 from netval.infra.telemetry import TelemetryConfigError, sampler_from_env
 
 ENV_NAMESPACE: Final = "NETVAL_NAMESPACE"
@@ -31,6 +32,10 @@ ENV_AGENT_TRACES_SAMPLER_ARG: Final = "NETVAL_AGENT_OTEL_TRACES_SAMPLER_ARG"
 ENV_AGENT_OTEL_HEADERS_SECRET: Final = "NETVAL_AGENT_OTEL_HEADERS_SECRET"
 ENV_AGENT_ENROLL_URL: Final = "NETVAL_AGENT_ENROLL_URL"
 ENV_AGENT_ENROLL_CA_CONFIGMAP: Final = "NETVAL_AGENT_ENROLL_CA_CONFIGMAP"
+# The credential the broker ACL start check probes with when there is no per-node identity
+# (an external broker): the agents' login, or a node's (operator/broker_check.py).
+ENV_ACL_PROBE_USERNAME: Final = "NETVAL_ACL_PROBE_USERNAME"
+ENV_ACL_PROBE_PASSWORD_FILE: Final = "NETVAL_ACL_PROBE_PASSWORD_FILE"
 
 DEFAULT_NAMESPACE: Final = "netval-system"
 DEFAULT_IMAGE: Final = "ghcr.io/netval/netval:0.1.0"
@@ -71,6 +76,8 @@ class OperatorSettings:
     # ConfigMap (key ca.crt, agents' namespace) that verifies it; None: shared credentials.
     agent_enroll_url: str | None = None
     agent_enroll_ca_configmap: str | None = None
+    # The broker ACL start check's credential without per-node identity (None: no check).
+    acl_probe: MqttSettings | None = None
 
 
 def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorSettings:
@@ -129,6 +136,7 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
         agent_otel_headers_secret=_name_env(env, ENV_AGENT_OTEL_HEADERS_SECRET),
         agent_enroll_url=_enroll_url(env),
         agent_enroll_ca_configmap=env.get(ENV_AGENT_ENROLL_CA_CONFIGMAP, "").strip() or None,
+        acl_probe=_acl_probe(env, mqtt),
     )
 
 
@@ -179,3 +187,18 @@ def _enroll_url(env: Mapping[str, str]) -> str | None:
     if url and not url.startswith("https://"):
         raise OperatorConfigError(f"{ENV_AGENT_ENROLL_URL}={url!r}: must be an https:// URL")
     return url or None
+
+
+def _acl_probe(env: Mapping[str, str], mqtt: MqttSettings) -> MqttSettings | None:
+    """The operator's broker connection with the probe's login (and its own client id)."""
+    username = env.get(ENV_ACL_PROBE_USERNAME, "").strip()
+    path = env.get(ENV_ACL_PROBE_PASSWORD_FILE, "").strip()
+    if not username and not path:
+        return None
+    if not username:
+        raise OperatorConfigError(f"{ENV_ACL_PROBE_PASSWORD_FILE} needs {ENV_ACL_PROBE_USERNAME}")
+    try:
+        password = read_password_file(path, ENV_ACL_PROBE_PASSWORD_FILE) if path else None
+    except ValueError as exc:
+        raise OperatorConfigError(str(exc)) from None
+    return dataclasses.replace(mqtt, username=username, password=password)

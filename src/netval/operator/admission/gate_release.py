@@ -21,6 +21,7 @@ from netval.operator.admission.mutate import (
     set_fabric_gate,
     validation_label,
 )
+from netval.operator.kube.api import error_text
 from netval.operator.runtime import OperatorRuntime
 
 log = logging.getLogger("netval.operator.admission")
@@ -106,7 +107,11 @@ class GateReleaser:
                 self._healthy[name] = False  # a turn not handled yet: try again next tick
                 if now - self._warned >= WARN_EVERY:
                     self._warned = now
-                    log.warning("releasing the gated pods of %s failed (retrying): %s", name, exc)
+                    log.warning(
+                        "releasing the gated pods of %s failed (retrying): %s",
+                        name,
+                        error_text(exc),
+                    )
                 continue
             self._listed[name] = now
             if (dirty := self._dirty.get(name)) is not None and dirty < now - self.dirty_grace:
@@ -126,7 +131,9 @@ class GateReleaser:
                 )
             except Exception as exc:
                 self._orphans_checked = now - self.resync + self.interval  # retry soon
-                log.warning("checking gated pods for deleted validations failed: %s", exc)
+                log.warning(
+                    "checking gated pods for deleted validations failed: %s", error_text(exc)
+                )
                 return
             self.orphan_checks += 1
             if marked:

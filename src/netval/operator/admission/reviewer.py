@@ -33,7 +33,7 @@ from netval.operator.admission.mutate import (
     mutate_job,
     mutate_pod,
 )
-from netval.operator.kube.api import PLURAL, VERSION, load_kube_client
+from netval.operator.kube.api import PLURAL, VERSION, error_text, load_kube_client
 from netval.operator.runtime import OperatorRuntime, ValidationView
 
 log = logging.getLogger("netval.operator.admission")
@@ -205,7 +205,7 @@ class Reviewer:
         except Exception as exc:
             if time.monotonic() - self._warned >= WARN_EVERY:
                 self._warned = time.monotonic()
-                log.warning("looking up NetworkValidation %s failed: %s", name, exc)
+                log.warning("looking up NetworkValidation %s failed: %s", name, error_text(exc))
             raise Refusal(
                 f"could not look up NetworkValidation {name!r}; retry in a few seconds", 503
             ) from None

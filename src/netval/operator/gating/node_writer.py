@@ -13,7 +13,7 @@ from typing import Final
 from netval.model.keys import FabricHealth
 from netval.operator.gating import decisions as gating
 from netval.operator.gating.decisions import GatingCondition
-from netval.operator.kube.api import KubeApi
+from netval.operator.kube.api import KubeApi, error_text
 from netval.operator.rounds import every_window
 from netval.operator.settings import OperatorSettings
 from netval.operator.state import validation as vs
@@ -80,7 +80,7 @@ class NodeGating:
             try:
                 store.expected_validations = set(await self.kube.list_validation_names())
             except Exception as exc:
-                log.warning("cannot list validations yet (%s); gating waits", exc)
+                log.warning("cannot list validations yet (%s); gating waits", error_text(exc))
                 return False
         return store.expected_validations <= set(store.states)
 
@@ -109,7 +109,7 @@ class NodeGating:
                     else:
                         done = await self.kube.set_node_gating(change.node, label, change.taint)
                 except Exception as exc:
-                    log.warning("gating write to node %s failed: %s", change.node, exc)
+                    log.warning("gating write to node %s failed: %s", change.node, error_text(exc))
                     return
             if done:
                 self.writes += 1

@@ -7,7 +7,8 @@ from typing import Any
 
 import kopf
 
-from netval.operator.identity.service import start_identity, stop_identity
+from netval.operator.broker_check import start_acl_check, stop_acl_check
+from netval.operator.identity.service import start_identity, started_identity, stop_identity
 from netval.operator.main import SIGNALS_KEY, configure_kopf, start_runtime, stop_runtime
 
 
@@ -21,9 +22,12 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
         asyncio.get_running_loop().call_later(0.2, install_signals)
     await start_runtime(memo)
     await start_identity(memo, memo["settings"])  # agent enrollment, if configured
+    if started_identity(memo) is None:  # (else the identity service checks the ACL)
+        start_acl_check(memo, memo["settings"].acl_probe)
 
 
 @kopf.on.cleanup()
 async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await stop_acl_check(memo)
     await stop_identity(memo)
     await stop_runtime(memo)

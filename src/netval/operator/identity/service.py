@@ -41,7 +41,7 @@ from netval.operator.identity.enroll_server import MIN_REISSUE_SECONDS, Enrollme
 from netval.operator.identity.metrics import IdentityCollector
 from netval.operator.identity.review import PodTokenReviewer
 from netval.operator.kube import certs
-from netval.operator.kube.api import KubeApi, load_kube_client
+from netval.operator.kube.api import KubeApi, error_text, load_kube_client
 from netval.operator.settings import OperatorConfigError, OperatorSettings
 
 log = logging.getLogger("netval.operator.identity")
@@ -222,7 +222,9 @@ class IdentityService:
             enrolled = await self.issuer.enrolled_nodes()
             present = await node_names()
         except Exception as exc:  # the expiry sweep still ends them
-            log.warning("cannot look for departed nodes now (their credentials expire): %s", exc)
+            log.warning(
+                "cannot look for departed nodes now (their credentials expire): %s", error_text(exc)
+            )
             return []
         departed = sorted(n for n in enrolled - present if not n.startswith("_"))
         for node in departed:

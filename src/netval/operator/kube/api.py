@@ -14,6 +14,7 @@ three separate thread pools, so hung Node PATCHes never delay a status write.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -87,6 +88,17 @@ def bound_requests(api_client: client.ApiClient, timeout: tuple[float, float]) -
     rest._netval_unbounded = original
     rest.request = request
     return api_client
+
+
+def error_text(exc: BaseException) -> str:
+    """One line for a log: `str()` of an ApiException is its status, every response header
+    and the whole body, over several lines."""
+    if isinstance(exc, ApiException):
+        message = ""
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            message = str(json.loads(exc.body or "{}").get("message") or "")
+        return f"HTTP {exc.status} {exc.reason}" + (f": {message}" if message else "")
+    return str(exc) or type(exc).__name__
 
 
 def retryable(exc: BaseException) -> bool:

@@ -14,7 +14,7 @@ from typing import Any, Final
 from kubernetes.client.exceptions import ApiException
 
 from netval.model.manifest import API_GROUP
-from netval.operator.kube.api import PLURAL, VERSION
+from netval.operator.kube.api import PLURAL, VERSION, error_text
 from netval.operator.kueue.decisions import (
     ACTIVE,
     active_condition,
@@ -124,7 +124,7 @@ class AdmissionChecks:
         try:
             missing = await asyncio.to_thread(read)
         except Exception as exc:
-            log.warning("looking up NetworkValidation %s failed: %s", name, exc)
+            log.warning("looking up NetworkValidation %s failed: %s", name, error_text(exc))
             return False
         if missing:
             self._not_found_confirmed[name] = time.monotonic()

@@ -22,6 +22,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from enum import StrEnum
 
+from netval.operator.kube.api import error_text
 from netval.operator.leadership.lease import LeaseClient, LeaseConflict, LeaseRecord, microtime
 from netval.operator.leadership.settings import ElectionSettings
 
@@ -78,7 +79,7 @@ class LeaderElector:
             return Attempt.FAILED
         except Exception as exc:  # the API is down or slow: the caller's deadline decides
             log.warning("leader election: Lease %s/%s: %s", self.lease.namespace,
-                        self.lease.name, exc)  # fmt: skip
+                        self.lease.name, error_text(exc))  # fmt: skip
             return Attempt.FAILED
 
     def _jittered(self) -> float:
@@ -139,4 +140,4 @@ class LeaderElector:
             log.info("released Lease %s/%s", self.lease.namespace, self.lease.name)
         except Exception as exc:
             log.warning("could not release Lease %s/%s (it expires by itself): %s",
-                        self.lease.namespace, self.lease.name, exc)  # fmt: skip
+                        self.lease.namespace, self.lease.name, error_text(exc))  # fmt: skip

@@ -14,7 +14,7 @@ import time
 from typing import Final
 
 from netval.model.status import NetworkValidationStatus
-from netval.operator.kube.api import KubeApi
+from netval.operator.kube.api import KubeApi, error_text
 from netval.operator.state.store import Store
 
 log = logging.getLogger("netval.operator")
@@ -84,4 +84,4 @@ class Events:
         try:
             await self.kube.post_event(involved, type=type_, reason=reason, message=message)
         except Exception as exc:
-            log.warning("could not post event for %s: %s", name, exc)
+            log.warning("could not post event for %s: %s", name, error_text(exc))

@@ -21,7 +21,7 @@ from netval.model.keys import LabelKey
 from netval.model.status import NetworkValidationStatus
 from netval.operator.agents.manifests import AGENT_APP_NAME, validation_label_value
 from netval.operator.gating.decisions import GatingCondition
-from netval.operator.kube.api import KubeApi
+from netval.operator.kube.api import KubeApi, error_text
 from netval.operator.rounds import every_window
 from netval.operator.settings import OperatorSettings
 from netval.operator.state import validation as vs
@@ -165,7 +165,7 @@ class StatusWriter:
                 LabelKey.VALIDATION,
             )
         except Exception as exc:
-            log.warning("cannot read the agent DaemonSets' status: %s", exc)
+            log.warning("cannot read the agent DaemonSets' status: %s", error_text(exc))
             return
         for name, state in self.store.states.items():
             count = counts.get(validation_label_value(name))
@@ -243,7 +243,7 @@ class StatusWriter:
                 self.write_failures += 1
                 span.record_exception(exc)
                 span.set_status(trace.Status(trace.StatusCode.ERROR))
-                log.warning("status write for %s failed: %s", name, exc)
+                log.warning("status write for %s failed: %s", name, error_text(exc))
                 return False
         self.writes += 1
         if name in self.store.states:  # not deleted while the patch was in flight
