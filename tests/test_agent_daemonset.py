@@ -70,6 +70,8 @@ def settings_of(variant: str, tmp: Path) -> OperatorSettings:
     env = {**_operator_env(variant), **_files(tmp)}
     if not env["NETVAL_MQTT_URL"].startswith("mqtts://"):
         env.pop("NETVAL_MQTT_CA_FILE")  # a plaintext variant mounts no CA
+    if "NETVAL_ACL_PROBE_PASSWORD_FILE" in env:  # an external broker: the probe's password
+        env["NETVAL_ACL_PROBE_PASSWORD_FILE"] = env["NETVAL_MQTT_PASSWORD_FILE"]
     return operator_settings_from_env(env)
 
 
