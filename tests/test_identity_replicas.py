@@ -29,6 +29,10 @@ from test_chart_broker import plaintext_listener, run_chart_broker
 from test_enrollment import AGENT_LABELS, Claims, TokenAuthority
 
 CA_CONFIGMAP = "netval-enroll-ca"
+# The defaults' 15 s lease: after the SIGKILL nobody leads for ~14 s, ample time to delete a
+# Node unseen on a loaded machine; a fast retry so the standby takes over soon after.
+LEASE = {**FAST_LEASE, "NETVAL_LEASE_DURATION_SECONDS": "15",
+         "NETVAL_LEASE_RENEW_DEADLINE_SECONDS": "10"}  # fmt: skip
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 
 
@@ -81,7 +85,7 @@ def test_a_standby_enrolls_agents_and_a_new_leader_takes_the_duties(
         for token in ("op-a", "op-b"):
             enroll_ports[token] = free_port()
             env = {
-                **FAST_LEASE,
+                **LEASE,
                 "NETVAL_ENROLL_ADDR": f"127.0.0.1:{enroll_ports[token]}",
                 "NETVAL_ENROLL_CERT_FILE": str(tls.cert),
                 "NETVAL_ENROLL_KEY_FILE": str(tls.key),
@@ -167,7 +171,7 @@ def test_a_standby_enrolls_agents_and_a_new_leader_takes_the_duties(
                 by_standby = [w for w in writes(kube) if w[1] == standby]
                 assert by_standby and {w[3] for w in by_standby} == {TOKEN_REVIEWS}
 
-                # SIGKILL the leader and delete a Node while nobody leads (the Lease has 8 s
+                # SIGKILL the leader and delete a Node while nobody leads (the Lease has ~14 s
                 # to run): no replica sees that deletion, yet the new leader revokes the
                 # node's identity when it takes the duties on its running service.
                 procs[leader].kill()
