@@ -270,15 +270,26 @@ async def start_identity(memo: kopf.Memo, operator: OperatorSettings) -> None:
         if registry is not None:
             registry.register(IdentityCollector(service))
     memo[MEMO_KEY] = service
-    kube = KubeApi(load_kube_client())
-    service.lead(registry, departed=kube.list_node_names)
+    service.lead(registry, departed=_node_names)
     if operator.agent_enroll_ca_configmap and service.ca_file is not None:
         body = ca_configmap(
             operator.agent_namespace,
             operator.agent_enroll_ca_configmap,
             service.ca_file.read_text(),
         )
-        await kube.apply_configmap(body)
+        kube = KubeApi(load_kube_client())
+        try:
+            await kube.apply_configmap(body)
+        finally:
+            kube.close()
+
+
+async def _node_names() -> set[str]:
+    kube = KubeApi(load_kube_client())
+    try:
+        return await kube.list_node_names()
+    finally:
+        kube.close()
 
 
 async def stop_identity(memo: kopf.Memo) -> None:
