@@ -124,6 +124,24 @@ def test_metrics_port_taken_exits_2_and_starts_nothing(
     assert not [w for w in writes(cluster, leases=True) if w[1] == "op-a"]  # nothing written
 
 
+def test_enrollment_port_taken_exits_2_before_leading(
+    cluster: KubeCluster, mosquitto_broker: MosquittoBroker, tmp_path: Path
+) -> None:
+    """Every replica serves enrollment from the start: a taken port ends the process before
+    it takes the Lease, in one line."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {"NETVAL_ENROLL_ADDR": f"127.0.0.1:{port}"}
+        proc = OperatorProc(cluster, mosquitto_broker, tmp_path, "op-a", env=env).start()
+        assert proc.proc is not None
+        assert proc.proc.wait(60) == 2
+    log = proc.log()
+    assert f"NETVAL_ENROLL_ADDR 127.0.0.1:{port}" in log and "Traceback" not in log
+    assert not [w for w in writes(cluster, leases=True) if w[1] == "op-a"]  # no Lease taken
+
+
 def test_startup_retry_never_doubles_the_ingest(
     cluster: KubeCluster, mosquitto_broker: MosquittoBroker
 ) -> None:

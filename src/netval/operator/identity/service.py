@@ -149,10 +149,11 @@ class IdentityService:
         self.ca_file: Path | None = None
 
     async def start(self) -> int:
-        """Serve enrollments (every replica)."""
-        self.admin.start()
+        """Serve enrollments (every replica). The port first: a port that cannot be bound
+        leaves nothing running (no broker connection half-open at exit)."""
         context, self.ca_file = server_tls(self.settings)
         port = await self.server.start(self.settings.host, self.settings.port, context)
+        self.admin.start()
         return port
 
     def lead(
