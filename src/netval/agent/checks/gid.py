@@ -10,6 +10,7 @@ flap or an address change the kernel may re-populate the table at other indices.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 
 from netval.agent.checks.context import NO_DELTAS, CheckContext, result, skipped
@@ -22,8 +23,13 @@ ROCE_V2 = "RoCE v2"
 
 def gid_address(gid: Gid) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """The IP address a GID carries, None if its text is not an IPv6 address."""
+    return _address(gid.gid)
+
+
+@functools.lru_cache(maxsize=4096)  # GID tables rarely change: each cycle parses the same text
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
-        v6 = ipaddress.IPv6Address(gid.gid)
+        v6 = ipaddress.IPv6Address(text)
     except ValueError:
         return None
     return v6.ipv4_mapped or v6

@@ -26,7 +26,8 @@ class NetdevCounters:
 
 def _is_vport(stats: dict[str, int]) -> bool:
     """A switchdev representor or VF: vport_* statistics and no port (_phy) ones."""
-    return any(k.startswith("vport_") for k in stats) and not any(k.endswith("_phy") for k in stats)
+    # (the _phy test first: a port netdev has many, so the usual answer comes at once)
+    return not any(k.endswith("_phy") for k in stats) and any(k.startswith("vport_") for k in stats)
 
 
 def netdev_counter_inputs(

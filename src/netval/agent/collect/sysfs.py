@@ -135,7 +135,8 @@ class SysfsReader:
             return None
         speed = self.integer(base / "speed")
         slaves = self.text(base / "bonding" / "slaves")
-        driver = self.driver_of(base / "device")
+        uevent = self._uevent(base / "device")
+        driver = self._driver(base / "device", uevent)
         # A netdev without a device of its own (bond, team, VLAN) names what is below it in
         # lower_* links; only then is the directory listed, so NIC netdevs cost no listdir
         # (and the live collector asks only for netdevs carrying RDMA traffic).
@@ -164,32 +165,28 @@ class SysfsReader:
             flags=self.integer(base / "flags"),
             type=self.integer(base / "type"),
             ipoib_mode=self.text(base / "mode"),
-            pci_address=self._uevent_field(base / "device" / "uevent", "PCI_SLOT_NAME"),
+            pci_address=uevent.get("PCI_SLOT_NAME") or None,
             dev_port=self.integer(base / "dev_port"),
             lower=lower,
             dcb_error=dcb_error if dcb is None else None,
         )
 
-    def _uevent_field(self, path: Path, key: str) -> str | None:
-        uevent = self.text(path)
-        if uevent is None:
-            return None
-        prefix = key + "="
-        for line in uevent.splitlines():
-            if line.startswith(prefix):
-                return line[len(prefix) :].strip() or None
-        return None
+    def _uevent(self, device: Path) -> dict[str, str]:
+        """A device's uevent as KEY -> value (empty values dropped); read once per device
+        and cycle, for both its driver and its PCI address."""
+        text = self.text(device / "uevent")
+        fields: dict[str, str] = {}
+        for line in (text or "").splitlines():
+            key, sep, value = line.partition("=")
+            if sep and value.strip():
+                fields[key] = value.strip()
+        return fields
 
-    def driver_of(self, device: Path) -> str | None:
+    def _driver(self, device: Path, uevent: dict[str, str]) -> str | None:
         """The driver bound to a device directory: its uevent's DRIVER=, else the basename
         of its `driver` link (recorded snapshots keep only the uevent)."""
-        uevent = self.text(device / "uevent")
-        if uevent is not None:
-            for line in uevent.splitlines():
-                if line.startswith("DRIVER="):
-                    value = line[len("DRIVER=") :].strip()
-                    if value:
-                        return value
+        if "DRIVER" in uevent:
+            return uevent["DRIVER"]
         try:
             target = os.readlink(device / "driver")
         except OSError:
@@ -220,7 +217,8 @@ class SysfsReader:
     ) -> RdmaDevice:
         """`gid_indices(device, port, gids_dir)` lets the live collector skip empty slots."""
         base = self.ib_root / name
-        driver = self.driver_of(base / "device")
+        uevent = self._uevent(base / "device")
+        driver = self._driver(base / "device", uevent)
         hw_names = (
             tuple(self.hw_counter_names_for(name, driver))
             if self.hw_counter_names_for is not None
@@ -242,7 +240,7 @@ class SysfsReader:
             board_id=self.text(base / "board_id"),
             netdev_hint=hint[0] if hint else None,
             ports=ports,
-            pci_address=self._uevent_field(base / "device" / "uevent", "PCI_SLOT_NAME"),
+            pci_address=uevent.get("PCI_SLOT_NAME") or None,
             # Each port binds to the netdev of its own dev_port, not to the first name here.
             pci_netdevs={n: self.integer(base / "device" / "net" / n / "dev_port") for n in hint},
             driver=driver,
