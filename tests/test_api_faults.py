@@ -46,7 +46,7 @@ def stored_status(kube: KubeCluster, name: str = "pool-a") -> dict[str, Any]:
 # -- KubeApi against the real HTTP API ---------------------------------------------------
 
 
-def test_node_names_are_listed_in_pages_of_metadata_and_a_failed_page_is_retried(
+def test_node_and_pod_names_are_listed_in_pages_of_metadata_and_a_failed_page_is_retried(
     kube: KubeCluster,
 ) -> None:
     names = {f"gpu-{i:02d}" for i in range(7)}
@@ -55,19 +55,28 @@ def test_node_names_are_listed_in_pages_of_metadata_and_a_failed_page_is_retried
     api = fast_api(kube)
     failing = kube.inject("GET", r"/api/v1/nodes\?", status=503, times=1)
     seen: list[dict[str, Any]] = []
-    original = api._node_metadata_page
+    original = api._metadata_page
 
-    def page(limit: int, after: str | None) -> dict[str, Any]:
-        found = original(limit, after)
+    def page(lister: Any, limit: int, after: str | None) -> dict[str, Any]:
+        found = original(lister, limit, after)
         seen.append(found)
         return found
 
-    api._node_metadata_page = page  # type: ignore[method-assign]
+    api._metadata_page = page  # type: ignore[method-assign]
     assert asyncio.run(api.list_node_names(page=3)) == names
     assert failing.hits == 1
     assert [len(p["items"]) for p in seen] == [3, 3, 1]
     assert {p["kind"] for p in seen} == {"PartialObjectMetadataList"}
     assert all(set(item) == {"apiVersion", "kind", "metadata"} for p in seen for item in p["items"])
+    # Pods the same way, in one namespace and by label.
+    kube.ensure_namespace("agents")
+    for i in range(4):
+        labels = {"app.kubernetes.io/name": "netval-agent"} if i < 3 else {}
+        kube.create({"apiVersion": "v1", "kind": "Pod",
+                     "metadata": {"name": f"agent-{i}", "namespace": "agents", "labels": labels},
+                     "spec": {"containers": [{"name": "a", "image": "x"}]}})  # fmt: skip
+    pods = asyncio.run(api.list_pod_names("agents", "app.kubernetes.io/name=netval-agent", page=2))
+    assert pods == {"agent-0", "agent-1", "agent-2"}
 
 
 def test_node_writes_retry_5xx_and_conflicts(kube: KubeCluster) -> None:

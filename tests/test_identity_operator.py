@@ -1,6 +1,7 @@
 """The operator's identity service inside the real operator (in-process Kopf running
 netval's handlers against the test API, the chart's Mosquitto): it starts with the operator,
-publishes the enrollment CA for the agents, and revokes a deleted Node's identity at once.
+publishes the enrollment CA for the agents, revokes a deleted Node's identity at once, and
+the credential of an agent Pod that is gone.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from test_chart_broker import plaintext_listener, run_chart_broker
 from test_enrollment import AGENT_LABELS, Claims, TokenAuthority
 
 
-def test_a_deleted_node_loses_its_identity_at_once(tmp_path: Path, kube: KubeCluster) -> None:
+def test_a_deleted_node_or_agent_pod_loses_its_identity(tmp_path: Path, kube: KubeCluster) -> None:
     kube.ensure_namespace(NS)
     add_node(kube, "gpu-a", GPU)
     add_node(kube, "gpu-b", GPU)
@@ -43,7 +44,8 @@ def test_a_deleted_node_loses_its_identity_at_once(tmp_path: Path, kube: KubeClu
             agent_enroll_url="https://netval-webhook.netval-system.svc:9444/v1/enroll",
             agent_enroll_ca_configmap="netval-enroll-ca",
         )  # fmt: skip
-        identity = IdentitySettings("127.0.0.1", 0, tls.cert, tls.key, timedelta(hours=1), tls.ca)
+        identity = IdentitySettings("127.0.0.1", 0, tls.cert, tls.key, timedelta(hours=1), tls.ca,
+                                    departed_every=0.5)  # fmt: skip
         memo = kopf.Memo(settings=settings, metrics_addr=("127.0.0.1", 0), identity=identity)
         with kopf_operator(kube, modules=["netval.operator.handlers"], memo=memo):
             service = wait_for(
@@ -89,6 +91,11 @@ def test_a_deleted_node_loses_its_identity_at_once(tmp_path: Path, kube: KubeClu
                 assert again.connect().is_failure
                 again.close()
                 assert not clients["gpu-b"].disconnects
+                # gpu-b's agent Pod goes (a rollout, or gpu-b left every validation) while the
+                # Node stays: the leader's sweep revokes that pod's credential.
+                kube.delete("v1", "Pod", "agent-gpu-b", namespace=NS)
+                wait_for(lambda: clients["gpu-b"].disconnects, 20, what="gpu-b's pod revoked")
+                assert kube.get("v1", "Node", "gpu-b")
                 runtime = memo["runtime"]
                 metrics_port = runtime.metrics_server.sockets[0].getsockname()[1]
 
@@ -106,8 +113,8 @@ def test_a_deleted_node_loses_its_identity_at_once(tmp_path: Path, kube: KubeClu
                 text = wait_for(checked, 20, what="the broker ACL check")
                 assert "netval_broker_acl_violations 0.0" in text
                 assert 'netval_operator_enrollments_total{outcome="issued"} 2.0' in text
-                # gpu-a's, then the probe identity's
-                assert 'netval_operator_mqtt_credentials_total{event="revoked"} 2.0' in text
+                # gpu-a's, the probe identity's and gpu-b's pod's
+                assert 'netval_operator_mqtt_credentials_total{event="revoked"} 3.0' in text
                 assert "netval_operator_dynsec_connected 1.0" in text
             finally:
                 for client in clients.values():

@@ -112,10 +112,21 @@ class CredentialIssuer:
             log.info("revoked the MQTT identity of node %s (%d clients)", node, len(names))
         return names
 
-    async def enrolled_nodes(self) -> set[str]:
-        """The nodes that hold at least one credential."""
-        names = (acl.node_of_client(n) for n in await self._usernames())
-        return {name.partition(":")[0] for name in names if name}
+    async def enrolled(self) -> dict[str, tuple[str, str]]:
+        """Every per-pod client: username -> (node, pod)."""
+        found: dict[str, tuple[str, str]] = {}
+        for username in await self._usernames():
+            rest = acl.node_of_client(username)
+            node, sep, pod = (rest or "").partition(":")
+            if node and sep and pod:
+                found[username] = (node, pod)
+        return found
+
+    async def revoke_clients(self, usernames: list[str]) -> None:
+        """Delete these clients (each is disconnected at once); their nodes' roles stay."""
+        if usernames:
+            await self._checked(acl.delete_clients(usernames), tolerate=NOT_FOUND)
+            self.revoked += len(usernames)
 
     async def expire(self) -> list[str]:
         """Delete the clients whose credential expired (an agent that stopped renewing)."""

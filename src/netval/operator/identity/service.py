@@ -20,9 +20,11 @@ import logging
 import os
 import ssl
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -39,12 +41,15 @@ from netval.operator.identity.credentials import DEFAULT_LIFETIME, CredentialIss
 from netval.operator.identity.dynsec import DynsecAdmin, DynsecError
 from netval.operator.identity.enroll_server import MIN_REISSUE_SECONDS, EnrollmentServer
 from netval.operator.identity.metrics import IdentityCollector
-from netval.operator.identity.review import PodTokenReviewer
+from netval.operator.identity.review import AGENT_POD_LABELS, PodTokenReviewer
 from netval.operator.kube import certs
 from netval.operator.kube.api import KubeApi, error_text, load_kube_client
 from netval.operator.settings import OperatorConfigError, OperatorSettings
 
 log = logging.getLogger("netval.operator.identity")
+
+# (Node names, agent Pod names): what the leader compares the issued credentials with.
+Listers = tuple[Callable[[], Awaitable[set[str]]], Callable[[], Awaitable[set[str]]]]
 
 ENV_ENROLL_ADDR: Final = "NETVAL_ENROLL_ADDR"
 ENV_ENROLL_CERT_FILE: Final = "NETVAL_ENROLL_CERT_FILE"
@@ -55,6 +60,7 @@ MEMO_KEY: Final = "identity"  # Kopf memo: IdentitySettings before start, Identi
 SHARED_MEMO_KEY: Final = "identity_shared"  # the process's IdentityService, leader or not
 MIN_LIFETIME: Final = 60.0
 MAX_SWEEP_SECONDS: Final = 300.0
+DEPARTED_SWEEP_SECONDS: Final = 600.0  # two metadata lists (Nodes, agent Pods) per run
 # The broker ACL check's own identity: a node name no Kubernetes Node can have (leading "_"),
 # other than the node it probes (netval.infra.broker_acl.PROBE_NODE).
 ACL_PROBE_NODE: Final = "_netval-acl-prober"
@@ -70,6 +76,7 @@ class IdentitySettings:
     lifetime: timedelta = DEFAULT_LIFETIME
     ca_file: Path | None = None  # the CA agents verify the server with (None: the cert's)
     min_reissue_seconds: float = MIN_REISSUE_SECONDS  # per pod (tests: 0)
+    departed_every: float = DEPARTED_SWEEP_SECONDS  # (tests: shorter)
 
 
 def identity_settings_from_env(env: Mapping[str, str] = os.environ) -> IdentitySettings | None:
@@ -145,6 +152,7 @@ class IdentityService:
             reviewer, self.issuer, min_reissue=settings.min_reissue_seconds
         )
         self._tasks: list[asyncio.Task[None]] = []
+        self._listers: Listers | None = None
         self.background: set[asyncio.Task[None]] = set()  # one-shot tasks, cancelled at stop
         self.ca_file: Path | None = None
 
@@ -156,20 +164,15 @@ class IdentityService:
         self.admin.start()
         return port
 
-    def lead(
-        self,
-        registry: CollectorRegistry | None,
-        *,
-        departed: Callable[[], Awaitable[set[str]]] | None = None,
-    ) -> None:
+    def lead(self, registry: CollectorRegistry | None, *, listers: Listers | None = None) -> None:
         """The leader's duties, for one term: the expiry sweep, the broker ACL check and,
-        given the Node names, revoking nodes deleted while nobody led."""
+        given Node and agent Pod names (`listers`), revoking the credentials of Nodes and
+        Pods that are gone (at once, then every `departed_every` seconds)."""
         if self._tasks:
             return
+        self._listers = listers
         self._tasks.append(asyncio.create_task(self._maintain(), name="netval-identity-sweep"))
         self._once(self.check_broker_acl(registry), "netval-broker-acl-check")
-        if departed is not None:
-            self._once(self.revoke_departed(departed), "netval-identity-departed")
 
     def _once(self, work: Coroutine[Any, Any, Any], name: str) -> None:
         task = asyncio.create_task(work, name=name)
@@ -214,35 +217,60 @@ class IdentityService:
         except DynsecError as exc:  # an event handler is not retried: the expiry sweep is
             log.warning("cannot revoke node %s now (it expires with its credential): %s", node, exc)
 
-    async def revoke_departed(self, node_names: Callable[[], Awaitable[set[str]]]) -> list[str]:
-        """Revoke the nodes that hold a credential but no longer exist: Node deletions while
-        no replica led (a SIGKILL, a rollout) were seen by nobody. Credentials are listed
-        before Nodes, so one issued for a Node that exists is never taken for a departed one;
-        reserved names (the ACL probe's, "_...") are no Node's."""
+    async def revoke_departed(self, listers: Listers) -> tuple[list[str], list[str]]:
+        """Revoke what holds a credential but no longer exists: (nodes, pod clients).
+        A Node deleted while no replica led (a SIGKILL, a rollout) was seen by nobody; an
+        agent Pod replaced by a rollout, or gone when its node left every validation, would
+        keep its credential until expiry. Credentials are listed before Nodes and Pods, so
+        one issued for a Pod that exists is never taken for a departed one; reserved names
+        (the ACL probe's, "_...") are no Node's."""
+        node_names, pod_names = listers
         try:
-            enrolled = await self.issuer.enrolled_nodes()
-            present = await node_names()
+            clients = await self.issuer.enrolled()
+            nodes = await node_names()
+            pods = await pod_names()
         except Exception as exc:  # the expiry sweep still ends them
             log.warning(
                 "cannot look for departed nodes now (their credentials expire): %s", error_text(exc)
             )
-            return []
-        departed = sorted(n for n in enrolled - present if not n.startswith("_"))
+            return [], []
+        owned = {u: (n, p) for u, (n, p) in clients.items() if not n.startswith("_")}
+        departed = sorted({n for n, _ in owned.values() if n not in nodes})
         for node in departed:
             log.info("node %s holds an MQTT identity but no longer exists: revoking it", node)
             await self.revoke_node(node)
-        return departed
+        stale = sorted(u for u, (n, p) in owned.items() if n in nodes and p not in pods)
+        if stale:
+            log.info("revoking %d MQTT credentials of agent pods that no longer exist", len(stale))
+            try:
+                await self.issuer.revoke_clients(stale)
+            except DynsecError as exc:
+                log.warning("cannot revoke them now (they expire): %s", exc)
+                stale = []
+        return departed, stale
 
     async def _maintain(self) -> None:
-        """After each (re)connect, deny by default; then expire credentials periodically."""
+        """After each (re)connect, deny by default; then expire credentials periodically,
+        and revoke departed Nodes' and Pods' at once and every `departed_every` seconds."""
         every = min(MAX_SWEEP_SECONDS, self.settings.lifetime.total_seconds() / 12)
+        if self._listers is not None:
+            every = min(every, self.settings.departed_every)
         prepared_for = 0
+        departed_at = float("-inf")
         while True:
             with contextlib.suppress(DynsecError):
                 if self.admin.connects != prepared_for and self.admin.connected:
                     await self.issuer.prepare()
                     prepared_for = self.admin.connects
                 await self.issuer.expire()
+            now = time.monotonic()
+            if (
+                self._listers is not None
+                and prepared_for
+                and now - departed_at >= self.settings.departed_every
+            ):
+                departed_at = now
+                await self.revoke_departed(self._listers)
             await asyncio.sleep(every if prepared_for == self.admin.connects else 1.0)
 
 
@@ -271,7 +299,7 @@ async def start_identity(memo: kopf.Memo, operator: OperatorSettings) -> None:
         if registry is not None:
             registry.register(IdentityCollector(service))
     memo[MEMO_KEY] = service
-    service.lead(registry, departed=_node_names)
+    service.lead(registry, listers=(_node_names, partial(_agent_pod_names, operator)))
     if operator.agent_enroll_ca_configmap and service.ca_file is not None:
         body = ca_configmap(
             operator.agent_namespace,
@@ -289,6 +317,15 @@ async def _node_names() -> set[str]:
     kube = KubeApi(load_kube_client())
     try:
         return await kube.list_node_names()
+    finally:
+        kube.close()
+
+
+async def _agent_pod_names(operator: OperatorSettings) -> set[str]:
+    selector = ",".join(f"{k}={v}" for k, v in AGENT_POD_LABELS.items())
+    kube = KubeApi(load_kube_client())
+    try:
+        return await kube.list_pod_names(operator.agent_namespace, selector)
     finally:
         kube.close()
 

@@ -319,17 +319,33 @@ class KubeApi:
     async def list_node_names(self, page: int = NODE_PAGE) -> set[str]:
         """Every Node's name, in pages of metadata only: a whole Node is ~10 KiB, so a full
         list of 10,000 would be 100 MiB where names are a few hundred KiB."""
+        return await self._list_names(self.core.list_node, page)
+
+    async def list_pod_names(
+        self, namespace: str, label_selector: str, page: int = NODE_PAGE
+    ) -> set[str]:
+        """The names of the Pods in `namespace` that `label_selector` selects (metadata only,
+        in pages)."""
+        return await self._list_names(
+            functools.partial(
+                self.core.list_namespaced_pod, namespace, label_selector=label_selector
+            ),
+            page,
+        )
+
+    async def _list_names(self, lister: Callable[..., Any], page: int) -> set[str]:
         names: set[str] = set()
         after: str | None = None
         while True:
-            found = await self._run(self._other_pool, self._node_metadata_page, page, after)
+            found = await self._run(self._other_pool, self._metadata_page, lister, page, after)
             names.update(str(item["metadata"]["name"]) for item in found.get("items") or [])
             after = (found.get("metadata") or {}).get("continue") or None
             if after is None:
                 return names
 
-    def _node_metadata_page(self, limit: int, after: str | None) -> dict[str, Any]:
-        response = self.core.list_node(
+    @staticmethod
+    def _metadata_page(lister: Callable[..., Any], limit: int, after: str | None) -> dict[str, Any]:
+        response = lister(
             limit=limit, _continue=after, _preload_content=False,
             _headers={"Accept": METADATA_LIST},
         )  # fmt: skip
