@@ -94,6 +94,22 @@ def test_operator_bad_log_level(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"NETVAL_ACL_PROBE_PASSWORD_FILE": "/x"}, "NETVAL_ACL_PROBE_PASSWORD_FILE needs NETVAL_ACL_PROBE_USERNAME"),
+        ({"NETVAL_ACL_PROBE_USERNAME": "gpu-a", "NETVAL_ACL_PROBE_PASSWORD_FILE": "/nonexistent/pw"},
+         "NETVAL_ACL_PROBE_PASSWORD_FILE='/nonexistent/pw': cannot read"),
+    ],
+)  # fmt: skip
+def test_operator_bad_acl_probe_login_exits_2_in_one_line(
+    env: dict[str, str], expected: str, tmp_path: Path
+) -> None:
+    proc = _operator({"NETVAL_MQTT_URL": "mqtt://127.0.0.1:1", **env}, tmp_path)
+    assert proc.returncode == 2 and expected in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
     "argv",
     [["probe", "--samples", "0"], ["nope"], [], ["status", "--bogus"], ["report"]],
 )
