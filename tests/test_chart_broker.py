@@ -669,6 +669,15 @@ def test_plaintext_only_when_asked_for_and_then_warned() -> None:
         in external["netval/templates/NOTES.txt"]
     )
     assert "WARNING" not in notes("external-broker")  # mqtts://
+    # The external broker's ACL: checked with the agents' login, or a warning that it is not.
+    assert "checks it at start with the agents' login" in notes("external-broker")
+    assert "WARNING: the broker's ACL is not checked" in external["netval/templates/NOTES.txt"]
+    from chart_kit import VARIANTS
+
+    disabled = {**VARIANTS["external-broker"]["mqtt"]["external"], "aclProbe": {"enabled": False}}
+    off = render({"mqtt": {"external": disabled}})
+    assert "WARNING: the broker's ACL is not checked" in off["netval/templates/NOTES.txt"]
+    assert "NETVAL_ACL_PROBE" not in off["netval/templates/operator-deployment.yaml"]
 
 
 def test_broker_certificate_from_cert_manager_or_the_users_secret() -> None:
