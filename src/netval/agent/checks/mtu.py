@@ -24,6 +24,8 @@ _not_roce = {
     "(IPoIB: mtu.ipoib)",
     Transport.IWARP: "not applicable: iWARP port (iWARP runs over TCP: mtu.interface)",
     Transport.UNKNOWN: "not applicable: link layer unreadable, not known to be RoCE",
+    Transport.EFA: "not applicable: EFA port (SRD: the device sets its MTU, there is no RoCE MTU)",
+    Transport.UNSPECIFIED: "not applicable: link layer neither Ethernet nor InfiniBand, not RoCE",
 }
 
 # IPoIB adds a 4-byte header to each IB packet: datagram mode fits in one IB MTU (4096 ->
