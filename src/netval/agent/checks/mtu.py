@@ -36,7 +36,13 @@ IPOIB_CONNECTED_MTU = 65520
 
 def check_ipoib_mtu(ctx: CheckContext) -> list[CheckResult]:
     if not ctx.judged.ipoib_netdevs:
-        return [skipped(CheckId.MTU_IPOIB, ctx.node, "no IPoIB netdevs on this node")]
+        # IPoIB netdevs left out (down on purpose, excluded): say so, not "none here".
+        left_out = [
+            skipped(CheckId.MTU_IPOIB, name, f"not judged: {why}")
+            for name, why in sorted((ctx.judged.excluded or {}).items())
+            if (netdev := ctx.snapshot.last.netdevs.get(name)) is not None and netdev.is_ipoib
+        ]
+        return left_out or [skipped(CheckId.MTU_IPOIB, ctx.node, "no IPoIB netdevs on this node")]
     set_mtu = ctx.checks.mtu.ipoib_mtu
     out: list[CheckResult] = []
     for name in ctx.judged.ipoib_netdevs:
