@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from netval.agent.checks import run_node_checks
 from netval.agent.checks.judged import judged_subjects
@@ -288,3 +290,50 @@ def test_p5_efa_example_expects_efa() -> None:
     sample = _efa_sample("efa", "rdmap79s0")
     results = run_node_checks(NodeSnapshot("p5", "now", 10.0, (sample, sample)), spec.checks)
     assert not [r for r in results if r.status.is_bad]
+
+
+# -- the bundled snapshots are the generator's output, and any link layer text is judged ------
+
+
+def test_transport_snapshots_are_what_their_generator_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(SNAPSHOTS))
+    import make_transport_snapshots as gen
+
+    for name, (node, render, checks) in gen.SNAPSHOTS.items():
+        root = SNAPSHOTS / name
+        assert (root / "checks.yaml").read_text() == checks, name
+        assert f'"node": "{node}"' in (root / "meta.json").read_text(), name
+        for i in range(2):
+            files = render(i)
+            on_disk = {
+                str(p.relative_to(root / "samples" / str(i))): p.read_text()
+                for p in (root / "samples" / str(i)).rglob("*")
+                if p.is_file()
+            }
+            assert on_disk == files, (name, i)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    link_layer=st.one_of(st.none(), st.text(min_size=1, max_size=20)),
+    driver=st.one_of(st.none(), st.sampled_from(["efa", "mlx5_core", "ena", "x"])),
+    name=st.sampled_from(["efa_0", "rdmap16s27", "mlx5_0", "xyz0"]),
+)
+def test_any_link_layer_text_gets_a_verdict_not_a_crash(
+    link_layer: str | None, driver: str | None, name: str
+) -> None:
+    sample = _efa_sample(driver, name, link_layer=link_layer)
+    results = run_node_checks(NodeSnapshot("n1", "now", 10.0, (sample, sample)), Checks())
+    assert not any(r.message.startswith("check ") and " raised " in r.message for r in results)
+    (layer,) = [r for r in results if r.check.value == "rdma.link_layer"]
+    if not link_layer or not link_layer.strip():
+        return  # unreadable (the reader strips; None and "" are the same to it)
+    transport = layer.observed["transport"]
+    assert "unreadable" not in layer.message
+    if link_layer not in ("Ethernet", "InfiniBand"):
+        assert transport in ("EFA", "unspecified")
+        for r in results:
+            if r.check.value in ROCE_OR_IB:
+                assert r.status is Status.SKIP and "unreadable" not in r.message, r
