@@ -20,9 +20,6 @@ ZERO_GID: Final = "0000:0000:0000:0000:0000:0000:0000:0000"
 IFF_UP: Final = 0x1
 ARPHRD_INFINIBAND: Final = 32
 IWARP_NODE_TYPE: Final = "4: RNIC"
-# What ib_core's link_layer file says for IB_LINK_LAYER_UNSPECIFIED (drivers/infiniband/core
-# /sysfs.c link_layer_show): the efa driver's answer, neither RoCE nor InfiniBand.
-UNSPECIFIED_LINK_LAYER: Final = "Unknown"
 EFA_DRIVER: Final = "efa"
 
 
@@ -190,6 +187,8 @@ class RdmaDevice:
             return Transport.ROCE
         if not port.link_layer:
             return Transport.UNKNOWN
+        # ib_core writes "Unknown" for IB_LINK_LAYER_UNSPECIFIED (drivers/infiniband/core/
+        # sysfs.c link_layer_show): the efa driver's answer.
         return Transport.EFA if self.is_efa else Transport.UNSPECIFIED
 
     @property
