@@ -41,6 +41,11 @@ EXPECTED_FAILING = {
     "fault-bnxt-ecn-np-disabled": {"ecn.cnp_flow"},
     "healthy-intel-e810": set(),
     "healthy-roce-lag-renamed": set(),
+    # EFA and IPoIB-down InfiniBand nodes (examples/snapshots/make_transport_snapshots.py)
+    "healthy-efa-p4d": set(),
+    "fault-efa-retrans-timeouts": {"rdma.errors"},
+    "healthy-ib-ipoib-down": set(),
+    "fault-ib-ipoib-down-port-down": {"rdma.port_state"},
 }
 # The subject each fault is expected to pin the failure on.
 EXPECTED_SUBJECTS = {
@@ -52,6 +57,8 @@ EXPECTED_SUBJECTS = {
     "fault-degraded-rate": {"mlx5_1/1"},
     "fault-ib-symbol-errors": {"mlx5_1/1"},
     "fault-bnxt-ecn-np-disabled": {"bnxt_re0/1"},
+    "fault-efa-retrans-timeouts": {"rdmap144s27/1"},
+    "fault-ib-ipoib-down-port-down": {"mlx5_1/1"},
 }
 
 

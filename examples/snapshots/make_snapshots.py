@@ -873,6 +873,10 @@ def main() -> None:
     import make_vendor_snapshots
 
     make_vendor_snapshots.main()
+    # EFA and IPoIB-down InfiniBand nodes (issue 20).
+    import make_transport_snapshots
+
+    make_transport_snapshots.main()
 
 
 if __name__ == "__main__":

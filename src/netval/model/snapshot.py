@@ -20,6 +20,7 @@ ZERO_GID: Final = "0000:0000:0000:0000:0000:0000:0000:0000"
 IFF_UP: Final = 0x1
 ARPHRD_INFINIBAND: Final = 32
 IWARP_NODE_TYPE: Final = "4: RNIC"
+EFA_DRIVER: Final = "efa"
 
 
 class Transport(StrEnum):
@@ -28,7 +29,11 @@ class Transport(StrEnum):
     ROCE = "RoCE"
     INFINIBAND = "InfiniBand"
     IWARP = "iWARP"
-    UNKNOWN = "unknown"
+    # AWS Elastic Fabric Adapter: SRD, link_layer "Unknown", no PFC/ECN/RoCE GIDs on the host.
+    EFA = "EFA"
+    # link_layer "Unknown" from a driver other than efa: neither RoCE nor InfiniBand.
+    UNSPECIFIED = "unspecified"
+    UNKNOWN = "unknown"  # link_layer unreadable
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +132,7 @@ class RdmaPort:
     state: str | None = None  # "4: ACTIVE"
     phys_state: str | None = None  # "5: LinkUp"
     rate: str | None = None  # "400 Gb/sec (4X NDR)"
-    link_layer: str | None = None  # "Ethernet" | "InfiniBand"
+    link_layer: str | None = None  # "Ethernet" | "InfiniBand" | "Unknown" (EFA)
     gids: tuple[Gid, ...] = ()
     counters: dict[str, int] = field(default_factory=dict)
     hw_counters: dict[str, int] = field(default_factory=dict)
@@ -180,7 +185,19 @@ class RdmaDevice:
             return Transport.INFINIBAND
         if port.link_layer == "Ethernet":
             return Transport.ROCE
-        return Transport.UNKNOWN
+        if not port.link_layer:
+            return Transport.UNKNOWN
+        # ib_core writes "Unknown" for IB_LINK_LAYER_UNSPECIFIED (drivers/infiniband/core/
+        # sysfs.c link_layer_show): the efa driver's answer.
+        return Transport.EFA if self.is_efa else Transport.UNSPECIFIED
+
+    @property
+    def is_efa(self) -> bool:
+        """The efa driver's device: its PCI driver, else (format 1.0 snapshots, which do not
+        record it) the kernel's default name efa_<n>."""
+        if self.driver:
+            return self.driver == EFA_DRIVER
+        return self.name.startswith("efa_")
 
     # -- format 1.1 (drivers and counters) --
     # The PCI driver of the RDMA device's own device (device/uevent DRIVER= or the

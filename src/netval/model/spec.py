@@ -40,6 +40,9 @@ class _Spec(BaseModel):
 class LinkLayer(StrEnum):
     ETHERNET = "Ethernet"
     INFINIBAND = "InfiniBand"
+    # AWS EFA ports: the kernel's link_layer reads "Unknown" (IB_LINK_LAYER_UNSPECIFIED);
+    # users name the fabric, so the value is "EFA" (docs/checks.md, "Transports").
+    EFA = "EFA"
 
 
 class Trust(StrEnum):
@@ -89,7 +92,7 @@ class RdmaChecks(_Spec):
     max_errors_per_interval: Annotated[int, Field(ge=0)] = 10
     # -- transports and GIDs (issue 11) --
     # A node with InfiniBand and RoCE ports states both; when set it replaces linkLayer.
-    link_layers: Annotated[list[LinkLayer] | None, Field(min_length=1, max_length=2)] = None
+    link_layers: Annotated[list[LinkLayer] | None, Field(min_length=1, max_length=3)] = None
     # The GID index jobs are told to use (NCCL_IB_GID_INDEX); null: any index, but a change
     # of index between two samples is reported (rdma.gid_index).
     ro_ce_v2_gid_index: Annotated[int | None, Field(alias="roceV2GidIndex", ge=0, le=255)] = None

@@ -34,9 +34,14 @@ Sources (torvalds/linux unless said otherwise; names checked against these files
   firmware names differ gets a skip naming the missing counter. ethtool: struct
   ionic_port_stats in drivers/net/ethernet/pensando/ionic/ionic_if.h (v6.8:
   `rx_pripause_<p>_1us_count`, `frames_rx_pause`).
-- efa: drivers/infiniband/hw/efa/efa_verbs.c (v6.8 port stats `rx_drops`,
-  `rdma_read_wr_err`, `rdma_write_wr_err`). EFA (SRD) has no PFC/ECN on the host: those
-  checks say so.
+- efa: drivers/infiniband/hw/efa/efa_verbs.c port stats (EFA_DEFINE_PORT_STATS, v6.8:
+  `rx_drops`, `rdma_read_wr_err`, `rdma_write_wr_err`) and the network stats of "[PATCH
+  for-next] RDMA/efa: Add Network HW statistics counters" (linux-rdma, 2025-07-06;
+  efa_admin_cmds_defs.h struct efa_admin_network_stats: `retrans_timeout_events`,
+  `unresponsive_remote_events`, `impaired_remote_conn_events`, besides `retrans_pkts` and
+  `retrans_bytes`, which count SRD's normal retransmissions and are not errors). Older
+  kernels lack the network stats: the names present are judged. EFA (SRD) has no PFC/ECN
+  on the host: those checks say so.
 """
 
 from __future__ import annotations
@@ -235,8 +240,17 @@ EFA: Final = DriverCounters(
     global_pause_duration=(),
     phy_errors=(),
     phy_corrected=(),
-    rdma_errors=("rx_drops", "rdma_read_wr_err", "rdma_write_wr_err"),
-    no_qos_reason="EFA runs SRD with congestion control in the device: no host PFC or ECN",
+    rdma_errors=(
+        "rx_drops",  # packets the device dropped on receive
+        "rdma_read_wr_err",
+        "rdma_write_wr_err",
+        # SRD gave up on a packet and timed out, or a peer stopped answering / degraded:
+        # the EFA counterparts of RoCE's local_ack_timeout_err (2025 network stats).
+        "retrans_timeout_events",
+        "unresponsive_remote_events",
+        "impaired_remote_conn_events",
+    ),
+    no_qos_reason="EFA uses SRD: no PFC/ECN on the host (congestion control runs in the device)",
 )
 
 MAPS: Final = (MLX5, BNXT, INTEL, IONIC, EFA)

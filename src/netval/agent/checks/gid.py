@@ -59,6 +59,8 @@ def not_applicable(ctx: CheckContext, port: RdmaPort) -> str | None:
         return "not applicable: InfiniBand port (IB GIDs are not RoCE GIDs)"
     if transport is Transport.IWARP:
         return "not applicable: iWARP port (iWARP addresses by IP, it has no RoCE GIDs)"
+    if transport is Transport.EFA:
+        return "not applicable: EFA port (SRD addresses peers by the device GID, no RoCE GIDs)"
     if transport is not Transport.ROCE:
         return f"not applicable: link layer {port.link_layer or 'unreadable'}, not RoCE"
     return None

@@ -69,6 +69,9 @@ _NOT_IB = {
     Transport.ROCE: "not applicable: RoCE port (its link errors are Ethernet counters)",
     Transport.IWARP: "not applicable: iWARP port",
     Transport.UNKNOWN: "not applicable: link layer unreadable, not known to be InfiniBand",
+    Transport.EFA: "not applicable: EFA port (SRD, no IB PortCounters; its error counters "
+    "are judged by rdma.errors)",
+    Transport.UNSPECIFIED: "not applicable: link layer neither Ethernet nor InfiniBand",
 }
 
 

@@ -3,7 +3,9 @@
 By default the netdevs bound to RDMA ports, plus interfaces named in the spec, less what
 `checks.select` leaves out (checks/selection.py). Each port's transport decides which checks
 apply to it: RoCE ports get RoCE checks, InfiniBand ports IB checks, iWARP ports neither RoCE
-GID nor PFC/ECN checks unless asked. A RoCE LAG device is judged on its bond for link and
+GID nor PFC/ECN checks unless asked, EFA ports (SRD) neither RoCE nor IB checks. InfiniBand
+and EFA ports are judged through their RDMA device: an IPoIB netdev that is down or left out
+is not judged, its port still is. A RoCE LAG device is judged on its bond for link and
 MTU, and on the bond's slaves for PFC, ECN and pause/discard counters, where the NIC keeps
 that data.
 """
@@ -42,7 +44,9 @@ class Judged:
 
     def no_qos_reason(self, what: str) -> str:
         """The node-level skip of a PFC/ECN check with no netdev to judge, true to why."""
-        if not self.qos_not_applicable:
+        # Ports whose transport has no host PFC/ECN say so even without a judged netdev
+        # (EFA has none, an IB port's IPoIB netdev may be down or left out).
+        if not self.qos_not_applicable and not any(self.ports_of(*_WHY_NO_QOS)):
             return f"no RDMA netdevs on this node: {what} is not judged"
         parts = []
         for transport, why in _WHY_NO_QOS.items():
@@ -67,10 +71,16 @@ _WHY_NO_QOS = {
     Transport.INFINIBAND: "IB has credit-based flow control and no Ethernet PHY, PFC or ECN; "
     "its link errors are ib.port_errors",
     Transport.IWARP: "iWARP runs over TCP; checks.select.qosOnIWARP judges it",
+    Transport.EFA: "EFA uses SRD: no PFC/ECN on the host, congestion control runs in the "
+    "device; its errors are rdma.errors",
+    Transport.UNSPECIFIED: "link layer neither Ethernet nor InfiniBand: no RoCE PFC/ECN",
 }
 _NOT_APPLICABLE = {
     Transport.INFINIBAND: "not applicable: InfiniBand port {port} (no PFC/ECN on IB; credit-based flow control)",
     Transport.IWARP: "not applicable: iWARP port {port} (set checks.select.qosOnIWARP to judge PFC/ECN)",
+    Transport.EFA: "not applicable: EFA port {port} (EFA uses SRD: no PFC/ECN on the host)",
+    Transport.UNSPECIFIED: "not applicable: port {port} with link layer neither Ethernet nor "
+    "InfiniBand (no RoCE PFC/ECN)",
 }
 
 

@@ -24,6 +24,8 @@ _not_roce = {
     "(IPoIB: mtu.ipoib)",
     Transport.IWARP: "not applicable: iWARP port (iWARP runs over TCP: mtu.interface)",
     Transport.UNKNOWN: "not applicable: link layer unreadable, not known to be RoCE",
+    Transport.EFA: "not applicable: EFA port (SRD: the device sets its MTU, there is no RoCE MTU)",
+    Transport.UNSPECIFIED: "not applicable: link layer neither Ethernet nor InfiniBand, not RoCE",
 }
 
 # IPoIB adds a 4-byte header to each IB packet: datagram mode fits in one IB MTU (4096 ->
@@ -34,7 +36,13 @@ IPOIB_CONNECTED_MTU = 65520
 
 def check_ipoib_mtu(ctx: CheckContext) -> list[CheckResult]:
     if not ctx.judged.ipoib_netdevs:
-        return [skipped(CheckId.MTU_IPOIB, ctx.node, "no IPoIB netdevs on this node")]
+        # IPoIB netdevs left out (down on purpose, excluded): say so, not "none here".
+        left_out = [
+            skipped(CheckId.MTU_IPOIB, name, f"not judged: {why}")
+            for name, why in sorted((ctx.judged.excluded or {}).items())
+            if (netdev := ctx.snapshot.last.netdevs.get(name)) is not None and netdev.is_ipoib
+        ]
+        return left_out or [skipped(CheckId.MTU_IPOIB, ctx.node, "no IPoIB netdevs on this node")]
     set_mtu = ctx.checks.mtu.ipoib_mtu
     out: list[CheckResult] = []
     for name in ctx.judged.ipoib_netdevs:

@@ -12,10 +12,13 @@ from netval.agent.checks.counters import deltas
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.model.snapshot import RdmaPort, Transport
+from netval.model.spec import LinkLayer
 
 _ACTIVE = "ACTIVE"
 _LINK_UP = "LinkUp"
 _IB = "/sys/class/infiniband"
+# Transports whose link_layer file alone does not say what the port is.
+_NAMED_TRANSPORTS = (Transport.IWARP, Transport.EFA, Transport.UNSPECIFIED)
 
 
 def _no_devices(check: CheckId, ctx: CheckContext) -> list[CheckResult]:
@@ -161,16 +164,20 @@ def check_link_layer(ctx: CheckContext) -> list[CheckResult]:
                 )
             )
             continue
-        ok = port.link_layer in wanted
         transport = ctx.judged.transport(port)
-        shown = f" ({transport.value})" if transport is Transport.IWARP else ""
+        # EFA ports read "Unknown" (IB_LINK_LAYER_UNSPECIFIED); the spec names them EFA.
+        ok = port.link_layer in wanted or (
+            transport is Transport.EFA and LinkLayer.EFA.value in wanted
+        )
+        shown = f" ({transport.value})" if transport in _NAMED_TRANSPORTS else ""
+        hint = " (checks.rdma.linkLayer: EFA)" if transport is Transport.EFA else ""
         out.append(
             result(
                 CheckId.RDMA_LINK_LAYER,
                 port.subject,
                 Status.PASS if ok else Status.FAIL,
                 f"link layer {port.link_layer or 'unreadable'}{shown}"
-                + ("" if ok else f", expected {want_text}"),
+                + ("" if ok else f", expected {want_text}{hint}"),
                 {"linkLayer": port.link_layer, "transport": transport.value},
                 expected,
             )

@@ -1,7 +1,9 @@
 """Which RDMA devices, ports and netdevs are judged (docs/checks.md, "Choosing what is judged").
 
 `spec.checks.select` includes or excludes devices, ports and netdevs by name glob or PCI
-address, and says whether an administratively down port or netdev is a fault. Each port is
+address, and says whether an administratively down port or netdev is a fault. Leaving out
+a RoCE/iWARP port's netdevs leaves out the port; leaving out an IPoIB netdev does not leave
+out its InfiniBand port, which is selected by `devices`/`ports`. Each port is
 bound to its own netdev: the netdevs its GIDs name, else the netdev of its PCI device whose
 `dev_port` is the port's (port - 1), never simply the first name under `device/net`.
 """
@@ -11,12 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
 
-from netval.model.snapshot import Netdev, RdmaDevice, RdmaPort, Sample
+from netval.model.snapshot import Netdev, RdmaDevice, RdmaPort, Sample, Transport
 from netval.model.spec import AdminDown, PatternFilter, Selection
 
 # IB PortInfo PhysicalPortState 3: the port was disabled by management (ibportstate
 # disable, opensm); a port without a cable polls (2) instead.
 _IB_DISABLED = "3: Disabled"
+_NETDEV_TRANSPORTS = (Transport.ROCE, Transport.IWARP, Transport.UNKNOWN)
 
 
 def _first_match(patterns: Iterable[str], keys: Iterable[str | None]) -> str | None:
@@ -61,7 +64,15 @@ def port_reason(
     reason = filter_reason(select.ports, "ports", (port.subject,))
     if reason is not None:
         return reason
-    if bound and all(netdev_reason(select, n, sample.netdevs.get(n)) is not None for n in bound):
+    # A RoCE or iWARP port is its netdev; an IB port's IPoIB netdev is an upper layer over it
+    # (down or left out on purpose on many fabrics), so it never takes the port with it.
+    # (An unreadable link layer keeps the old rule: the netdev decides.)
+    carried_by_netdev = device.transport(port) in _NETDEV_TRANSPORTS
+    if (
+        carried_by_netdev
+        and bound
+        and all(netdev_reason(select, n, sample.netdevs.get(n)) is not None for n in bound)
+    ):
         why = netdev_reason(select, bound[0], sample.netdevs.get(bound[0]))
         return f"its netdev {bound[0]} is {why}"
     if (
