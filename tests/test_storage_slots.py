@@ -5,7 +5,8 @@
 - The slot function (pure): the bound, fairness, determinism, and a hypothesis property over
   random fleets; the operator's assignments carry the positions; bad assignments are dropped.
 - A probe cycle reports the last figure read in the slot (with its age), or says when the
-  first slot comes.
+  first slot comes; end to end, a `netval agent` process waits for its assignment on a real
+  broker, then reads in its slot.
 """
 
 from __future__ import annotations
@@ -14,19 +15,27 @@ import asyncio
 import json
 import math
 import random
+import signal
+import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
+import aiomqtt
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import mosquitto
+import netval
+from netns import netval_script
 from netval.agent.storage.probe import StorageProber
 from netval.agent.storage.slots import SlotReader
+from netval.model import Report
 from netval.model.ids import CheckId, Status
 from netval.model.spec import NetworkValidationSpec, StorageEndpoint
 from netval.model.storage_slots import (
@@ -42,6 +51,7 @@ from netval.model.storage_slots import (
 )
 from netval.operator.ingest.assignments import assignments
 from netval.operator.state.store import Store
+from test_agent import PREFIX, agent_config, stop_process, tail, write_agent_files
 
 LOOPBACK = "127.0.0.1"
 OBJECT_PATH = "/bucket/object"
@@ -359,3 +369,68 @@ def test_a_cycle_reports_the_slot_figure_and_keeps_it_between_slots(
     assert kept.status is Status.PASS and kept.observed == read[0].observed
     assert "measured in this node's slot 60 s ago" in kept.message
     assert counting_server.transfers == 1
+
+
+def test_an_agent_process_waits_for_its_slot_then_reads_in_it(
+    tmp_path: Path, counting_server: CountingServer, mosquitto_broker: mosquitto.MosquittoBroker
+) -> None:
+    broker = mosquitto_broker
+    endpoint = objects(int(counting_server.server_address[1]))
+    storage = {
+        "endpoints": [endpoint.model_dump(mode="json", by_alias=True, exclude_none=True)],
+        "throughputEveryCycles": 1,  # a fleet of one with a 5 s interval: every 20 s slot
+    }
+    env = write_agent_files(tmp_path, broker, agent_config({"storage": storage}, interval="5s"))
+    env["PYTHONPATH"] = str(Path(netval.__file__).parents[1])  # the netval this test imports
+    log_file = tmp_path / "agent.log"
+
+    def throughput_of(message: aiomqtt.Message) -> Any:
+        report = Report.model_validate_json(bytes(message.payload))  # type: ignore[arg-type]
+        return next(r for r in report.results if r.check is CheckId.STORAGE_THROUGHPUT)
+
+    async def next_throughput(
+        client: aiomqtt.Client, matches: Callable[[Any], bool], within: float
+    ) -> Any:
+        async with asyncio.timeout(within):
+            async for message in client.messages:
+                result = throughput_of(message)
+                if matches(result):
+                    return result
+        raise AssertionError("the subscription ended")
+
+    async def scenario() -> tuple[Any, Any]:
+        async with aiomqtt.Client(
+            broker.host, broker.port, username=broker.username, password=broker.password
+        ) as client:
+            await client.subscribe(f"{PREFIX}/report", qos=1)
+            waiting = await next_throughput(client, lambda r: r.status is Status.SKIP, 20)
+            assert counting_server.transfers == 0  # no assignment: no read
+            slot = {"storage": {"position": 0, "of": 1}}
+            await client.publish(
+                f"{PREFIX}/assignment", json.dumps(slot).encode(), qos=1, retain=True
+            )
+            # one slot of 20 s, then the next report (5 s)
+            read = await next_throughput(client, lambda r: r.status is Status.PASS, 60)
+            return waiting, read
+
+    with log_file.open("ab") as log:
+        agent = subprocess.Popen(
+            [netval_script(), "agent"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        try:
+            waiting, read = asyncio.run(scenario())
+        except TimeoutError:
+            raise AssertionError(f"no such report\n{tail(log_file)}") from None
+        assert "from the operator" in waiting.message, waiting.message
+        assert read.subject == endpoint.name and "measured in this node's slot" in read.message
+        assert counting_server.transfers >= 1 and counting_server.most == 1
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(10) == 0, tail(log_file)
+    finally:
+        stop_process(agent)
+    assert "Traceback" not in tail(log_file, 20000), tail(log_file, 20000)
