@@ -25,10 +25,11 @@ Slots (computed by each agent, `reads_in`)
       by less than ``2 x SLOT_GUARD_SECONDS`` (2 s; NTP keeps them within milliseconds).
 
     When the targeted nodes change, the operator republishes every assignment; positions
-    shift. In the slot during which the new assignments arrive, some agents may still act
-    on the old schedule and others on the new one, each of which has at most ``N`` readers:
-    at most ``2 x N`` in that one slot, ``N`` again from the next. A node without an
-    assignment (the operator has not seen it yet) does not read.
+    shift. While the new assignments arrive (well under a slot, but a boundary may fall
+    inside: at most two slots), some agents may still act on the old schedule and others on
+    the new one, each of which has at most ``N`` readers: at most ``2 x N`` then, ``N`` again
+    once all have arrived. A node without an assignment (the operator has not seen it yet)
+    does not read.
 """
 
 from __future__ import annotations

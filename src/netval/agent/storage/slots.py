@@ -90,7 +90,9 @@ class SlotReader:
         if message.topic.value != self.topic:
             return
         payload = message.payload
-        self.handle_assignment(payload if isinstance(payload, bytes) else b"")
+        self.handle_assignment(
+            payload if isinstance(payload, bytes) else str(payload or "").encode()
+        )
 
     def handle_assignment(self, payload: bytes) -> None:
         """This node's retained assignment (empty: cleared); never raises for bad input."""
@@ -158,7 +160,13 @@ class SlotReader:
             return []
         loop = asyncio.get_running_loop()
         end = (slot + 1) * self.slot_seconds - self.guard_seconds
-        deadline = loop.time() + (end - self.clock())
+        left = end - self.clock()
+        if left < (self.slot_seconds - 2 * self.guard_seconds) / 2:
+            # woken late (a stalled loop, a clock step): a cut-short read would understate
+            # the path, so the last figure stands until the next slot
+            log.warning("storage slot %d missed: woke %.1f s before its end", slot, left)
+            return []
+        deadline = loop.time() + left
         results = await asyncio.gather(*(self._read(e, deadline) for e in due))
         measured_at = self.clock()
         for endpoint, result in zip(due, results, strict=True):
