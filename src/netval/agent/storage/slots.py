@@ -7,12 +7,12 @@
 - `run(stop)` waits for each slot boundary (plus the guard), reads the endpoints whose turn it
   is for this node, concurrently, and cuts every read off the guard before the slot ends, so
   the endpoint never has more than `maxConcurrentProbes` readers of this validation at once.
-- `throughput_for(endpoint)` is what a probe cycle reports: the last figure measured in a slot
-  (its age in the message), so the check keeps its verdict between slots, or a skip saying
-  when the first slot comes.
+- `kept(endpoint)` / `waiting(...)` are what a probe cycle reports: the last figure measured
+  in a slot (its age in the message), so the check keeps its verdict between slots, or a skip
+  saying when the first slot comes.
 
-The figure is what this node read alone with at most N-1 others: a per-node verdict. Figures
-under load (the whole fleet reading together) are `NetworkLoadTest`'s (docs/checks.md).
+The figure is what this node read with at most N-1 others: a per-node verdict. Figures under
+load (the whole fleet reading together) are `NetworkLoadTest`'s (docs/checks.md).
 """
 
 from __future__ import annotations
@@ -97,15 +97,17 @@ class SlotReader:
     def handle_assignment(self, payload: bytes) -> None:
         """This node's retained assignment (empty: cleared); never raises for bad input."""
         slot: StorageSlot | None = None
-        if payload:
+        problem = ""
+        if len(payload) > MAX_ASSIGNMENT_BYTES:
+            problem = f"{len(payload)} bytes, more than {MAX_ASSIGNMENT_BYTES}"
+        elif payload:
             try:
-                if len(payload) > MAX_ASSIGNMENT_BYTES:
-                    raise ValueError(f"{len(payload)} bytes")
                 slot = StorageAssignment.model_validate_json(payload).storage
-            except (ValidationError, ValueError) as exc:
-                self.dropped += 1
-                log.warning("dropped a bad storage assignment (no reads until a good one): %s",
-                            str(exc).splitlines()[0][:200])  # fmt: skip
+            except ValidationError as exc:
+                problem = str(exc).splitlines()[0][:200]
+        if problem:
+            self.dropped += 1
+            log.warning("dropped a bad storage assignment (no reads until a good one): %s", problem)
         if slot != self.assignment:
             log.info("storage slot: %s -> %s", self.assignment, slot)
             self.assignment = slot
