@@ -605,6 +605,7 @@ FULL_SPEC: dict[str, Any] = {
                 },
             ],
             "throughputEveryCycles": 5,
+            "maxConcurrentProbes": 2,
         },
         "peers": {
             "enabled": True,

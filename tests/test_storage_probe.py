@@ -27,7 +27,7 @@ from netval.agent.storage.nfs import (
     decode_rpc_reply,
     encode_rpc_null_call,
 )
-from netval.agent.storage.probe import probe_endpoint, probe_storage, throughput_due
+from netval.agent.storage.probe import probe_endpoint, probe_storage
 from netval.agent.storage.target import http_request_target, validate_host
 from netval.agent.storage.throughput import THROUGHPUT_MAX_BYTES
 from netval.model.ids import CheckId, Status
@@ -500,7 +500,7 @@ def test_throughput_is_not_measured_for_ceph() -> None:
 # ---------------------------------------------------------------- probe_storage
 
 
-def test_probe_storage_runs_endpoints_concurrently_and_throughput_on_due_cycles(
+def test_probe_storage_runs_endpoints_concurrently_and_never_reads_throughput(
     http_server: HttpServer,
 ) -> None:
     async def scenario() -> list[list[CheckResult]]:
@@ -517,9 +517,8 @@ def test_probe_storage_runs_endpoints_concurrently_and_throughput_on_due_cycles(
                     endpoint("ceph", mute_port, name="mute"),
                     endpoint("tcp", http_port(http_server), name="plain"),
                 ],
-                throughput_every_cycles=3,
             )
-            return [await probe_storage(checks, cycle=c, timeout=0.3) for c in range(4)]
+            return [await probe_storage(checks, timeout=0.3) for _ in range(4)]
 
     started = time.perf_counter()
     cycles = asyncio.run(scenario())
@@ -540,10 +539,10 @@ def test_probe_storage_runs_endpoints_concurrently_and_throughput_on_due_cycles(
             Status.FAIL,
             Status.PASS,
         ]
-    throughput = [results[2] for results in cycles]
-    assert [r.status for r in throughput] == [Status.PASS, Status.SKIP, Status.SKIP, Status.PASS]
-    assert all("MBps" in r.observed for r in throughput if r.status is Status.PASS)
-    assert sum(method == "GET" for method, _, _ in http_server.seen) == 2
+    # throughput is read in the node's storage slots (test_storage_slots.py), never by a cycle
+    assert all(results[2].status is Status.SKIP for results in cycles)
+    assert all("storage slots" in results[2].message for results in cycles)
+    assert not any(method == "GET" for method, _, _ in http_server.seen)
 
 
 def test_an_unexpected_exception_becomes_an_error_result(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -592,13 +591,4 @@ def test_input_validation_helpers() -> None:
     assert http_request_target(None) == "/"
     assert http_request_target("/b/a key\r\nX: y") == "/b/a%20key%0D%0AX:%20y"
     assert http_request_target("/b/k?X-Amz-Signature=ab%2F") == "/b/k?X-Amz-Signature=ab%2F"
-    assert [throughput_due(c, 3) for c in range(7)] == [
-        True,
-        False,
-        False,
-        True,
-        False,
-        False,
-        True,
-    ]
     assert CEPH_MSGR2_PREFIX == b"ceph v2\n"

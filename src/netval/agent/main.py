@@ -9,6 +9,7 @@ import os
 import signal
 from collections.abc import Mapping
 
+import aiomqtt
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from netval.agent.collect.link_events import LinkWatcher
@@ -21,6 +22,8 @@ from netval.agent.peers.service import PeerService
 from netval.agent.publish import ReportPublisher
 from netval.agent.runner import ProbeRunner
 from netval.agent.sampling import BoundedSampler
+from netval.agent.storage.probe import StorageProber
+from netval.agent.storage.slots import SlotReader
 from netval.infra.telemetry import make_tracer_provider
 
 log = logging.getLogger("netval.agent")
@@ -58,12 +61,23 @@ async def run_agent(
         if spec.checks.peers.enabled
         else None
     )
+    # The operator's assignment carries this node's storage slot (and its peer domain).
+    storage = StorageProber(SlotReader(settings.config.validation, settings.node))
+    subscriptions = list(peers.subscriptions) if peers is not None else []
+    if storage.slots.topic not in subscriptions:
+        subscriptions.append(storage.slots.topic)
+
+    def on_message(message: aiomqtt.Message) -> None:
+        storage.slots.on_message(message)
+        if peers is not None:
+            peers.on_message(message)
+
     publisher = ReportPublisher(
         settings.mqtt,
         settings.config.validation,
         settings.node,
-        subscriptions=peers.subscriptions if peers is not None else (),
-        on_message=peers.on_message if peers is not None else None,
+        subscriptions=subscriptions,
+        on_message=on_message,
         tracer=provider.get_tracer("netval.agent"),
     )
     metrics.attach_publisher(publisher.stats)
@@ -90,6 +104,7 @@ async def run_agent(
             tracer_provider=provider,
             metrics=metrics,
             peers=peers,
+            storage=storage,
         )
         sampler = runner.sampler
         metrics.attach_sampler(sampler)
@@ -103,6 +118,11 @@ async def run_agent(
             # stall the loop the responder runs on.
             await peers.start(publisher.publish_retained, sampler.latest_source())
             tasks.append(asyncio.create_task(peers.run(stop), name="netval-peer-throughput"))
+        tasks.append(
+            asyncio.create_task(
+                storage.slots.run(lambda: runner.config.spec, stop), name="netval-storage-slots"
+            )
+        )
         config_watcher = ConfigWatcher(settings.config_path, settings.config, runner.apply_config)
         metrics.attach_config(config_watcher)
         tasks += [

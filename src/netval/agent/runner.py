@@ -36,6 +36,7 @@ from netval.agent.peers.service import PeerService
 from netval.agent.report import make_report
 from netval.agent.sampling import BoundedSampler, Collector, SampleMissing, default_deadline
 from netval.agent.storage.probe import StorageProber
+from netval.agent.storage.slots import SlotReader
 from netval.infra.telemetry import traceparent_of
 from netval.model.ids import CheckGroup, CheckId, Status
 from netval.model.results import CheckResult, Report, node_status
@@ -75,6 +76,7 @@ class ProbeRunner:
         rng: random.Random | None = None,
         peers: PeerService | None = None,
         sample_deadline: float | None = None,
+        storage: StorageProber | None = None,
     ) -> None:
         self.config = config
         self.node = node
@@ -97,7 +99,10 @@ class ProbeRunner:
         self._cycle = 0
         self._last_event_probe = float("-inf")
         self._storage: list[CheckResult] = []
-        self._storage_prober = StorageProber()
+        # its slot reader takes the operator's assignment and reads on its own task (main)
+        self.storage = storage or StorageProber(
+            SlotReader(config.validation, node, phase_timeout=storage_timeout)
+        )
         self.peers = peers
         self._peer_results: list[CheckResult] = []
         self.reports = 0
@@ -313,8 +318,11 @@ class ProbeRunner:
         return results
 
     async def _probe_storage(self) -> list[CheckResult]:
-        return await self._storage_prober.probe(
-            self.config.spec.checks.storage, cycle=self._cycle, timeout=self.storage_timeout
+        spec = self.config.spec
+        return await self.storage.probe(
+            spec.checks.storage,
+            interval_seconds=spec.interval_seconds,
+            timeout=self.storage_timeout,
         )
 
 

@@ -189,10 +189,22 @@ class StorageEndpoint(_Spec):
     max_latency_ms: Annotated[float, Field(gt=0)] = 10.0
     min_throughput_m_bps: Annotated[float | None, Field(alias="minThroughputMBps", gt=0)] = None
 
+    @property
+    def measures_throughput(self) -> bool:
+        """`storage.throughput` applies: an s3/http object with a minimum rate."""
+        return (
+            self.min_throughput_m_bps is not None
+            and self.path is not None
+            and self.protocol in (StorageProtocol.S3, StorageProtocol.HTTP)
+        )
+
 
 class StorageChecks(_Spec):
     endpoints: list[StorageEndpoint] = Field(default_factory=list)
+    # the minimum spacing of one node's reads (in agent intervals)
     throughput_every_cycles: Annotated[int, Field(ge=1)] = 10
+    # the fleet budget: readers of one endpoint at once, per validation (docs/checks.md)
+    max_concurrent_probes: Annotated[int, Field(ge=1, le=64)] = 4
 
     @model_validator(mode="after")
     def _unique_names(self) -> StorageChecks:

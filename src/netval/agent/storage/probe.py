@@ -21,15 +21,18 @@ failure that matters):
 (TLS handshake included), so it measures the service, not just the SYN/ACK; DNS time is not
 included. For NFS servers without version 3 it includes the retried call.
 
-`storage.throughput` (s3/http endpoints with `path` and `minThroughputMBps`, on the cycles the
-caller asks for) reads up to `THROUGHPUT_MAX_BYTES` of the object with a ranged GET, for at most
-`THROUGHPUT_MAX_SECONDS`, and reports MB/s = 10^6 bytes per second over the body transfer.
+`storage.throughput` (s3/http endpoints with `path` and `minThroughputMBps`) reads up to
+`THROUGHPUT_MAX_BYTES` of the object with a ranged GET, for at most `THROUGHPUT_MAX_SECONDS`,
+and reports MB/s = 10^6 bytes per second over the body transfer. It reads in this node's
+wall-clock storage slots (`slots`, `netval.model.storage_slots`): at most
+`maxConcurrentProbes` agents of a validation read one endpoint at once.
 
 Host names and paths come from users: they are validated and never reach a shell; paths are
 percent-encoded so they cannot inject header lines.
 
 Modules: `target` (validation), `net` (DNS/TCP/TLS), `ceph`, `nfs`, `http` (one per
-protocol), `reach` (timed exchange), `throughput`, `judge` (results); this one is the entry.
+protocol), `reach` (timed exchange), `throughput`, `slots` (when to read), `judge` (results);
+this one is the entry.
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ from typing import Final
 
 from netval.agent.storage.judge import endpoint_result, reach_results, unjudged
 from netval.agent.storage.reach import reach_target
+from netval.agent.storage.slots import SlotReader
 from netval.agent.storage.target import target_of
-from netval.agent.storage.throughput import throughput_result
+from netval.agent.storage.throughput import throughput_result, throughput_skip_reason
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.model.spec import StorageChecks, StorageEndpoint
@@ -50,15 +54,9 @@ __all__ = [
     "StorageProber",
     "probe_endpoint",
     "probe_storage",
-    "throughput_due",
 ]
 
 DEFAULT_TIMEOUT_SECONDS: Final = 5.0
-
-
-def throughput_due(cycle: int, every_cycles: int) -> bool:
-    """Throughput runs on cycle 0 and every `every_cycles` after it."""
-    return cycle % every_cycles == 0
 
 
 async def _probe(
@@ -114,14 +112,13 @@ async def probe_endpoint(
 async def probe_storage(
     checks: StorageChecks,
     *,
-    cycle: int,
     timeout: float = DEFAULT_TIMEOUT_SECONDS,  # noqa: ASYNC109 - see probe_endpoint
 ) -> list[CheckResult]:
-    """All endpoints concurrently, results in endpoint order; throughput on due cycles only."""
-    measure = throughput_due(cycle, checks.throughput_every_cycles)
+    """All endpoints concurrently, results in endpoint order; throughput is not read here
+    (it is read in the node's storage slots, `StorageProber`)."""
     per_endpoint = await asyncio.gather(
         *(
-            probe_endpoint(endpoint, measure_throughput=measure, timeout=timeout)
+            probe_endpoint(endpoint, measure_throughput=False, timeout=timeout)
             for endpoint in checks.endpoints
         )
     )
@@ -129,33 +126,51 @@ async def probe_storage(
 
 
 class StorageProber:
-    """`probe_storage` cycle after cycle, keeping the last throughput measurements.
+    """Storage results of a probe cycle: reachability and latency probed now, throughput as
+    last read in this node's storage slot (`slots`, which runs the reads on its own task).
 
-    Throughput is measured every N cycles; between measurements the last measured result
-    stands, so a slow path does not vanish from N-1 reports out of N.
+    Between slots the last measured figure stands, so the check neither vanishes nor flaps to
+    skip; before the first slot it is a skip that says when the slot comes.
     """
 
-    def __init__(self) -> None:
-        self._throughput: dict[str, tuple[CheckResult, int]] = {}
+    def __init__(self, slots: SlotReader) -> None:
+        self.slots = slots
 
     async def probe(
         self,
         checks: StorageChecks,
         *,
-        cycle: int,
+        interval_seconds: float,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,  # noqa: ASYNC109 - see probe_endpoint
     ) -> list[CheckResult]:
-        results = await probe_storage(checks, cycle=cycle, timeout=timeout)
-        measured = throughput_due(cycle, checks.throughput_every_cycles)
+        results = await probe_storage(checks, timeout=timeout)
+        by_name = {e.name: e for e in checks.endpoints}
+        reachable = {
+            r.subject: r.status is Status.PASS
+            for r in results
+            if r.check is CheckId.STORAGE_REACHABLE
+        }
         out: list[CheckResult] = []
         for r in results:
-            if r.check is CheckId.STORAGE_THROUGHPUT:
-                if measured:
-                    self._throughput[r.subject] = (r, cycle)
-                elif r.subject in self._throughput:
-                    kept, at = self._throughput[r.subject]
-                    r = kept.model_copy(
-                        update={"message": f"{kept.message} (measured {cycle - at} cycle(s) ago)"}
-                    )
+            endpoint = by_name.get(r.subject)
+            if r.check is CheckId.STORAGE_THROUGHPUT and endpoint is not None:
+                r = self._throughput(endpoint, r, checks, interval_seconds, reachable[r.subject])
             out.append(r)
         return out
+
+    def _throughput(
+        self,
+        endpoint: StorageEndpoint,
+        probed: CheckResult,
+        checks: StorageChecks,
+        interval_seconds: float,
+        reachable: bool,
+    ) -> CheckResult:
+        if throughput_skip_reason(endpoint) is not None:
+            return probed  # the spec leaves it unmeasured: say why
+        kept = self.slots.kept(endpoint)
+        if kept is not None:
+            return kept
+        if not reachable:
+            return probed  # "not measured: endpoint unreachable"
+        return self.slots.waiting(endpoint, checks, interval_seconds)

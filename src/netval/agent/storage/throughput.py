@@ -8,6 +8,7 @@ reports MB/s = 10^6 bytes per second over the body transfer.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass
 from typing import Final
@@ -34,7 +35,9 @@ __all__ = [
     "THROUGHPUT_MAX_BYTES",
     "THROUGHPUT_MAX_SECONDS",
     "THROUGHPUT_MIN_BYTES",
+    "measure_throughput",
     "throughput_result",
+    "throughput_skip_reason",
 ]
 
 # Throughput is bounded both ways so a probe never turns into load nor runs into the next cycle;
@@ -56,11 +59,12 @@ class _Transfer:
 
 
 async def _read_body(
-    reader: asyncio.StreamReader, limit: int, stall_timeout: float
+    reader: asyncio.StreamReader, limit: int, stall_timeout: float, deadline: float
 ) -> tuple[int, bool]:
-    """(bytes read, stopped by THROUGHPUT_MAX_SECONDS); a stall raises ProbeFailure."""
+    """(bytes read, stopped by THROUGHPUT_MAX_SECONDS or `deadline`); a stall raises
+    ProbeFailure."""
     loop = asyncio.get_running_loop()
-    end = loop.time() + THROUGHPUT_MAX_SECONDS
+    end = min(loop.time() + THROUGHPUT_MAX_SECONDS, deadline)
     received = 0
     stall_guard = False
     try:
@@ -84,10 +88,13 @@ async def _read_body(
     return received, False
 
 
-async def _transfer(target: Target, phase_timeout: float, progress: Progress) -> _Transfer:
+async def _transfer(
+    target: Target, phase_timeout: float, deadline: float, progress: Progress
+) -> _Transfer:
     stream: Stream | None = None
+    loop = asyncio.get_running_loop()
     try:
-        async with asyncio.timeout(phase_timeout):
+        async with asyncio.timeout_at(min(loop.time() + phase_timeout, deadline)):
             stream = await connect(target, progress)
             progress.step = f"waiting for the HTTP response to GET {target.shown}"
             stream.writer.write(
@@ -119,7 +126,7 @@ async def _transfer(target: Target, phase_timeout: float, progress: Progress) ->
         started = time.perf_counter()
         # With Connection: close a chunked body ends at EOF; its framing bytes count, which is
         # noise next to the megabytes measured.
-        received, time_capped = await _read_body(stream.reader, limit, phase_timeout)
+        received, time_capped = await _read_body(stream.reader, limit, phase_timeout, deadline)
         seconds = time.perf_counter() - started
     finally:
         if stream is not None:
@@ -140,10 +147,15 @@ def _throughput_skip_reason(
     if endpoint.path is None:
         return "not measured: no path set (throughput reads the object at path)"
     if not measure:
-        return "not measured this cycle (throughput runs every throughputEveryCycles cycles)"
+        return "not measured in this cycle (throughput is read in this node's storage slots)"
     if not reachable:
         return "not measured: endpoint unreachable"
     return None
+
+
+def throughput_skip_reason(endpoint: StorageEndpoint) -> str | None:
+    """Why the spec leaves `storage.throughput` of `endpoint` unmeasured, if it does."""
+    return _throughput_skip_reason(endpoint, measure=True, reachable=True)
 
 
 async def throughput_result(
@@ -154,16 +166,28 @@ async def throughput_result(
     measure: bool,
     phase_timeout: float,
 ) -> CheckResult:
-    check = CheckId.STORAGE_THROUGHPUT
     reason = _throughput_skip_reason(endpoint, measure=measure, reachable=reach.ok)
     if reason is not None:
-        return endpoint_result(check, endpoint, Status.SKIP, reason)
+        return endpoint_result(CheckId.STORAGE_THROUGHPUT, endpoint, Status.SKIP, reason)
+    return await measure_throughput(endpoint, target, phase_timeout=phase_timeout)
+
+
+async def measure_throughput(
+    endpoint: StorageEndpoint,
+    target: Target,
+    *,
+    phase_timeout: float,
+    deadline: float = math.inf,
+) -> CheckResult:
+    """Read the object now, ending by `deadline` (event loop time) at the latest; the endpoint
+    must measure throughput (`throughput_skip_reason` is None)."""
+    check = CheckId.STORAGE_THROUGHPUT
     minimum = endpoint.min_throughput_m_bps
     assert minimum is not None
     expected: dict[str, JsonValue] = {"minThroughputMBps": minimum}
     progress = Progress("before connecting")
     try:
-        transfer = await _transfer(target, phase_timeout, progress)
+        transfer = await _transfer(target, phase_timeout, deadline, progress)
     except Exception as exc:
         message = network_failure(exc, progress, phase_timeout)
         if message is None:

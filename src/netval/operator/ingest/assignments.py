@@ -1,8 +1,10 @@
 """The operator's retained messages: `assignment`s, what an agent cannot read from the API,
 and the topics a deleted validation leaves behind.
 
-One assignment per targeted node of a peers-enabled validation: its topology domain. The
-subscriber (`ReportIngest.set_retained`) keeps exactly these on the broker; it clears the
+One assignment per targeted node of a validation with peers enabled or a storage endpoint
+that measures throughput: ``domain``, its topology domain (peers), and ``storage``, its
+position in the storage schedule (`netval.model.storage_slots`): a change of the targeted
+nodes republishes them all, since positions shift. The subscriber (`ReportIngest.set_retained`) keeps exactly these on the broker; it clears the
 `leftover_topics` of a deleted validation (`ReportIngest.clear_retained`).
 """
 
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from typing import Any
 
+from netval.model.storage_slots import fleet_positions
 from netval.model.topics import TopicKind, check_topic_level, topic
 from netval.operator.state.store import Store
 
@@ -20,12 +24,19 @@ def assignments(store: Store) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     for name, spec in store.specs.items():
         state = store.states.get(name)
-        if state is None or not spec.checks.peers.enabled:
+        peers = spec.checks.peers.enabled
+        storage = any(e.measures_throughput for e in spec.checks.storage.endpoints)
+        if state is None or not (peers or storage):
             continue
         key = spec.checks.peers.topology_key
+        positions = fleet_positions(state.targeted, name) if storage else {}
         for node in state.targeted:
-            domain = store.node_labels.get(node, {}).get(key)
-            out[topic(name, node, TopicKind.ASSIGNMENT)] = json.dumps({"domain": domain}).encode()
+            payload: dict[str, Any] = {}
+            if peers:
+                payload["domain"] = store.node_labels.get(node, {}).get(key)
+            if storage:
+                payload["storage"] = positions[node].model_dump()
+            out[topic(name, node, TopicKind.ASSIGNMENT)] = json.dumps(payload).encode()
     return out
 
 
