@@ -68,6 +68,8 @@ class StatusWriter:
         self.agent_pods_every = AGENT_PODS_EVERY
         self._agent_pods_due = 0.0
         self._inflight: dict[str, asyncio.Task[None]] = {}
+        # per validation: when time alone changes its status next (a node turns stale)
+        self._due: dict[str, datetime | None] = {}
         self._event_tasks: set[asyncio.Task[None]] = set()
         # per validation: the gap of the last retained replay, and which replay was checked
         self.gaps: dict[str, ReplayGap] = {}
@@ -85,6 +87,7 @@ class StatusWriter:
         self.links.pop(name, None)
         self.gaps.pop(name, None)
         self._gap_checked.pop(name, None)
+        self._due.pop(name, None)
         self.events.forget(name)
 
     def check_replay_gaps(self) -> None:
@@ -192,12 +195,15 @@ class StatusWriter:
         for name, state in list(self.store.states.items()):
             if name in self._inflight:
                 continue  # written when that write is done: never two at once, never stale
-            deadline = vs.next_deadline(state, now)
-            if not state.dirty and (deadline is None or deadline > now):
+            due = self._due.get(name)
+            if not state.dirty and (due is None or due > now):
                 continue
             # Cleared before computing: a change made while the patch is in flight (ingest,
             # the gating task) marks it dirty again and is written next window.
             state.dirty = False
+            # Kept from this computation: asked again at a later window, `next_deadline`
+            # would already be past the node that turned stale meanwhile, never due.
+            self._due[name] = vs.next_deadline(state, now)
             try:
                 status = self.compute(name, now)
                 seen = observe(state, now)
