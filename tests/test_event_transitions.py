@@ -252,10 +252,10 @@ def test_every_transition_is_posted_or_counted_and_windows_stay_bounded(
         events_at += [now] * (len(admitted.post) + (admitted.summary is not None))
         if admitted.summary is not None:
             summarised += admitted.summary.total
-    final = due(budget, now + 60.0)
+    final = due(budget, now + 61.0)
     if final is not None:
         summarised += final.total
-        events_at.append(now + 60.0)
+        events_at.append(now + 61.0)
     assert posted + suppressed == sum(size for size, _ in batches)
     assert summarised == suppressed
     # windows open at the first Event after the last closed: never more than cap + 1 in one

@@ -101,8 +101,8 @@ class _RuntimeCollector(Collector):
             " summary instead of posted, by the reason they would have had",
             labels=["reason"],
         )
-        for reason in SUMMARISED_REASONS:
-            suppressed.add_metric([reason.value], rt.events.suppressed.get(reason, 0))
+        for event_reason in SUMMARISED_REASONS:
+            suppressed.add_metric([event_reason.value], rt.events.suppressed[event_reason])
         yield suppressed
         nodes = GaugeMetricFamily(
             "netval_operator_nodes",
