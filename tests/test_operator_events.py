@@ -20,6 +20,8 @@ from operator_env import GPU, add_node, publish, report, report_msg, validation,
 from test_operator import scrape
 
 Operator = tuple[OperatorRuntime, InMemorySpanExporter]
+# Node label writes are not what these tests are about, and 500 of them load the test API
+NO_LABELS = {"nodeLabel": False}
 SUMMARY = re.compile(
     r"^(\d+) more transitions not posted as events \(at most 10 per 3600 s\): (.*); the status"
 )
@@ -72,9 +74,8 @@ def test_a_failing_node_that_goes_offline_or_silent_is_node_stale_not_recovered(
     (silent,) = wait_for(
         lambda: about(cluster, "NodeStale", "gpu-a"), timeout=60, what="gpu-a NodeStale"
     )
-    assert re.match(
-        r"node gpu-a is stale \(no report for 1[5-9]s\) while failing", silent["message"]
-    )
+    age = re.match(r"node gpu-a is stale \(no report for (\d+)s\) while failing", silent["message"])
+    assert age is not None and int(age.group(1)) >= 15, silent["message"]
     assert not events(cluster, "CheckRecovered")
 
     # gpu-b's agent is back and passes: now it has recovered
@@ -98,7 +99,7 @@ def test_failures_past_the_status_cap_still_get_events(
     for node in extra:
         add_node(cluster, node, GPU)
     nodes = ["gpu-a", "gpu-b", "gpu-c", "gpu-d", *extra]
-    cluster.create(validation())
+    cluster.create(validation(gating=NO_LABELS))
     wait_status(cluster, lambda s: s.get("nodes", {}).get("targeted") == len(nodes), "targeted")
 
     publish(mosquitto_broker, [report_msg(report(n, Status.FAIL)) for n in nodes])
@@ -132,7 +133,7 @@ def test_five_hundred_nodes_failing_at_once_give_ten_events_and_one_summary(
     nodes = [f"gpu-y{i:03d}" for i in range(500)]
     for node in nodes:
         add_node(cluster, node, {"fleet": "y"})
-    cluster.create(validation(nodeSelector={"fleet": "y"}))
+    cluster.create(validation(nodeSelector={"fleet": "y"}, gating=NO_LABELS))
     wait_status(cluster, lambda s: s.get("nodes", {}).get("targeted") == 500, "500 targeted")
 
     publish(mosquitto_broker, [report_msg(report(n, Status.FAIL)) for n in nodes])
@@ -145,7 +146,7 @@ def test_five_hundred_nodes_failing_at_once_give_ten_events_and_one_summary(
     assert said is not None, summary["message"]
     assert said.group(2) == f"{said.group(1)} CheckFailing"
     first = int(said.group(1))  # the overflow of the first status write that had failures
-    assert len(events(cluster, "CheckFailing")) == 10
+    wait_for(lambda: len(events(cluster, "CheckFailing")) == 10, what="10 CheckFailing")
 
     # a broker outage as the agents see it: every one's last will, all stale at once
     publish(mosquitto_broker, [(f"netval/v1/pool-a/{n}/state", b"offline") for n in nodes])
