@@ -39,6 +39,15 @@ class Reason(StrEnum):
     GATING_ACTIVE = "GatingActive"
 
 
+class EventReason(StrEnum):
+    """Reasons of the Kubernetes Events about a NetworkValidation (`kubectl describe`)."""
+
+    CHECK_FAILING = "CheckFailing"  # Warning: a fresh node started failing a check
+    CHECK_RECOVERED = "CheckRecovered"  # Normal: a node passes a check it failed
+    NODE_STALE = "NodeStale"  # Warning: a failing node stopped reporting (offline or silent)
+    EVENTS_SUPPRESSED = "EventsSuppressed"  # Warning: transitions past the rate cap, counted
+
+
 class _Status(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 

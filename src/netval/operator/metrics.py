@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from netval.operator.ingest.decode import INGEST_DROP_REASONS
+from netval.operator.status.event_budget import SUMMARISED_REASONS
 
 if TYPE_CHECKING:
     from netval.operator.runtime import OperatorRuntime
@@ -94,6 +95,15 @@ class _RuntimeCollector(Collector):
             "Events dropped because the queue for the next window was full",
             value=rt.events.dropped,
         )
+        suppressed = CounterMetricFamily(
+            "netval_operator_events_suppressed",
+            "Node transitions past the Events rate cap, counted in an EventsSuppressed"
+            " summary instead of posted, by the reason they would have had",
+            labels=["reason"],
+        )
+        for event_reason in SUMMARISED_REASONS:
+            suppressed.add_metric([event_reason.value], rt.events.suppressed[event_reason])
+        yield suppressed
         nodes = GaugeMetricFamily(
             "netval_operator_nodes",
             "Targeted nodes per validation and state",

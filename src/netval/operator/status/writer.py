@@ -1,7 +1,8 @@
 """The status writer: one merge patch per validation per status window, only when the status
 changed, and only after the retained reports were read back after a start (so a restart
 does not flip conditions). Each write links the traces of the reports it carries and is
-followed by the Events of the failures it starts or ends.
+followed by the Events of the transitions it carries (`status.events`), diffed from every
+targeted node as judged at the same `now` as the status.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from netval.operator.state import validation as vs
 from netval.operator.state.store import ReplayGap, Store, utcnow
 from netval.operator.status.compute import validation_status
 from netval.operator.status.events import Events
+from netval.operator.status.transitions import Seen, observe
 
 log = logging.getLogger("netval.operator")
 
@@ -66,6 +68,8 @@ class StatusWriter:
         self.agent_pods_every = AGENT_PODS_EVERY
         self._agent_pods_due = 0.0
         self._inflight: dict[str, asyncio.Task[None]] = {}
+        # per validation: when time alone changes its status next (a node turns stale)
+        self._due: dict[str, datetime | None] = {}
         self._event_tasks: set[asyncio.Task[None]] = set()
         # per validation: the gap of the last retained replay, and which replay was checked
         self.gaps: dict[str, ReplayGap] = {}
@@ -83,6 +87,8 @@ class StatusWriter:
         self.links.pop(name, None)
         self.gaps.pop(name, None)
         self._gap_checked.pop(name, None)
+        self._due.pop(name, None)
+        self.events.forget(name)
 
     def check_replay_gaps(self) -> None:
         """Once per retained replay and validation (the first window that knows both): the
@@ -189,14 +195,18 @@ class StatusWriter:
         for name, state in list(self.store.states.items()):
             if name in self._inflight:
                 continue  # written when that write is done: never two at once, never stale
-            deadline = vs.next_deadline(state, now)
-            if not state.dirty and (deadline is None or deadline > now):
+            due = self._due.get(name)
+            if not state.dirty and (due is None or due > now):
                 continue
             # Cleared before computing: a change made while the patch is in flight (ingest,
             # the gating task) marks it dirty again and is written next window.
             state.dirty = False
+            # Kept from this computation: asked again at a later window, `next_deadline`
+            # would already be past the node that turned stale meanwhile, never due.
+            self._due[name] = vs.next_deadline(state, now)
             try:
                 status = self.compute(name, now)
+                seen = observe(state, now)
             except Exception:
                 state.dirty = True
                 self.write_failures += 1
@@ -204,8 +214,10 @@ class StatusWriter:
                 continue
             previous = self.store.previous.get(name)
             if previous is not None and status == previous:
+                # nothing to write, yet nodes may have swapped places past the failures cap
+                self._post_events(name, seen, previous)
                 continue
-            task = asyncio.create_task(self._write_one(name, state, status))
+            task = asyncio.create_task(self._write_one(name, state, status, seen))
             self._inflight[name] = task
             task.add_done_callback(functools.partial(self._done, name))
             started.append(task)
@@ -216,10 +228,14 @@ class StatusWriter:
         self._inflight.pop(name, None)
 
     async def _write_one(
-        self, name: str, state: vs.ValidationState, status: NetworkValidationStatus
+        self,
+        name: str,
+        state: vs.ValidationState,
+        status: NetworkValidationStatus,
+        seen: dict[str, Seen],
     ) -> None:
         async with self._limit:
-            if not await self.write(name, status, self.store.previous.get(name)):
+            if not await self.write(name, status, self.store.previous.get(name), seen=seen):
                 state.dirty = True
 
     async def drain(self) -> None:
@@ -229,8 +245,15 @@ class StatusWriter:
             await asyncio.wait(pending)
 
     async def write(
-        self, name: str, status: NetworkValidationStatus, previous: NetworkValidationStatus | None
+        self,
+        name: str,
+        status: NetworkValidationStatus,
+        previous: NetworkValidationStatus | None,
+        *,
+        seen: dict[str, Seen] | None = None,
     ) -> bool:
+        """Patch the status; then post the Events of its transitions (`seen`: the targeted
+        nodes as `status` judged them; judged now when not given)."""
         links = self.links.pop(name, [])
         if name not in self.store.states:
             return True  # deleted while this write waited: nothing to write any more
@@ -246,10 +269,21 @@ class StatusWriter:
                 log.warning("status write for %s failed: %s", name, error_text(exc))
                 return False
         self.writes += 1
-        if name in self.store.states:  # not deleted while the patch was in flight
+        state = self.store.states.get(name)
+        if state is not None:  # not deleted while the patch was in flight
             self.store.previous[name] = status
+            self._post_events(
+                name, seen if seen is not None else observe(state, utcnow()), previous
+            )
+        return True
+
+    def _post_events(
+        self, name: str, seen: dict[str, Seen], previous: NetworkValidationStatus | None
+    ) -> None:
+        posts = self.events.record(name, seen, previous)
+        if not posts:
+            return
         # Posted in the background: a slow Events API must not hold status writes.
-        task = asyncio.create_task(self.events.transitions(name, previous, status))
+        task = asyncio.create_task(self.events.post_all(name, posts))
         self._event_tasks.add(task)
         task.add_done_callback(self._event_tasks.discard)
-        return True
