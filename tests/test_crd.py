@@ -623,6 +623,7 @@ FULL_SPEC: dict[str, Any] = {
         "maxUnhealthyPercent": 5,
         "recoveryReports": 3,
         "admission": "deny",
+        "admissionPolicy": "strict",
     },
     "telemetry": {"otlpEndpoint": "http://otel-collector.observability:4318"},
 }
@@ -669,6 +670,7 @@ def test_printer_columns(crd: dict[str, Any]) -> None:
     assert columns == [
         ("Ready", "string", '.status.conditions[?(@.type=="Ready")].status'),
         ("Healthy", "string", '.status.conditions[?(@.type=="Healthy")].status'),
+        ("Usable", "string", '.status.conditions[?(@.type=="Usable")].status'),
         ("Nodes", "integer", ".status.nodes.targeted"),
         ("Failing", "integer", ".status.nodes.failing"),
         ("Age", "date", ".metadata.creationTimestamp"),
