@@ -124,7 +124,7 @@ def _node_state(
     if name in stale:
         return f"stale ({stale[name]})"
     if fabric == FabricHealth.SUSPECT:
-        return "failing (suspect: the breaker held its unhealthy label back)"
+        return "failing (breaker)"  # its unhealthy label held back: see Gating
     if name in failing or fabric == FabricHealth.UNHEALTHY:
         return "failing"
     if fabric == FabricHealth.DEGRADED:
