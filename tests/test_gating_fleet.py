@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kube import KubeCluster, wait_for
 from mosquitto import MosquittoBroker
@@ -34,6 +36,7 @@ from netval.operator.admission.configurations import MUTATE_PODS, VALIDATE_PODS
 from netval.operator.admission.options import WebhookOptions
 from netval.operator.admission.reviewer import Reviewer
 from netval.operator.gating import decisions as gating
+from netval.operator.gating.capacity import min_healthy_nodes
 from netval.operator.gating.node_writer import gating_input
 from netval.operator.ingest.decode import StateChange
 from netval.operator.kueue import decisions as kueue
@@ -368,3 +371,29 @@ def test_fleet_end_to_end(fleet_webhook: Webhook, mosquitto_broker: MosquittoBro
     response = webhook.review(MUTATE_PODS, pod("next", POOL))["response"]
     assert not response.get("warnings")
     assert "schedulingGates" not in patched(pod("next", POOL), {"response": response})["spec"]
+
+
+# -- the annotation is untrusted input -----------------------------------------------------------
+
+
+@given(st.one_of(st.text(max_size=20), st.integers(), st.none(), st.floats(), st.booleans()))
+@settings(max_examples=300, deadline=None)
+def test_min_healthy_nodes_takes_whole_numbers_only(raw: Any) -> None:
+    annotations = {} if raw is None else {AnnotationKey.MIN_HEALTHY_NODES.value: raw}
+    try:
+        needed = min_healthy_nodes(annotations)
+    except ValueError as exc:
+        assert AnnotationKey.MIN_HEALTHY_NODES.value in str(exc) and len(str(exc)) < 200
+        return
+    if raw is None:
+        assert needed is None
+    else:
+        assert needed is not None and 1 <= needed <= 1_000_000
+        assert int(str(raw).strip()) == needed
+
+
+def test_min_healthy_nodes_examples() -> None:
+    assert min_healthy_nodes({AnnotationKey.MIN_HEALTHY_NODES.value: " 8 "}) == 8
+    for bad in ("0", "-1", "8.5", "²", "1e3", "", "2000000"):
+        with pytest.raises(ValueError, match="whole number"):
+            min_healthy_nodes({AnnotationKey.MIN_HEALTHY_NODES.value: bad})

@@ -11,6 +11,7 @@ behaviour before: wait until the validation is Healthy.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from netval.operator.state.store import ValidationView
 
 MAX_MIN_HEALTHY_NODES: Final = 1_000_000
+_WHOLE: Final = re.compile(r"[0-9]{1,7}")  # ASCII only: str.isdigit() takes "²" too
 
 UsableCondition = tuple[Literal["True", "False", "Unknown"], str, str]
 
@@ -71,7 +73,7 @@ def min_healthy_nodes(annotations: Mapping[str, Any] | None) -> int | None:
     if raw is None:
         return None
     text = str(raw).strip()
-    if not text.isdigit() or not 1 <= int(text) <= MAX_MIN_HEALTHY_NODES:
+    if not _WHOLE.fullmatch(text) or not 1 <= int(text) <= MAX_MIN_HEALTHY_NODES:
         raise ValueError(
             f"annotation {AnnotationKey.MIN_HEALTHY_NODES.value} must be a whole number from 1 "
             f"to {MAX_MIN_HEALTHY_NODES}, got {str(raw)[:40]!r}"
