@@ -954,6 +954,11 @@ def test_empty_spec_is_accepted(schema: dict[str, Any]) -> None:
             "checks.peers.samplesPerDomain: 0 is less than the minimum",
         ),
         ("gating.admission", "block", "gating.admission: 'block' is not one of"),
+        (
+            "gating.admissionPolicy",
+            "lenient",
+            "gating.admissionPolicy: 'lenient' is not one of",
+        ),
         ("gating.recoveryReports", 0, "gating.recoveryReports: 0 is less than the minimum"),
         ("gating.taint", "yes", "gating.taint: 'yes' is not of type 'boolean'"),
         ("nodeSelector", {"pool": 1}, "nodeSelector.pool: 1 is not of type 'string'"),
