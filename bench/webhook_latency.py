@@ -205,7 +205,10 @@ def run(args: argparse.Namespace) -> int:
             logging.getLogger("kopf").setLevel(logging.INFO)
             for name, mode in (("gate-pool", "gate"), ("deny-pool", "deny"),
                                ("healthy-pool", "gate")):  # fmt: skip
-                kube.create(validation(name, gating={"admission": mode}))
+                # strict: one failing node of four gates (capacity would admit: within the cap)
+                kube.create(
+                    validation(name, gating={"admission": mode, "admissionPolicy": "strict"})
+                )
                 failing = "gpu-3" if name != "healthy-pool" else None
                 publish(broker, [report_msg(report(n, Status.FAIL if n == failing
                                                    else Status.PASS, validation_name=name))

@@ -479,7 +479,9 @@ def test_job_template_is_gated_and_annotated(webhook: Webhook) -> None:
 def test_deny_mode_refuses_with_failing_nodes_and_checks(
     webhook: Webhook, mosquitto_broker: MosquittoBroker
 ) -> None:
-    webhook.kube.create(validation(gating={"admission": "deny"}))
+    # strict: one failing node of four refuses everything (under the default policy,
+    # capacity, one of four is within the breaker's cap: see the next test)
+    webhook.kube.create(validation(gating={"admission": "deny", "admissionPolicy": "strict"}))
     webhook.wait_known()
     publish(
         mosquitto_broker,
@@ -512,6 +514,79 @@ def test_deny_mode_refuses_with_failing_nodes_and_checks(
     )
 
 
+def test_capacity_policy_admits_with_one_failing_node_and_counts_healthy_nodes(
+    webhook: Webhook, mosquitto_broker: MosquittoBroker
+) -> None:
+    """Policy capacity (the default): one failing node of four is within the breaker's cap
+    (at least one node), so the validation is Usable and pods are admitted -- the affinity
+    keeps them off gpu-b. A pod that needs more healthy nodes than there are waits."""
+    webhook.kube.create(validation(gating={"admission": "deny"}))
+    webhook.wait_known()
+    publish(
+        mosquitto_broker,
+        [report_msg(report(n, Status.FAIL if n == "gpu-b" else Status.PASS)) for n in NODES],
+    )
+    view = wait_for(
+        lambda: (v := webhook.runtime.validation_view("pool-a")) is not None and v.usable and v,
+        timeout=30,
+        what="pool-a Usable with gpu-b failing",
+    )
+    assert not view.healthy and view.healthy_nodes == 3
+    response = webhook.review(VALIDATE_PODS, pod("p"))["response"]
+    assert response["allowed"] is True
+    assert required_terms(patched(pod("p"), webhook.review(MUTATE_PODS, pod("p")))["spec"]) == [
+        {"matchExpressions": [FABRIC]}
+    ]
+
+    def needing(count: str) -> dict[str, Any]:
+        obj = pod("big")
+        obj["metadata"]["annotations"][AnnotationKey.MIN_HEALTHY_NODES] = count
+        return obj
+
+    assert webhook.review(VALIDATE_PODS, needing("3"))["response"]["allowed"] is True
+    refused = webhook.review(VALIDATE_PODS, needing("4"))["response"]
+    assert refused["allowed"] is False and refused["status"]["code"] == 403
+    assert "has 3 healthy node(s), the workload needs 4" in refused["status"]["message"]
+    bad = webhook.review(VALIDATE_PODS, needing("many"))["response"]
+    assert bad["status"]["code"] == 400 and "min-healthy-nodes" in bad["status"]["message"]
+    # the Job's pods carry the count too
+    big_job = job("j")
+    big_job["metadata"]["annotations"][AnnotationKey.MIN_HEALTHY_NODES] = "4"
+    assert webhook.review(VALIDATE_JOBS, big_job)["response"]["allowed"] is False
+    template = patched(big_job, webhook.review(MUTATE_JOBS, big_job))["spec"]["template"]
+    assert template["metadata"]["annotations"][AnnotationKey.MIN_HEALTHY_NODES] == "4"
+
+
+def test_gate_release_follows_capacity(webhook: Webhook, mosquitto_broker: MosquittoBroker) -> None:
+    """Gated pods are released when the validation is Usable (not only when Healthy); a pod
+    that needs more healthy nodes stays gated until there are that many."""
+    kube = webhook.kube
+    kube.create(validation())
+    webhook.wait_known()  # no report yet: Usable is Unknown, so both are gated
+    small = pod("small")
+    big = pod("big")
+    big["metadata"]["annotations"][AnnotationKey.MIN_HEALTHY_NODES] = "4"
+    for obj in (small, big):
+        response = webhook.review(MUTATE_PODS, obj)["response"]
+        assert any("until it is Usable" in w for w in response["warnings"])
+        kube.create(patched(obj, {"response": response}))
+
+    def gated(name: str) -> bool:
+        return bool(kube.get("v1", "pods", name, "default")["spec"].get("schedulingGates"))
+
+    publish(
+        mosquitto_broker,
+        [report_msg(report(n, Status.FAIL if n == "gpu-b" else Status.PASS)) for n in NODES],
+    )
+    wait_for(lambda: not gated("small"), timeout=30, what="small released while gpu-b fails")
+    assert gated("big")  # 3 healthy nodes, it needs 4
+    # a gated pod asking for 4 is gated at admission, with the count in the warning
+    response = webhook.review(MUTATE_PODS, big)["response"]
+    assert any("the workload needs 4" in w for w in response["warnings"])
+    healthy_reports(mosquitto_broker)
+    wait_for(lambda: not gated("big"), timeout=30, what="big released with 4 healthy nodes")
+
+
 # -- what is not judged ---------------------------------------------------------------------------
 
 
@@ -541,7 +616,15 @@ def test_unannotated_pod_is_allowed_untouched(webhook: Webhook) -> None:
 def test_validation_not_loaded_is_judged_by_its_object(kube: KubeCluster) -> None:
     """Without the runtime (a standby replica behind the Service, or a restart before Kopf
     resumed the validations) the reviewer judges by the validation's object in the API."""
-    kube.create(validation("pool-b", gating={"admission": "deny"}))
+    kube.create(validation("pool-b", gating={"admission": "deny", "admissionPolicy": "strict"}))
+    # pool-c (capacity): Healthy False but Usable True, as the active replica wrote it
+    kube.create(validation("pool-c", gating={"admission": "deny"}))
+    kube.patch(NV, "networkvalidations", "pool-c", {"status": {"conditions": [
+        {"type": "Usable", "status": "True", "reason": "CapacityAvailable",
+         "message": "3 of 4 targeted nodes healthy",
+         "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1}],
+        "nodes": {"targeted": 4, "reporting": 4, "passing": 3, "failing": 1}}},
+        subresource="status")  # fmt: skip
     kube.patch(NV, "networkvalidations", "pool-b", {"status": {"conditions": [
         {"type": "Healthy", "status": "False", "reason": "ChecksFailing",
          "message": "1 of 4 reporting nodes failing: gpu-c (rdma.port_state)",
@@ -558,19 +641,25 @@ def test_validation_not_loaded_is_judged_by_its_object(kube: KubeCluster) -> Non
             (VALIDATE_PODS, pod("q", "pool-b")),
             (MUTATE_PODS, pod("p", "pool-b")),
             (VALIDATE_PODS, pod("p", "nope")),
+            (VALIDATE_PODS, pod("p", "pool-c")),
+            (VALIDATE_PODS, needs_four),
         ):
             out.append((await reviewer(admission_review(obj), webhook=handler_id))["response"])
         return out
 
+    needs_four = pod("q", "pool-c")
+    needs_four["metadata"]["annotations"][AnnotationKey.MIN_HEALTHY_NODES] = "4"
     before = len(kube.requests())
-    denied, again, mutated, unknown = asyncio.run(reviews())
+    denied, again, mutated, unknown, usable, short = asyncio.run(reviews())
+    assert usable["allowed"] is True
+    assert short["allowed"] is False and "has 3 healthy node(s)" in short["status"]["message"]
     assert denied["allowed"] is False and denied["status"]["code"] == 403
     assert "gpu-c (rdma.port_state)" in denied["status"]["message"]
     assert again == {**denied, "uid": again["uid"]}
     assert mutated["allowed"] is True and "patch" in mutated  # affinity; deny mode: no gate
     assert unknown["status"]["code"] == 400
     reads = [p for m, p in kube.requests()[before:] if m == "GET"]
-    assert len(reads) == 2, reads  # pool-b once (cached), nope once
+    assert len(reads) == 3, reads  # pool-b once (cached), nope once, pool-c once
 
 
 # -- pure parts ----------------------------------------------------------------------------------

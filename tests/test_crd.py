@@ -624,6 +624,7 @@ FULL_SPEC: dict[str, Any] = {
         "maxUnhealthyPercent": 5,
         "recoveryReports": 3,
         "admission": "deny",
+        "admissionPolicy": "strict",
     },
     "telemetry": {"otlpEndpoint": "http://otel-collector.observability:4318"},
 }
@@ -670,6 +671,7 @@ def test_printer_columns(crd: dict[str, Any]) -> None:
     assert columns == [
         ("Ready", "string", '.status.conditions[?(@.type=="Ready")].status'),
         ("Healthy", "string", '.status.conditions[?(@.type=="Healthy")].status'),
+        ("Usable", "string", '.status.conditions[?(@.type=="Usable")].status'),
         ("Nodes", "integer", ".status.nodes.targeted"),
         ("Failing", "integer", ".status.nodes.failing"),
         ("Age", "date", ".metadata.creationTimestamp"),
@@ -953,6 +955,11 @@ def test_empty_spec_is_accepted(schema: dict[str, Any]) -> None:
             "checks.peers.samplesPerDomain: 0 is less than the minimum",
         ),
         ("gating.admission", "block", "gating.admission: 'block' is not one of"),
+        (
+            "gating.admissionPolicy",
+            "lenient",
+            "gating.admissionPolicy: 'lenient' is not one of",
+        ),
         ("gating.recoveryReports", 0, "gating.recoveryReports: 0 is less than the minimum"),
         ("gating.taint", "yes", "gating.taint: 'yes' is not of type 'boolean'"),
         ("nodeSelector", {"pool": 1}, "nodeSelector.pool: 1 is not of type 'string'"),

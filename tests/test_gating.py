@@ -14,18 +14,21 @@ from netval.model import Status
 from netval.model.keys import FabricHealth, LabelKey, TaintKey
 from netval.operator.gating.decisions import (
     GatingInput,
+    decide_labels,
     decide_taints,
     desired_labels,
+    gating_condition,
     plan_changes,
     with_fabric_taint,
 )
 from operator_env import NV, condition, publish, report, report_msg, status_of, validation
 
-H, D, U, K = (
+H, D, U, K, S = (
     FabricHealth.HEALTHY,
     FabricHealth.DEGRADED,
     FabricHealth.UNHEALTHY,
     FabricHealth.UNKNOWN,
+    FabricHealth.SUSPECT,
 )
 
 
@@ -67,6 +70,49 @@ def test_hysteresis_keeps_taint_until_enough_passing_reports() -> None:
 
 def test_taint_disabled_taints_nothing() -> None:
     assert decide_taints(gi({"a": U}, taint=False), ["a"]).tainted == frozenset()
+
+
+def test_small_pool_taints_its_one_failing_node() -> None:
+    nine = {f"n{i}": H for i in range(9)} | {"n0": U}
+    v = gi(nine, pct=10)
+    d = decide_taints(v, [])
+    assert d.tainted == {"n0"} and not d.tripped and d.cap == 1
+    labels = decide_labels(v, {}, d.tainted)
+    assert labels.labels["n0"] is U and not labels.tripped
+    assert gating_condition(v, d, labels)[:2] == (True, "GatingActive")
+
+
+def test_label_breaker_holds_unhealthy_labels_beyond_the_cap() -> None:
+    health = {"a": U, "b": U, "c": U, "d": H}
+    v = gi(health, pct=25, taint=False)  # cap 1; labels only
+    d = decide_labels(v, {"b": "unhealthy"})
+    # b was labelled unhealthy before (within the cap): it stays; a and c are suspect
+    assert d.labels == {"a": S, "b": U, "c": S, "d": H} and d.suspect == ("a", "c")
+    ok, reason, message = gating_condition(v, decide_taints(v, []), d)
+    assert (ok, reason) == (False, "BreakerTripped")
+    assert "3 of 4 targeted nodes failing" in message
+    assert "2 failing node(s) labelled suspect, not unhealthy (a, c)" in message
+    # a tainted node is labelled unhealthy whatever the room, so label and taint agree
+    assert decide_labels(v, {}, ["c"]).labels["c"] is U
+    # recovered nodes follow at once (no hysteresis for labels)
+    assert decide_labels(gi({"a": H, "b": H}, pct=25), {"a": "suspect"}).labels["a"] is H
+
+
+def test_correlated_staleness_holds_labels() -> None:
+    current = {f"n{i}": "healthy" for i in range(10)} | {"n9": "unhealthy"}
+    # 3 of 10 stale at once, cap 1: they keep their last label (n9 too)
+    stale = {f"n{i}": (K if i >= 7 else H) for i in range(10)}
+    d = decide_labels(gi(stale, pct=10), current)
+    assert d.held == ("n7", "n8", "n9")
+    assert [d.labels[n] for n in d.held] == [H, H, U]
+    message = gating_condition(gi(stale, pct=10), decide_taints(gi(stale, pct=10), []), d)[2]
+    assert "3 of 10 targeted nodes went stale at once" in message
+    assert "3 label(s) held" in message
+    # one node going stale is not a storm: unknown, as before
+    one = stale | {"n7": H, "n8": H}
+    assert decide_labels(gi(one, pct=10), current).labels["n9"] is K
+    # a node that never had a verdict is not held (nothing to hold)
+    assert decide_labels(gi(stale, pct=10), {}).labels["n7"] is K
 
 
 def test_label_is_the_worst_across_labelling_validations() -> None:
@@ -138,15 +184,22 @@ def test_labels_and_taints_follow_health(
     send("gpu-a", Status.FAIL)
     wait_node(cluster, "gpu-a", "unhealthy", True, foreign=True)
 
-    # a second failure: the cap is 25% of 4 = 1 node: the breaker trips, gpu-b is labelled
-    # unhealthy but not tainted, and the Gating condition says so
+    # a second failure: the cap is 25% of 4 = 1 node: the breaker trips, gpu-b is neither
+    # tainted nor labelled unhealthy (the breaker covers labels too: `suspect`, which the
+    # webhook's affinity does not exclude), and the Gating condition says so
     send("gpu-b", Status.FAIL)
-    wait_node(cluster, "gpu-b", "unhealthy", False)
+    wait_node(cluster, "gpu-b", "suspect", False)
     gate = wait_for(
         lambda: (c := condition(status_of(cluster), "Gating")) and c["reason"] == "BreakerTripped" and c,
         timeout=30, what="Gating=False BreakerTripped",
     )  # fmt: skip
     assert gate["status"] == "False" and "gpu-b" in gate["message"]
+    assert "not tainting 1 node(s) (gpu-b)" in gate["message"]
+    assert "1 failing node(s) labelled suspect" in gate["message"]
+    assert node_state(cluster, "gpu-a")[0] == "unhealthy"  # within the cap: still unhealthy
+    usable = condition(status_of(cluster), "Usable")
+    assert usable is not None and usable["status"] == "False"
+    assert usable["reason"] == "TooManyFailing"
     assert TaintKey.FABRIC_UNHEALTHY in node_state(cluster, "gpu-a")[1]  # existing taint kept
     events = wait_for(
         lambda: [e for e in cluster.list("v1", "events", "default")
@@ -182,7 +235,12 @@ def test_no_gating_for_a_validation_without_labels() -> None:
     assert desired_labels([gi({"a": U}, label=False)]) == {}
 
 
-@pytest.mark.parametrize(("pct", "targeted", "cap"), [(10, 9, 0), (10, 10, 1), (100, 3, 3)])
+# The cap is at least one node (it was floor(9 * 10%) = 0: a pool under 10 nodes never got a
+# taint and said BreakerTripped for its first failing node), so also at 0 %.
+@pytest.mark.parametrize(
+    ("pct", "targeted", "cap"),
+    [(10, 9, 1), (10, 10, 1), (10, 29, 2), (100, 3, 3), (0, 50, 1), (10, 0, 0)],
+)
 def test_cap(pct: float, targeted: int, cap: int) -> None:
     health = {f"n{i}": H for i in range(targeted)}
     assert decide_taints(gi(health, pct=pct), []).cap == cap

@@ -283,7 +283,9 @@ def test_active_condition_and_check_states(
     cluster: KubeCluster, mosquitto_broker: MosquittoBroker
 ) -> None:
     k = Kueue(cluster, "v1beta2")
-    cluster.create(validation())
+    # strict: any failing node turns a Ready check back to Retry (capacity, the default,
+    # is in test_capacity_policy_keeps_ready_with_one_failing_node)
+    cluster.create(validation(gating={"admissionPolicy": "strict"}))
     for ac in (
         admission_check("fabric"),
         admission_check("prov", controller=FOREIGN,
@@ -321,7 +323,9 @@ def test_active_condition_and_check_states(
         # quota reserved, no report yet (Healthy Unknown): Pending, saying what it waits for
         k.reserve("wl-1")
         fabric = wait_for(
-            lambda: "waiting for" in (c := k.checks("wl-1")["fabric"])["message"] and c,
+            lambda: (
+                "waiting until it is Healthy" in (c := k.checks("wl-1")["fabric"])["message"] and c
+            ),
             timeout=30,
             what="wl-1 fabric Pending with a message",
         )
@@ -340,7 +344,8 @@ def test_active_condition_and_check_states(
         # unhealthy after Ready: Retry for the waiting workload, the admitted one runs on
         failing(mosquitto_broker)
         retry = k.wait_state("wl-1", "fabric", "Retry")
-        assert "no longer Healthy" in retry["message"] and "gpu-b" in retry["message"]
+        assert "no longer admitted" in retry["message"] and "is not Healthy" in retry["message"]
+        assert "gpu-b" in retry["message"]
         assert k.checks("wl-1")["prov"] == prov_before
         time.sleep(2.5 * controller.interval)
         assert k.checks("wl-2")["fabric"]["state"] == "Ready"
@@ -361,7 +366,9 @@ def test_assigned_unhealthy_node_asks_for_retry(
     cluster: KubeCluster, mosquitto_broker: MosquittoBroker
 ) -> None:
     """Topology-Aware Scheduling names the nodes: an assignment on a failing node is sent
-    back to Kueue (Retry) at once; one on good nodes waits for the validation."""
+    back to Kueue (Retry) at once; one on good nodes is Ready at once under the default
+    policy (capacity: one failing node of four is within the breaker's cap), while under
+    strict it waits for the validation to be Healthy."""
     k = Kueue(cluster, "v1beta2")
     cluster.create(validation())
     cluster.create(admission_check("fabric"))
@@ -380,22 +387,33 @@ def test_assigned_unhealthy_node_asks_for_retry(
          "podCounts": {"universal": 1}}]}  # fmt: skip
     k.queue("on-b", ["fabric"], admission=tas_admission(on_b))
     k.queue("on-cd", ["fabric"], admission=tas_admission(on_cd))
+    cluster.create(validation("strict-pool", gating={"admissionPolicy": "strict"}))
+    cluster.create(admission_check("strict", "strict-pool"))
+    k.queue("strict-cd", ["strict"], admission=tas_admission(on_cd))
     memo, operator = operator_for(cluster, mosquitto_broker)
     with operator:
         runtime, _ = started(memo)
         publish(mosquitto_broker, [report_msg(report(n, Status.FAIL if n == "gpu-b"
-                                                     else Status.PASS)) for n in NODES])  # fmt: skip
-        wait_view(runtime, lambda v: v.unhealthy_nodes == ["gpu-b"], "gpu-b unhealthy")
-        k.reserve("on-b")
-        k.reserve("on-cd")
+                                                     else Status.PASS, validation_name=v))
+                                   for n in NODES for v in ("pool-a", "strict-pool")])  # fmt: skip
+        wait_view(runtime, lambda v: v.unhealthy_nodes == ["gpu-b"] and v.usable, "gpu-b failing")
+        wait_for(lambda: (v := runtime.validation_view("strict-pool")) and v.failures,
+                 timeout=30, what="strict-pool failing")  # fmt: skip
+        for name in ("on-b", "on-cd", "strict-cd"):
+            k.reserve(name)
         retry = k.wait_state("on-b", "fabric", "Retry")
         assert "unhealthy fabric: gpu-b (" in retry["message"]  # the node, by its hostname
         assert "other nodes" in retry["message"]
-        wait_for(lambda: "waiting for" in k.checks("on-cd")["fabric"]["message"],
-                 timeout=30, what="on-cd Pending")  # fmt: skip
-        assert k.checks("on-cd")["fabric"]["state"] == "Pending"
-        healthy(mosquitto_broker)
         ready = k.wait_state("on-cd", "fabric", "Ready")
+        assert "assigned nodes (gpu-c, gpu-d)" in ready["message"]
+        assert "is Usable" in ready["message"]
+        wait_for(lambda: "waiting until it is Healthy" in k.checks("strict-cd")["strict"]["message"],
+                 timeout=30, what="strict-cd Pending")  # fmt: skip
+        assert k.checks("strict-cd")["strict"]["state"] == "Pending"
+        publish(mosquitto_broker, [report_msg(report(n, validation_name="strict-pool"))
+                                   for n in NODES])  # fmt: skip
+        ready = k.wait_state("strict-cd", "strict", "Ready")
+        assert "is Healthy" in ready["message"]
         assert "assigned nodes (gpu-c, gpu-d)" in ready["message"]
 
 

@@ -45,7 +45,9 @@ def api(kube: KubeCluster) -> KubeCluster:
     make(kube, "failing-pool", {
         "observedGeneration": 1,
         "conditions": [cond("Ready", "False", "NodesStale", "1 of 3 nodes stale: gpu-c (offline)"),
-                       cond("Healthy", "False", "ChecksFailing", "gpu-b fails pfc.priorities")],
+                       cond("Healthy", "False", "ChecksFailing", "gpu-b fails pfc.priorities"),
+                       cond("Usable", "True", "CapacityAvailable",
+                            "1 of 3 targeted nodes healthy, 1 failing")],
         "nodes": nodes(3, 2, 1, 1),
         "checks": {"pfc.priorities": {"pass": 1, "warn": 0, "fail": 1}},
         "failures": [{"node": "gpu-b", "check": "pfc.priorities", "subject": "ens1np0",
@@ -53,7 +55,7 @@ def api(kube: KubeCluster) -> KubeCluster:
                       "since": (now - timedelta(minutes=7)).isoformat()}],
     })  # fmt: skip
     for name, label, tainted in (("gpu-a", "healthy", False), ("gpu-b", "unhealthy", True),
-                                 ("gpu-c", "unknown", False)):  # fmt: skip
+                                 ("gpu-c", "unknown", False), ("gpu-d", "suspect", False)):  # fmt: skip
         node: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": {
             "name": name, "labels": {"pool": "failing-pool", "netval.io/fabric": label}}}  # fmt: skip
         if tainted:
@@ -69,6 +71,7 @@ def test_all_validations(api: KubeCluster, capsys: pytest.CaptureFixture[str]) -
     assert code == 1  # one validation is not Healthy
     assert "NetworkValidation failing-pool" in out and "NetworkValidation healthy-pool" in out
     assert "Ready    False   NodesStale: 1 of 3 nodes stale: gpu-c (offline)" in out
+    assert "Usable   True    CapacityAvailable: 1 of 3 targeted nodes healthy" in out
     assert "3 targeted, 2 reporting, 1 passing, 0 warning, 1 failing, 1 stale" in out
     assert "failing checks: pfc.priorities (1 node(s))" in out
     assert "gpu-b" in out and "since 7m ago" in out
@@ -85,11 +88,13 @@ def test_per_node_view(api: KubeCluster, capsys: pytest.CaptureFixture[str]) -> 
     main(["status", "failing-pool", "--nodes"])
     out = capsys.readouterr().out
     table = out[out.index("NODE") :].splitlines()
-    assert [line.split()[0] for line in table[1:]] == ["gpu-a", "gpu-b", "gpu-c"]
+    assert [line.split()[0] for line in table[1:]] == ["gpu-a", "gpu-b", "gpu-c", "gpu-d"]
     lines = table
     row = next(line for line in lines if line.strip().startswith("gpu-b"))
     assert "unhealthy" in row and "tainted" in row and "pfc.priorities ens1np0" in row
     assert any(line.strip().startswith("gpu-c") and "unknown" in line for line in lines)
+    suspect = next(line for line in lines if line.strip().startswith("gpu-d"))
+    assert "suspect" in suspect and "failing (breaker)" in suspect
 
 
 def test_unknown_validation_is_bad_input(

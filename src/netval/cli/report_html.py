@@ -174,7 +174,8 @@ def _conditions_section(status: NetworkValidationStatus, now: datetime) -> str:
     for kind in ConditionType:
         c = status.condition(kind)
         if c is None:
-            if kind is not ConditionType.GATING:
+            # Usable and Gating are absent from a status an older operator wrote
+            if kind in (ConditionType.READY, ConditionType.HEALTHY):
                 rows.append(
                     f"<tr><th scope='row'>{escape(kind.value)}</th><td colspan='4'>-</td></tr>"
                 )

@@ -57,9 +57,15 @@ def render_validation(obj: Mapping[str, Any], *, now: datetime | None = None) ->
         lines.append(
             f"  status is for generation {status.observed_generation}: the operator has not caught up"
         )
-    for kind in (ConditionType.READY, ConditionType.HEALTHY, ConditionType.GATING):
+    for kind in (
+        ConditionType.READY,
+        ConditionType.HEALTHY,
+        ConditionType.USABLE,
+        ConditionType.GATING,
+    ):
         c = status.condition(kind)
-        if c is not None or kind is not ConditionType.GATING:
+        # Usable and Gating are absent from a status an older operator wrote
+        if c is not None or kind in (ConditionType.READY, ConditionType.HEALTHY):
             lines.append(_condition_line(c, kind))
     n = status.nodes
     lines.append(
@@ -117,6 +123,8 @@ def _node_state(
 ) -> str:
     if name in stale:
         return f"stale ({stale[name]})"
+    if fabric == FabricHealth.SUSPECT:
+        return "failing (breaker)"  # its unhealthy label held back: see Gating
     if name in failing or fabric == FabricHealth.UNHEALTHY:
         return "failing"
     if fabric == FabricHealth.DEGRADED:

@@ -21,6 +21,8 @@ class LabelKey(StrEnum):
 class AnnotationKey(StrEnum):
     REQUIRE_HEALTHY = "netval.io/require-healthy"  # on Pods/Jobs: the validation they need
     GATE_MESSAGE = "netval.io/gate-message"  # on gated Pods: why the gate stays
+    # on Pods/Jobs: how many healthy nodes the workload needs (policy capacity)
+    MIN_HEALTHY_NODES = "netval.io/min-healthy-nodes"
     CONFIG_HASH = "netval.io/config-hash"  # on the agent pod template: rolls on config change
     GENERATION = "netval.io/generation"  # on the agent DaemonSet: the spec generation it runs
 
@@ -40,6 +42,9 @@ class FabricHealth(StrEnum):
     DEGRADED = "degraded"
     UNHEALTHY = "unhealthy"
     UNKNOWN = "unknown"
+    # failing, but the circuit breaker holds the `unhealthy` label back (more than
+    # maxUnhealthyPercent failing at once); the webhook's affinity does not exclude it
+    SUSPECT = "suspect"
 
 
 MANAGED_BY_OPERATOR = "netval-operator"  # value of app.kubernetes.io/managed-by

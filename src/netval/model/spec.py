@@ -63,6 +63,13 @@ class AdmissionMode(StrEnum):
     DENY = "deny"
 
 
+class AdmissionPolicy(StrEnum):
+    """What admission (webhook gate/deny, the Kueue check, gate release) waits for."""
+
+    CAPACITY = "capacity"  # Usable, enough healthy nodes, the workload's own nodes not failing
+    STRICT = "strict"  # Healthy: no targeted node failing (the behaviour before issue 20)
+
+
 class LinkChecks(_Spec):
     interfaces: list[IfName] = Field(default_factory=list)
     max_carrier_changes: Annotated[int, Field(ge=0)] = 0
@@ -256,6 +263,7 @@ class Gating(_Spec):
     max_unhealthy_percent: Annotated[float, Field(ge=0, le=100)] = 10.0
     recovery_reports: Annotated[int, Field(ge=1, le=100)] = 3
     admission: AdmissionMode = AdmissionMode.GATE
+    admission_policy: AdmissionPolicy = AdmissionPolicy.CAPACITY
 
 
 class Telemetry(_Spec):

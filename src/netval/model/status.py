@@ -24,6 +24,9 @@ class ConditionType(StrEnum):
     READY = "Ready"  # agents deployed and every targeted node reported within 3 intervals
     HEALTHY = "Healthy"  # no targeted node failing
     GATING = "Gating"  # node gating acts as configured (False when the breaker tripped)
+    # failing nodes within maxUnhealthyPercent and at least one healthy node: admission
+    # (policy capacity) admits workloads, whose node affinity avoids the failing nodes
+    USABLE = "Usable"
 
 
 class Reason(StrEnum):
@@ -37,6 +40,9 @@ class Reason(StrEnum):
     INVALID_SPEC = "InvalidSpec"
     BREAKER_TRIPPED = "BreakerTripped"
     GATING_ACTIVE = "GatingActive"
+    CAPACITY_AVAILABLE = "CapacityAvailable"
+    TOO_MANY_FAILING = "TooManyFailing"
+    NO_HEALTHY_NODES = "NoHealthyNodes"
 
 
 class EventReason(StrEnum):

@@ -1,13 +1,15 @@
-"""Removing the scheduling gate from gated Pods once their validation is Healthy."""
+"""Removing the scheduling gate from gated Pods once their validation admits them (Usable
+and enough healthy nodes for each Pod, or Healthy under `admissionPolicy: strict`)."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, cast
 
 from kubernetes import client
@@ -21,8 +23,9 @@ from netval.operator.admission.mutate import (
     set_fabric_gate,
     validation_label,
 )
+from netval.operator.gating.capacity import judge, min_healthy_nodes
 from netval.operator.kube.api import error_text
-from netval.operator.runtime import OperatorRuntime
+from netval.operator.runtime import OperatorRuntime, ValidationView
 
 log = logging.getLogger("netval.operator.admission")
 
@@ -31,15 +34,28 @@ RUNTIME_MEMO_KEY: Final = "runtime"
 WARN_EVERY: Final = 30.0  # seconds between warnings about the same repeated failure
 
 
+def _admits(view: ValidationView, pod: Mapping[str, Any]) -> bool:
+    """Whether `view` admits this gated Pod (its own min-healthy-nodes included). A value
+    edited into something unreadable after admission counts as absent."""
+    try:
+        needed = min_healthy_nodes((pod.get("metadata") or {}).get("annotations"))
+    except ValueError:
+        needed = None
+    return judge(view, needed).ok
+
+
 class GateReleaser:
     """Removes `netval.io/fabric` from gated Pods (found by their `netval.io/gated-by` label)
-    once their validation is Healthy.
+    once their validation admits them, by the same judgement as the webhook
+    (`netval.operator.gating.capacity.judge`).
 
-    Every `interval` it asks the runtime (in memory) which validations are Healthy; it lists
-    the gated Pods of one (a label-selected list) when the validation has just turned
-    Healthy, when the webhook gated a Pod for it in the last `dirty_grace` seconds (a Pod
-    gated just before the turn), or every `resync` seconds. Each Pod is patched with its
-    resourceVersion (a 409 re-reads and retries); other gates and labels stay.
+    Every `interval` it asks the runtime (in memory) which validations admit workloads; it
+    lists the gated Pods of one (a label-selected list) when the validation has just turned
+    admitting or gained healthy nodes, when the webhook gated a Pod for it in the last
+    `dirty_grace` seconds (a Pod gated just before the turn), or every `resync` seconds. A
+    Pod whose `netval.io/min-healthy-nodes` asks for more healthy nodes than there are stays
+    gated. Each Pod is patched with its resourceVersion (a 409 re-reads and retries); other
+    gates and labels stay.
 
     Every `resync` seconds, once all validations are loaded, Pods gated for a validation that
     no longer exists get the annotation `netval.io/gate-message` saying so: they stay gated
@@ -59,7 +75,8 @@ class GateReleaser:
         self.resync = resync
         self.dirty_grace = dirty_grace
         self.released = 0
-        self._healthy: dict[str, bool] = {}
+        # per validation: admitting, and its healthy nodes, when last looked at
+        self._healthy: dict[str, tuple[bool, int]] = {}
         self._listed: dict[str, float] = {}
         self._dirty: dict[str, float] = {}
         self._warned = -WARN_EVERY
@@ -91,20 +108,23 @@ class GateReleaser:
     async def pass_once(self, runtime: OperatorRuntime) -> None:
         for name in list(runtime.specs):
             view = runtime.validation_view(name)
-            healthy = view is not None and view.healthy
-            turned = healthy and not self._healthy.get(name, False)
-            self._healthy[name] = healthy
-            if not healthy:
+            if view is None or not judge(view).ok:
+                self._healthy[name] = (False, 0)
                 continue
+            was, had = self._healthy.get(name, (False, 0))
+            turned = not was or view.healthy_nodes > had
+            self._healthy[name] = (True, view.healthy_nodes)
             now = time.monotonic()
             if not (
                 turned or name in self._dirty or now - self._listed.get(name, -1e9) >= self.resync
             ):
                 continue
             try:
-                count = await asyncio.to_thread(self._release_all, runtime.kube.core, name)
+                count = await asyncio.to_thread(
+                    self._release_all, runtime.kube.core, name, functools.partial(_admits, view)
+                )
             except Exception as exc:
-                self._healthy[name] = False  # a turn not handled yet: try again next tick
+                self._healthy[name] = (False, 0)  # a turn not handled yet: try again next tick
                 if now - self._warned >= WARN_EVERY:
                     self._warned = now
                     log.warning(
@@ -118,7 +138,7 @@ class GateReleaser:
                 del self._dirty[name]
             if count:
                 self.released += count
-                log.info("NetworkValidation %s is Healthy: released %d gated pod(s)", name, count)
+                log.info("NetworkValidation %s admits: released %d gated pod(s)", name, count)
         for name in set(self._healthy) - set(runtime.specs):
             self._healthy.pop(name, None)
             self._listed.pop(name, None)
@@ -144,7 +164,9 @@ class GateReleaser:
                     AnnotationKey.GATE_MESSAGE.value,
                 )
 
-    def _release_all(self, core: client.CoreV1Api, validation: str) -> int:
+    def _release_all(
+        self, core: client.CoreV1Api, validation: str, admits: Callable[[dict[str, Any]], bool]
+    ) -> int:
         response = core.list_pod_for_all_namespaces(
             label_selector=f"{LabelKey.GATED_BY}={validation_label(validation)}",
             _preload_content=False,
@@ -153,6 +175,8 @@ class GateReleaser:
         released = 0
         for pod in pods:
             meta = pod.get("metadata") or {}
+            if not admits(pod):
+                continue
             try:
                 if self._release_pod(core, meta["namespace"], meta["name"], pod):
                     released += 1

@@ -86,7 +86,7 @@ def validation_label(name: str) -> str:
 def orphan_message(validation: str) -> str:
     return (
         f"NetworkValidation {validation!r} does not exist: this pod stays gated until it exists"
-        f" and is Healthy; to run the pod without it, remove the {SchedulingGate.FABRIC.value!r} scheduling gate"
+        f" and admits it; to run the pod without it, remove the {SchedulingGate.FABRIC.value!r} scheduling gate"
     )
 
 
@@ -100,8 +100,14 @@ def mutate_pod(body: dict[str, Any], *, gate: bool, validation: str) -> None:
 def mutate_job(body: dict[str, Any], *, gate: bool, validation: str) -> None:
     template = _mapping(_mapping(body, "spec"), "template")
     meta = _mapping(template, "metadata")
-    # The Job's Pods carry the annotation too: each one is judged when it is created.
-    _mapping(meta, "annotations").setdefault(AnnotationKey.REQUIRE_HEALTHY.value, validation)
+    # The Job's Pods carry the annotations too: each one is judged when it is created.
+    annotations = _mapping(meta, "annotations")
+    annotations.setdefault(AnnotationKey.REQUIRE_HEALTHY.value, validation)
+    needed = ((body.get("metadata") or {}).get("annotations") or {}).get(
+        AnnotationKey.MIN_HEALTHY_NODES
+    )
+    if needed is not None:
+        annotations.setdefault(AnnotationKey.MIN_HEALTHY_NODES.value, needed)
     pod_spec = _mapping(template, "spec")
     add_fabric_affinity(pod_spec)
     set_fabric_gate(pod_spec, gate)

@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from netval.model.keys import AnnotationKey, SchedulingGate
 from netval.model.manifest import API_GROUP
-from netval.model.spec import AdmissionMode
+from netval.model.spec import AdmissionMode, AdmissionPolicy
 from netval.operator.admission.configurations import HOOKS, Hook
 from netval.operator.admission.gate_release import (
     RELEASER_MEMO_KEY,
@@ -33,6 +33,7 @@ from netval.operator.admission.mutate import (
     mutate_job,
     mutate_pod,
 )
+from netval.operator.gating.capacity import AdmissionVerdict, judge, min_healthy_nodes
 from netval.operator.kube.api import PLURAL, VERSION, error_text, load_kube_client
 from netval.operator.runtime import OperatorRuntime, ValidationView
 
@@ -62,8 +63,9 @@ class Reviewer:
 
     A validation is judged as the runtime holds it; one the runtime has not loaded (a standby
     replica behind the Service, a restart before Kopf resumed the validations) is judged by
-    its object in the API -- spec.gating.admission and the Healthy condition and failures of
-    its status, as the active replica wrote them -- read at most every `cache_ttl` seconds.
+    its object in the API -- spec.gating.admission and admissionPolicy, and the Healthy and
+    Usable conditions, node counts and failures of its status, as the active replica wrote
+    them -- read at most every `cache_ttl` seconds.
     A view from the runtime is reused for `view_ttl` seconds.
     """
 
@@ -124,10 +126,15 @@ class Reviewer:
     def _judge(
         self, hook: Hook, obj: Mapping[str, Any], view: ValidationView, answer: dict[str, Any]
     ) -> None:
-        gate = view.admission is AdmissionMode.GATE and not view.healthy
+        try:
+            needed = min_healthy_nodes((obj.get("metadata") or {}).get("annotations"))
+        except ValueError as exc:
+            raise Refusal(str(exc), 400) from None
+        verdict = judge(view, needed)
+        gate = view.admission is AdmissionMode.GATE and not verdict.ok
         if not hook.mutating:
-            if view.admission is AdmissionMode.DENY and not view.healthy:
-                raise Refusal(deny_message(view), 403)
+            if view.admission is AdmissionMode.DENY and not verdict.ok:
+                raise Refusal(deny_message(view, verdict), 403)
             return
         paths = POD_PATHS if hook.kind == "Pod" else JOB_PATHS
         new = detached(obj, paths)
@@ -138,8 +145,8 @@ class Reviewer:
             answer["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
         if gate:
             answer["warnings"] = [
-                f"held by scheduling gate {SchedulingGate.FABRIC} until NetworkValidation {view.name!r} "
-                f"is Healthy ({view.healthy_message})"[:MAX_MESSAGE]
+                f"held by scheduling gate {SchedulingGate.FABRIC} until {verdict.waits_for}: "
+                f"{verdict.why}"[:MAX_MESSAGE]
             ]
             releaser = self.memo.get(RELEASER_MEMO_KEY)
             if isinstance(releaser, GateReleaser):
@@ -216,11 +223,15 @@ class Reviewer:
 
 def view_from_object(obj: Mapping[str, Any]) -> ValidationView:
     """A NetworkValidation object as admission sees it (no per-node health: the object does
-    not carry it; admission needs only Healthy, the failures and the mode)."""
+    not carry it; admission needs only the conditions, counts, failures and the modes)."""
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    mode = ((spec.get("gating") or {}).get("admission")) or AdmissionMode.GATE.value
-    healthy = next((c for c in status.get("conditions") or [] if c.get("type") == "Healthy"), None)
+    gating = spec.get("gating") or {}
+    mode = gating.get("admission") or AdmissionMode.GATE.value
+    conditions = status.get("conditions") or []
+    healthy = next((c for c in conditions if c.get("type") == "Healthy"), None)
+    usable = next((c for c in conditions if c.get("type") == "Usable"), None)
+    nodes = status.get("nodes") or {}
     failures = tuple(
         (str(f.get("node")), str(f.get("check")))
         for f in status.get("failures") or []
@@ -233,11 +244,27 @@ def view_from_object(obj: Mapping[str, Any]) -> ValidationView:
         admission=AdmissionMode.DENY if mode == AdmissionMode.DENY.value else AdmissionMode.GATE,
         node_health={},
         failures=failures,
+        # an unknown policy (a newer operator's) is judged the stricter way
+        policy=AdmissionPolicy.CAPACITY
+        if gating.get("admissionPolicy", AdmissionPolicy.CAPACITY.value)
+        == AdmissionPolicy.CAPACITY.value
+        else AdmissionPolicy.STRICT,
+        usable=usable is not None and usable.get("status") == "True",
+        usable_message=str(usable.get("message") or "") if usable else "no status yet",
+        healthy_nodes=_count(nodes.get("passing")) + _count(nodes.get("warning")),
     )
 
 
-def deny_message(view: ValidationView) -> str:
-    """Why admission is refused: the failing nodes with their checks, bounded."""
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and value > 0 else 0
+
+
+def deny_message(view: ValidationView, verdict: AdmissionVerdict) -> str:
+    """Why admission is refused: under strict, the failing nodes with their checks; under
+    capacity, why the validation is not usable or short of nodes. Bounded."""
+    tail = f"admission is refused until {verdict.waits_for}; retry later"
+    if view.policy is AdmissionPolicy.CAPACITY:
+        return f"{verdict.why}; {tail}"[:MAX_MESSAGE]
     by_node: dict[str, list[str]] = {}
     for node, check in view.failures:
         checks = by_node.setdefault(node, [])
@@ -252,7 +279,6 @@ def deny_message(view: ValidationView) -> str:
         )
     else:
         detail = view.healthy_message
-    tail = "admission is refused until it is Healthy; retry later"
     return f"{head}: {detail}; {tail}"[:MAX_MESSAGE]
 
 

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Final
 
 from netval.model.keys import FabricHealth
+from netval.model.spec import NetworkValidationSpec
 from netval.operator.gating import decisions as gating
 from netval.operator.gating.decisions import GatingCondition
 from netval.operator.kube.api import KubeApi, error_text
@@ -26,6 +27,22 @@ log = logging.getLogger("netval.operator")
 # one round (and the API server) for minutes.
 MAX_GATING_WRITES_PER_ROUND: Final = 500
 GATING_CONCURRENCY: Final = 16
+
+
+def gating_input(
+    name: str, state: vs.ValidationState, spec: NetworkValidationSpec, now: datetime
+) -> gating.GatingInput:
+    """What gating needs of one validation at `now`."""
+    return gating.GatingInput(
+        name=name,
+        targeted=frozenset(state.targeted),
+        node_label=spec.gating.node_label,
+        taint=spec.gating.taint,
+        max_unhealthy_percent=spec.gating.max_unhealthy_percent,
+        recovery_reports=spec.gating.recovery_reports,
+        health={n: FabricHealth(vs.node_health(state, n, now)) for n in state.targeted},
+        ok_streak={n: rec.ok_streak for n, rec in state.nodes.items()},
+    )
 
 
 class NodeGating:
@@ -53,24 +70,11 @@ class NodeGating:
         self.breaker_tripped.pop(name, None)
 
     def inputs(self, now: datetime) -> list[gating.GatingInput]:
-        inputs: list[gating.GatingInput] = []
-        for name, state in self.store.states.items():
-            spec = self.store.specs.get(name)
-            if spec is None:
-                continue
-            inputs.append(
-                gating.GatingInput(
-                    name=name,
-                    targeted=frozenset(state.targeted),
-                    node_label=spec.gating.node_label,
-                    taint=spec.gating.taint,
-                    max_unhealthy_percent=spec.gating.max_unhealthy_percent,
-                    recovery_reports=spec.gating.recovery_reports,
-                    health={n: FabricHealth(vs.node_health(state, n, now)) for n in state.targeted},
-                    ok_streak={n: rec.ok_streak for n, rec in state.nodes.items()},
-                )
-            )
-        return inputs
+        return [
+            gating_input(name, state, spec, now)
+            for name, state in self.store.states.items()
+            if (spec := self.store.specs.get(name)) is not None
+        ]
 
     async def validations_loaded(self) -> bool:
         """Whether every validation that existed at start has been loaded: before that, a
@@ -91,10 +95,12 @@ class NodeGating:
         inputs = self.inputs(now)
         currently_tainted = [n for n, (_, tainted) in node_fabric.items() if tainted]
         decisions = [gating.decide_taints(v, currently_tainted) for v in inputs]
-        for v, decision in zip(inputs, decisions, strict=True):
-            self._record(v, decision)
-        labels = gating.desired_labels(inputs)
-        taints = set().union(*(d.tainted for d in decisions)) if decisions else set()
+        taints = frozenset().union(*(d.tainted for d in decisions)) if decisions else frozenset()
+        current = {n: label for n, (label, _) in node_fabric.items()}
+        held = [gating.decide_labels(v, current, taints) for v in inputs]
+        for v, decision, label_decision in zip(inputs, decisions, held, strict=True):
+            self._record(v, decision, label_decision)
+        labels = gating.merge_labels(zip(inputs, held, strict=True))
         changes = gating.plan_changes(node_fabric, labels, taints)
         limit = asyncio.Semaphore(GATING_CONCURRENCY)
 
@@ -118,14 +124,20 @@ class NodeGating:
 
         await asyncio.gather(*(write(c) for c in changes[:MAX_GATING_WRITES_PER_ROUND]))
 
-    def _record(self, v: gating.GatingInput, decision: gating.TaintDecision) -> None:
-        new = gating.gating_condition(v, decision)
+    def _record(
+        self,
+        v: gating.GatingInput,
+        decision: gating.TaintDecision,
+        labels: gating.LabelDecision,
+    ) -> None:
+        new = gating.gating_condition(v, decision, labels)
         if self.conditions.get(v.name) != new:
             self.conditions[v.name] = new
             state = self.store.states.get(v.name)
             if state is not None:
                 state.dirty = True
+        tripped = not new[0]
         was_tripped = self.breaker_tripped.get(v.name, False)
-        self.breaker_tripped[v.name] = decision.tripped
-        if decision.tripped and not was_tripped:
+        self.breaker_tripped[v.name] = tripped
+        if tripped and not was_tripped:
             self.events.queue(v.name, "Warning", "BreakerTripped", new[2])

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from netval.model.manifest import API_GROUP, KIND
+from netval.operator.gating.capacity import judge
 from netval.operator.runtime import ValidationView
 
 ACTIVE: Final = "Active"
@@ -99,15 +100,21 @@ def decide(
     validation: str,
     admitted: bool,
     assigned_nodes: Sequence[str] = (),
+    pods: int = 0,
 ) -> Verdict | None:
-    """The state our check entry should have (None: leave it as it is)."""
+    """The state our check entry should have (None: leave it as it is).
+
+    `assigned_nodes`: the nodes a Topology-Aware Scheduling assignment names (each is judged);
+    without them, `pods` (the pods of the admission's podSetAssignments) is the number of
+    healthy nodes the Workload needs under `admissionPolicy: capacity` (one pod per node)."""
     state = current.get("state") or "Pending"
     if view is None:
         if state == "Pending":
             return Verdict("Pending", f"NetworkValidation {validation!r} is not known to netval")
         return None
     bad = [n for n in assigned_nodes if view.node_health.get(n) == "unhealthy"]
-    ok = view.healthy and not bad
+    verdict = judge(view, None if assigned_nodes or pods <= 0 else pods)
+    ok = verdict.ok and not bad
     if state == "Pending":
         if ok:
             where = (
@@ -115,20 +122,21 @@ def decide(
                 if assigned_nodes
                 else ""
             )
-            return Verdict("Ready", f"NetworkValidation {validation!r} is Healthy{where}")
+            return Verdict("Ready", f"{verdict.why}{where}")
         if bad:
             return Verdict(
                 "Retry",
                 f"assigned node(s) with unhealthy fabric: {_names(bad)} "
                 f"(NetworkValidation {validation!r}); retry on other nodes",
             )
-        return Verdict(
-            "Pending",
-            f"waiting for NetworkValidation {validation!r} to be Healthy: {view.healthy_message}",
-        )
+        return Verdict("Pending", f"waiting until {verdict.waits_for}: {verdict.why}")
     if state == "Ready" and not ok and not admitted:
-        why = f"assigned node(s) unhealthy: {_names(bad)}" if bad else view.healthy_message
-        return Verdict("Retry", f"NetworkValidation {validation!r} is no longer Healthy: {why}")
+        why = (
+            f"assigned node(s) unhealthy: {_names(bad)} (NetworkValidation {validation!r})"
+            if bad
+            else verdict.why
+        )
+        return Verdict("Retry", f"no longer admitted: {why}")
     return None
 
 

@@ -111,3 +111,12 @@ def assigned_nodes(
                     if all(labels.get(k) == v for k, v in selector.items())
                 )
     return sorted(nodes)
+
+
+def admission_pods(admission: Mapping[str, Any] | None) -> int:
+    """The pods a Workload's admission places (the sum of its podSetAssignments' counts)."""
+    return sum(
+        _int(psa.get("count"))
+        for psa in (admission or {}).get("podSetAssignments") or []
+        if isinstance(psa, Mapping)
+    )

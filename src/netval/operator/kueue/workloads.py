@@ -20,7 +20,7 @@ from netval.operator.kueue.decisions import (
     rv_older,
     updated_checks,
 )
-from netval.operator.kueue.topology import assigned_nodes
+from netval.operator.kueue.topology import admission_pods, assigned_nodes
 from netval.operator.runtime import OperatorRuntime, ValidationView
 
 log = logging.getLogger("netval.operator.kueue")
@@ -79,7 +79,12 @@ class Workloads:
                 views[check.validation] = runtime.validation_view(check.validation)
             view = views[check.validation]
             verdict = decide(
-                entry, view, validation=check.validation, admitted=admitted, assigned_nodes=nodes
+                entry,
+                view,
+                validation=check.validation,
+                admitted=admitted,
+                assigned_nodes=nodes,
+                pods=admission_pods(status.get("admission")),
             )
             if verdict is not None:
                 out[check.name] = verdict

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from netval.model.keys import LabelKey
 from netval.model.results import Report
-from netval.model.spec import AdmissionMode, NetworkValidationSpec
+from netval.model.spec import AdmissionMode, AdmissionPolicy, NetworkValidationSpec
 from netval.model.status import ConditionType, NetworkValidationStatus
 from netval.operator.gating.decisions import has_fabric_taint
 from netval.operator.ingest.decode import StateChange
@@ -50,6 +50,10 @@ class ValidationView:
     admission: AdmissionMode
     node_health: dict[str, NodeHealth]  # targeted nodes only
     failures: tuple[tuple[str, str], ...]  # (node, check), worst first, at most 50
+    policy: AdmissionPolicy  # what admission waits for (netval.operator.gating.capacity)
+    usable: bool  # the Usable condition is True
+    usable_message: str
+    healthy_nodes: int  # targeted nodes with a fresh passing or warning report
 
     @property
     def unhealthy_nodes(self) -> list[str]:
@@ -304,6 +308,7 @@ class Store:
             return None
         status = self.previous.get(name)
         healthy = status.condition(ConditionType.HEALTHY) if status is not None else None
+        usable = status.condition(ConditionType.USABLE) if status is not None else None
         now = utcnow()
         health = {node: vs.node_health(state, node, now) for node in sorted(state.targeted)}
         return ValidationView(
@@ -313,4 +318,8 @@ class Store:
             admission=spec.gating.admission,
             node_health=health,
             failures=tuple((f.node, f.check) for f in (status.failures if status else [])),
+            policy=spec.gating.admission_policy,
+            usable=usable is not None and usable.status == "True",
+            usable_message=usable.message if usable is not None else "no status yet",
+            healthy_nodes=status.nodes.passing + status.nodes.warning if status else 0,
         )

@@ -1,5 +1,6 @@
 """The status one write would carry (pure): the aggregated conditions and counts, the
-east-west summary of peers-enabled validations, and the Gating condition node gating set."""
+east-west summary of peers-enabled validations, the Usable condition (admission on capacity,
+`netval.operator.gating.capacity`) and the Gating condition node gating set."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from datetime import datetime
 from typing import Literal
 
 from netval.model.spec import NetworkValidationSpec
-from netval.model.status import Condition, ConditionType, NetworkValidationStatus
+from netval.model.status import Condition, ConditionType, NetworkValidationStatus, Reason
+from netval.operator.gating.capacity import usable_condition
 from netval.operator.gating.decisions import GatingCondition
 from netval.operator.state import validation as vs
 from netval.operator.state.aggregation import compute_status
@@ -39,13 +41,38 @@ def validation_status(
             fresh, domains, min_throughput_ratio=spec.checks.peers.min_throughput_ratio
         )
         status = status.model_copy(update={"east_west": summary})
+    if spec is not None:
+        usable = usable_condition(
+            status.nodes,
+            status.condition(ConditionType.HEALTHY),
+            spec.gating.max_unhealthy_percent,
+        )
+    else:
+        usable = ("Unknown", Reason.INVALID_SPEC.value, "no valid spec")
+    status = _with_condition(status, ConditionType.USABLE, *usable, state, previous, now)
     if gate is None:
         return status
     ok, reason, message = gate
-    value: Literal["True", "False"] = "True" if ok else "False"
-    before = previous.condition(ConditionType.GATING) if previous is not None else None
+    return _with_condition(
+        status, ConditionType.GATING, "True" if ok else "False", reason, message, state,
+        previous, now,
+    )  # fmt: skip
+
+
+def _with_condition(
+    status: NetworkValidationStatus,
+    kind: ConditionType,
+    value: Literal["True", "False", "Unknown"],
+    reason: str,
+    message: str,
+    state: ValidationState,
+    previous: NetworkValidationStatus | None,
+    now: datetime,
+) -> NetworkValidationStatus:
+    """`status` with condition `kind` set (lastTransitionTime kept while its status holds)."""
+    before = previous.condition(kind) if previous is not None else None
     condition = Condition(
-        type=ConditionType.GATING,
+        type=kind,
         status=value,
         reason=reason,
         message=message,
@@ -54,5 +81,5 @@ def validation_status(
         else now,
         observed_generation=state.generation,
     )
-    others = [c for c in status.conditions if c.type != ConditionType.GATING]
+    others = [c for c in status.conditions if c.type != kind]
     return status.model_copy(update={"conditions": [*others, condition]})
