@@ -52,6 +52,8 @@ class EventReason(StrEnum):
     CHECK_RECOVERED = "CheckRecovered"  # Normal: a node passes a check it failed
     NODE_STALE = "NodeStale"  # Warning: a failing node stopped reporting (offline or silent)
     EVENTS_SUPPRESSED = "EventsSuppressed"  # Warning: transitions past the rate cap, counted
+    BREAKER_TRIPPED = "BreakerTripped"  # Warning: the breaker withheld taints or held labels
+    PEER_PORT_CONFLICT = "PeerPortConflict"  # Warning: two validations share a peers port
 
 
 class _Status(BaseModel):

@@ -23,6 +23,7 @@ from netval.infra.supervised import supervised_task
 from netval.infra.task_stop import cancel_and_wait
 from netval.model.results import Report
 from netval.model.spec import NetworkValidationSpec
+from netval.model.status import EventReason
 from netval.operator.gating.node_writer import NodeGating
 from netval.operator.ingest.assignments import assignments, leftover_topics
 from netval.operator.ingest.subscriber import ReportIngest
@@ -148,7 +149,7 @@ class OperatorRuntime:
         self._targets_dirty = False
         self.ingest.set_retained(assignments(self.store))
         for name, message in self.peer_ports.update(self.store):
-            self.events.queue(name, "Warning", "PeerPortConflict", message)
+            self.events.queue(name, "Warning", EventReason.PEER_PORT_CONFLICT, message)
 
     # -- what admission and Kueue ask (through the runtime in Kopf's memo) ------------------
 

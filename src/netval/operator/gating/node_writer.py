@@ -12,6 +12,7 @@ from typing import Final
 
 from netval.model.keys import FabricHealth
 from netval.model.spec import NetworkValidationSpec
+from netval.model.status import EventReason
 from netval.operator.gating import decisions as gating
 from netval.operator.gating.decisions import GatingCondition
 from netval.operator.kube.api import KubeApi, error_text
@@ -140,4 +141,4 @@ class NodeGating:
         was_tripped = self.breaker_tripped.get(v.name, False)
         self.breaker_tripped[v.name] = tripped
         if tripped and not was_tripped:
-            self.events.queue(v.name, "Warning", "BreakerTripped", new[2])
+            self.events.queue(v.name, "Warning", EventReason.BREAKER_TRIPPED, new[2])
