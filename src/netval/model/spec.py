@@ -63,6 +63,9 @@ class AdmissionMode(StrEnum):
 class LinkChecks(_Spec):
     interfaces: list[IfName] = Field(default_factory=list)
     max_carrier_changes: Annotated[int, Field(ge=0)] = 0
+    # link.phy_errors: the post-FEC bit error ratio a port may show; null: the IEEE 802.3
+    # objective for its speed (1e-13 from 200 Gb/s, else 1e-12; docs/checks.md).
+    max_post_fec_ber: Annotated[float | None, Field(gt=0, lt=1)] = None
 
 
 class MtuChecks(_Spec):
@@ -81,12 +84,70 @@ class MtuChecks(_Spec):
         return self
 
 
+# Deprecated per-interval counts (section, old field, its per-second replacement). A spec that
+# sets the old field and not the new one is read as new = old / spec.interval; a bare checks
+# document (netval probe) has no interval and is read with the default one.
+DEPRECATED_PER_INTERVAL: Final = (
+    ("rdma", "maxErrorsPerInterval", "maxRetryErrorsPerSecond"),
+    ("pfc", "maxDiscardsPerInterval", "maxDiscardsPerSecond"),
+)
+DEFAULT_INTERVAL: Final = "30s"
+
+
+def _python_name(camel: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in camel)
+
+
+def _per_second_from_interval(section: Any, old: str, new: str, interval_seconds: float) -> Any:
+    """`section` with `new` set from the deprecated `old` count, when only `old` is set."""
+    if not isinstance(section, dict):
+        return section
+    old_keys, new_keys = (old, _python_name(old)), (new, _python_name(new))
+    value = next((section[k] for k in old_keys if k in section), None)
+    if any(k in section for k in new_keys) or value is None:
+        return section
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return section  # the field's own validation reports it
+    return {**section, new: value / interval_seconds}
+
+
+def deprecated_fields_set(spec: NetworkValidationSpec) -> list[str]:
+    """The deprecated fields a spec sets, each with what it was read as (for warnings)."""
+    out = []
+    for section, old, new in DEPRECATED_PER_INTERVAL:
+        model = getattr(spec.checks, section)
+        if _python_name(old) in model.model_fields_set:
+            rate = getattr(model, _python_name(new))
+            out.append(
+                f"spec.checks.{section}.{old} is deprecated: read as {new} {rate:g} "
+                f"(per interval {spec.interval}); set {new} instead"
+            )
+    return out
+
+
 class RdmaChecks(_Spec):
     devices: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(default_factory=list)
     link_layer: LinkLayer = LinkLayer.ETHERNET
     min_rate_gbps: Annotated[float | None, Field(ge=0)] = None
     require_ro_ce_v2: Annotated[bool, Field(alias="requireRoCEv2")] = True
-    max_errors_per_interval: Annotated[int, Field(ge=0)] = 10
+    # -- rdma.errors, per counter family and per second (docs/checks.md, "Counter policy") --
+    max_retry_errors_per_second: Annotated[float, Field(ge=0)] = 0.1
+    warn_receiver_errors_per_second: Annotated[float, Field(ge=0)] = 0.0
+    warn_completion_errors_per_second: Annotated[float, Field(ge=0)] = 0.0
+    # Deprecated: a count per spec.interval; read as maxRetryErrorsPerSecond = value /
+    # interval when maxRetryErrorsPerSecond is not set.
+    max_errors_per_interval: Annotated[int | None, Field(ge=0)] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_per_interval(cls, data: Any) -> Any:
+        return _per_second_from_interval(
+            data,
+            "maxErrorsPerInterval",
+            "maxRetryErrorsPerSecond",
+            parse_duration(DEFAULT_INTERVAL),
+        )
+
     # -- transports and GIDs (issue 11) --
     # A node with InfiniBand and RoCE ports states both; when set it replaces linkLayer.
     link_layers: Annotated[list[LinkLayer] | None, Field(min_length=1, max_length=2)] = None
@@ -104,7 +165,21 @@ class PfcChecks(_Spec):
     trust: Trust = Trust.DSCP
     warn_pause_percent: Annotated[float, Field(ge=0, le=100)] = 5.0
     max_pause_percent: Annotated[float, Field(ge=0, le=100)] = 20.0
-    max_discards_per_interval: Annotated[int, Field(ge=0)] = 0
+    # pfc.discards: drops of the lossless priorities per second (a lossless class must not drop)
+    max_discards_per_second: Annotated[float, Field(ge=0)] = 0.0
+    # Deprecated: a count per spec.interval; read as maxDiscardsPerSecond = value / interval
+    # when maxDiscardsPerSecond is not set.
+    max_discards_per_interval: Annotated[int | None, Field(ge=0)] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_per_interval(cls, data: Any) -> Any:
+        return _per_second_from_interval(
+            data,
+            "maxDiscardsPerInterval",
+            "maxDiscardsPerSecond",
+            parse_duration(DEFAULT_INTERVAL),
+        )
 
 
 class EcnMode(StrEnum):
@@ -250,10 +325,28 @@ class Telemetry(_Spec):
 class NetworkValidationSpec(_Spec):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    interval: Annotated[str, Field(pattern=DURATION_PATTERN)] = "30s"
+    interval: Annotated[str, Field(pattern=DURATION_PATTERN)] = DEFAULT_INTERVAL
     checks: Checks = Field(default_factory=Checks)
     gating: Gating = Field(default_factory=Gating)
     telemetry: Telemetry = Field(default_factory=Telemetry)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_per_interval(cls, data: Any) -> Any:
+        """Deprecated per-interval counts are converted with this spec's own interval."""
+        if not isinstance(data, dict) or not isinstance(data.get("checks"), dict):
+            return data
+        try:
+            seconds = parse_duration(str(data.get("interval", DEFAULT_INTERVAL)))
+        except ValueError:
+            return data  # the interval field reports it
+        if seconds <= 0:
+            return data
+        checks = dict(data["checks"])
+        for section, old, new in DEPRECATED_PER_INTERVAL:
+            if section in checks:
+                checks[section] = _per_second_from_interval(checks[section], old, new, seconds)
+        return {**data, "checks": checks}
 
     @model_validator(mode="after")
     def _interval_floor(self) -> NetworkValidationSpec:
