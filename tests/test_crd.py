@@ -41,6 +41,8 @@ from netval.model.spec import (
     LinkChecks,
     MtuChecks,
     NetworkValidationSpec,
+    PfcChecks,
+    RdmaChecks,
     StorageChecks,
 )
 from netval.model.status import MAX_FAILURES, Condition, Failure, NetworkValidationStatus
@@ -87,6 +89,12 @@ MODEL_VALIDATORS: dict[tuple[type[BaseModel], str], dict[str, dict[str, Any]]] =
     # Redaction rewrites status messages, it refuses nothing: no counterpart to enforce.
     (Condition, "_redacted"): {},
     (Failure, "_redacted"): {},
+    # Deprecated per-interval counts are converted to per-second limits, nothing is refused;
+    # the CRD leaves the per-second fields without a default so the conversion still sees
+    # them unset after the API server's defaulting.
+    (NetworkValidationSpec, "_deprecated_per_interval"): {},
+    (RdmaChecks, "_deprecated_per_interval"): {},
+    (PfcChecks, "_deprecated_per_interval"): {},
 }
 
 # Field-level validators (Annotated[..., AfterValidator(f)]) and their CRD counterparts.

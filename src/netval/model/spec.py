@@ -92,6 +92,9 @@ DEPRECATED_PER_INTERVAL: Final = (
     ("pfc", "maxDiscardsPerInterval", "maxDiscardsPerSecond"),
 )
 DEFAULT_INTERVAL: Final = "30s"
+# Each ACK timeout stalls its QP for the transport timeout (4.3 s at NCCL_IB_TIMEOUT 20): one
+# every 10 s on a port is already visible in collective times (docs/checks.md).
+DEFAULT_MAX_RETRY_ERRORS_PER_SECOND: Final = 0.1
 
 
 def _python_name(camel: str) -> str:
@@ -117,7 +120,7 @@ def deprecated_fields_set(spec: NetworkValidationSpec) -> list[str]:
     for section, old, new in DEPRECATED_PER_INTERVAL:
         model = getattr(spec.checks, section)
         if _python_name(old) in model.model_fields_set:
-            rate = getattr(model, _python_name(new))
+            rate = getattr(model, _python_name(new)) or 0.0
             out.append(
                 f"spec.checks.{section}.{old} is deprecated: read as {new} {rate:g} "
                 f"(per interval {spec.interval}); set {new} instead"
@@ -131,7 +134,9 @@ class RdmaChecks(_Spec):
     min_rate_gbps: Annotated[float | None, Field(ge=0)] = None
     require_ro_ce_v2: Annotated[bool, Field(alias="requireRoCEv2")] = True
     # -- rdma.errors, per counter family and per second (docs/checks.md, "Counter policy") --
-    max_retry_errors_per_second: Annotated[float, Field(ge=0)] = 0.1
+    # null: DEFAULT_MAX_RETRY_ERRORS_PER_SECOND (left unset so a deprecated
+    # maxErrorsPerInterval can still be converted after the API server's defaulting)
+    max_retry_errors_per_second: Annotated[float | None, Field(ge=0)] = None
     warn_receiver_errors_per_second: Annotated[float, Field(ge=0)] = 0.0
     warn_completion_errors_per_second: Annotated[float, Field(ge=0)] = 0.0
     # Deprecated: a count per spec.interval; read as maxRetryErrorsPerSecond = value /
@@ -147,6 +152,11 @@ class RdmaChecks(_Spec):
             "maxRetryErrorsPerSecond",
             parse_duration(DEFAULT_INTERVAL),
         )
+
+    @property
+    def retry_errors_limit(self) -> float:
+        value = self.max_retry_errors_per_second
+        return DEFAULT_MAX_RETRY_ERRORS_PER_SECOND if value is None else value
 
     # -- transports and GIDs (issue 11) --
     # A node with InfiniBand and RoCE ports states both; when set it replaces linkLayer.
@@ -166,7 +176,8 @@ class PfcChecks(_Spec):
     warn_pause_percent: Annotated[float, Field(ge=0, le=100)] = 5.0
     max_pause_percent: Annotated[float, Field(ge=0, le=100)] = 20.0
     # pfc.discards: drops of the lossless priorities per second (a lossless class must not drop)
-    max_discards_per_second: Annotated[float, Field(ge=0)] = 0.0
+    # null: 0 (unset for the same reason as rdma.maxRetryErrorsPerSecond)
+    max_discards_per_second: Annotated[float | None, Field(ge=0)] = None
     # Deprecated: a count per spec.interval; read as maxDiscardsPerSecond = value / interval
     # when maxDiscardsPerSecond is not set.
     max_discards_per_interval: Annotated[int | None, Field(ge=0)] = None
@@ -180,6 +191,10 @@ class PfcChecks(_Spec):
             "maxDiscardsPerSecond",
             parse_duration(DEFAULT_INTERVAL),
         )
+
+    @property
+    def discards_limit(self) -> float:
+        return self.max_discards_per_second or 0.0
 
 
 class EcnMode(StrEnum):

@@ -286,7 +286,7 @@ def _judge_discards(
     *,
     per_priority: bool,
 ) -> CheckResult:
-    limit = ctx.checks.pfc.max_discards_per_second
+    limit = ctx.checks.pfc.discards_limit
     elapsed = ctx.snapshot.elapsed_seconds
     total = sum(got.values())
     rate = per_second(total, elapsed)

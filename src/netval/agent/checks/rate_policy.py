@@ -43,7 +43,7 @@ class Verdict(StrEnum):
 class CounterFamily:
     key: str
     verdict: Verdict
-    limit_field: str | None  # the RdmaChecks field holding its per-second limit
+    limit_field: str | None  # the RdmaChecks field or property giving its per-second limit
     meaning: str  # said in the message when the family is over its limit
     counters: frozenset[str]
 
@@ -57,7 +57,7 @@ class CounterFamily:
 RETRY: Final = CounterFamily(
     "retry",
     Verdict.FAIL,
-    "max_retry_errors_per_second",
+    "retry_errors_limit",
     "ACK timeouts and exhausted retries: packets lost in the fabric or a peer gone",
     frozenset(
         {
@@ -128,7 +128,7 @@ COMPLETION: Final = CounterFamily(
 CORRUPTION: Final = CounterFamily(
     "corruption",
     Verdict.FAIL,
-    "max_retry_errors_per_second",
+    "retry_errors_limit",
     "damaged packets (bad ICRC or truncated): a link or NIC corrupts traffic",
     frozenset({"rx_icrc_encapsulated", "ip4InTruncatedPkts"}),
 )

@@ -306,7 +306,7 @@ def judge_error_rates(ctx: CheckContext, subject: str, grown: dict[str, int]) ->
             reported.append(text)
     observed: dict[str, object] = {**grown, "perSecond": rates, "elapsedSeconds": elapsed}
     expected = {
-        "maxRetryErrorsPerSecond": spec.max_retry_errors_per_second,
+        "maxRetryErrorsPerSecond": spec.retry_errors_limit,
         "warnReceiverErrorsPerSecond": spec.warn_receiver_errors_per_second,
         "warnCompletionErrorsPerSecond": spec.warn_completion_errors_per_second,
     }
