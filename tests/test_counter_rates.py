@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from netval.agent.checks import run_node_checks
@@ -301,3 +303,32 @@ def test_deprecated_per_interval_fields_convert_with_the_interval() -> None:
     assert Checks().pfc.discards_limit == 0.0
     with pytest.raises(ValidationError):
         Checks.model_validate({"rdma": {"maxErrorsPerInterval": -1}})
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=8,
+)
+
+
+@given(
+    interval=st.one_of(st.sampled_from(["5s", "30s", "1m", "5m", "1h"]), _json),
+    old=st.one_of(st.integers(min_value=0, max_value=10**9), _json),
+    new=st.one_of(st.none(), st.floats(min_value=0, max_value=1e6), _json),
+)
+def test_deprecated_conversion_takes_any_input(interval: Any, old: Any, new: Any) -> None:
+    """The spec is user input: the conversion never raises anything but a validation error,
+    and a valid old count alone is always read as count / interval."""
+    rdma: dict[str, Any] = {"maxErrorsPerInterval": old}
+    if new is not None:
+        rdma["maxRetryErrorsPerSecond"] = new
+    try:
+        spec = NetworkValidationSpec.model_validate(
+            {"interval": interval, "checks": {"rdma": rdma}}
+        )
+    except ValidationError:
+        return
+    if new is None:
+        wanted = 0.1 if old is None else old / spec.interval_seconds
+        assert spec.checks.rdma.retry_errors_limit == pytest.approx(wanted)

@@ -29,7 +29,7 @@ import jsonschema
 import pytest
 import yaml
 from jsonschema import Draft4Validator, ValidationError, validators
-from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, create_model
+from pydantic import AfterValidator, BaseModel, Field, Strict, TypeAdapter, create_model
 from pydantic.fields import FieldInfo
 
 from netval.model import spec as spec_module
@@ -225,6 +225,8 @@ def _constraints(meta: list[Any], bare: Any, path: str) -> tuple[dict[str, Any],
             inner, more = _constraints(list(m.metadata), bare, path)
             out.update(inner)
             unknown += more
+        elif isinstance(m, Strict):
+            pass  # no coercion (bool, "3", 3.0 refused): the CRD's `type` refuses them already
         elif isinstance(m, annotated_types.Ge):
             out["minimum"] = m.ge
         elif isinstance(m, annotated_types.Gt):

@@ -110,7 +110,7 @@ def _per_second_from_interval(section: Any, old: str, new: str, interval_seconds
     if any(k in section for k in new_keys) or value is None:
         return section
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return section  # the field's own validation reports it
+        return section  # the field (strict int) rejects it
     return {**section, new: value / interval_seconds}
 
 
@@ -141,7 +141,7 @@ class RdmaChecks(_Spec):
     warn_completion_errors_per_second: Annotated[float, Field(ge=0)] = 0.0
     # Deprecated: a count per spec.interval; read as maxRetryErrorsPerSecond = value /
     # interval when maxRetryErrorsPerSecond is not set.
-    max_errors_per_interval: Annotated[int | None, Field(ge=0)] = None
+    max_errors_per_interval: Annotated[int | None, Field(ge=0, strict=True)] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -180,7 +180,7 @@ class PfcChecks(_Spec):
     max_discards_per_second: Annotated[float | None, Field(ge=0)] = None
     # Deprecated: a count per spec.interval; read as maxDiscardsPerSecond = value / interval
     # when maxDiscardsPerSecond is not set.
-    max_discards_per_interval: Annotated[int | None, Field(ge=0)] = None
+    max_discards_per_interval: Annotated[int | None, Field(ge=0, strict=True)] = None
 
     @model_validator(mode="before")
     @classmethod
