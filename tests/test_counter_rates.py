@@ -18,6 +18,7 @@ from netval.agent.checks import run_node_checks
 from netval.agent.checks.counters import hw_counter_width
 from netval.agent.checks.drivers import MAPS
 from netval.agent.checks.rate_policy import UNCLASSIFIED, ber_allowance, family_of
+from netval.agent.collect.snapshot_dir import load_snapshot
 from netval.model import (
     CheckResult,
     Checks,
@@ -291,6 +292,10 @@ def test_deprecated_per_interval_fields_convert_with_the_interval() -> None:
         "spec.checks.pfc.maxDiscardsPerInterval is deprecated: read as maxDiscardsPerSecond "
         "0.2 (per interval 5m); set maxDiscardsPerSecond instead",
     ]
+    # the agent's config is the operator's dump of the spec: read again, it means the same
+    again = NetworkValidationSpec.model_validate(spec.model_dump(mode="json", by_alias=True))
+    assert again.checks.rdma.retry_errors_limit == pytest.approx(0.1)
+    assert again.checks.pfc.discards_limit == pytest.approx(0.2)
     # the per-second field wins when both are set
     both = NetworkValidationSpec.model_validate(
         {"checks": {"rdma": {"maxErrorsPerInterval": 30, "maxRetryErrorsPerSecond": 2}}}
@@ -332,3 +337,12 @@ def test_deprecated_conversion_takes_any_input(interval: Any, old: Any, new: Any
     if new is None:
         wanted = 0.1 if old is None else old / spec.interval_seconds
         assert spec.checks.rdma.retry_errors_limit == pytest.approx(wanted)
+
+
+def test_bundled_pause_storm_snapshot_warns_on_the_warning_event() -> None:
+    snapshots = Path(__file__).resolve().parent.parent / "examples" / "snapshots"
+    results = run_node_checks(load_snapshot(snapshots / "fault-pause-storm"), Checks())
+    storm = {r.subject: r.status for r in results if r.check.value == "pfc.pause_storm"}
+    # tx_pause_storm_warning_events +3 warns; the 73% of tx pause on priority 3 fails
+    assert storm["ens1np0"] is Status.WARN
+    assert storm["ens1np0/prio3"] is Status.FAIL

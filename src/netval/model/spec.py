@@ -107,7 +107,7 @@ def _per_second_from_interval(section: Any, old: str, new: str, interval_seconds
         return section
     old_keys, new_keys = (old, _python_name(old)), (new, _python_name(new))
     value = next((section[k] for k in old_keys if k in section), None)
-    if any(k in section for k in new_keys) or value is None:
+    if any(section.get(k) is not None for k in new_keys) or value is None:
         return section
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return section  # the field (strict int) rejects it
