@@ -301,6 +301,10 @@ def test_deprecated_per_interval_fields_convert_with_the_interval() -> None:
         {"checks": {"rdma": {"maxErrorsPerInterval": 30, "maxRetryErrorsPerSecond": 2}}}
     )
     assert both.checks.rdma.retry_errors_limit == 2
+    assert deprecated_fields_set(both) == [
+        "spec.checks.rdma.maxErrorsPerInterval is deprecated and ignored: "
+        "maxRetryErrorsPerSecond is set"
+    ]
     # a bare checks document has no interval: the default one (30 s)
     bare = Checks.model_validate({"rdma": {"maxErrorsPerInterval": 3}})
     assert bare.rdma.retry_errors_limit == pytest.approx(0.1)

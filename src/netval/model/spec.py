@@ -119,12 +119,17 @@ def deprecated_fields_set(spec: NetworkValidationSpec) -> list[str]:
     out = []
     for section, old, new in DEPRECATED_PER_INTERVAL:
         model = getattr(spec.checks, section)
-        if _python_name(old) in model.model_fields_set:
-            rate = getattr(model, _python_name(new)) or 0.0
-            out.append(
-                f"spec.checks.{section}.{old} is deprecated: read as {new} {rate:g} "
-                f"(per interval {spec.interval}); set {new} instead"
-            )
+        count = getattr(model, _python_name(old))
+        if count is None:
+            continue
+        rate = getattr(model, _python_name(new))
+        if rate is not None and abs(rate - count / spec.interval_seconds) > 1e-12:
+            out.append(f"spec.checks.{section}.{old} is deprecated and ignored: {new} is set")
+            continue
+        out.append(
+            f"spec.checks.{section}.{old} is deprecated: read as {new} {rate or 0.0:g} "
+            f"(per interval {spec.interval}); set {new} instead"
+        )
     return out
 
 
