@@ -29,7 +29,7 @@ import jsonschema
 import pytest
 import yaml
 from jsonschema import Draft4Validator, ValidationError, validators
-from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, create_model
+from pydantic import AfterValidator, BaseModel, Field, Strict, TypeAdapter, create_model
 from pydantic.fields import FieldInfo
 
 from netval.model import spec as spec_module
@@ -41,6 +41,8 @@ from netval.model.spec import (
     LinkChecks,
     MtuChecks,
     NetworkValidationSpec,
+    PfcChecks,
+    RdmaChecks,
     StorageChecks,
 )
 from netval.model.status import MAX_FAILURES, Condition, Failure, NetworkValidationStatus
@@ -87,6 +89,12 @@ MODEL_VALIDATORS: dict[tuple[type[BaseModel], str], dict[str, dict[str, Any]]] =
     # Redaction rewrites status messages, it refuses nothing: no counterpart to enforce.
     (Condition, "_redacted"): {},
     (Failure, "_redacted"): {},
+    # Deprecated per-interval counts are converted to per-second limits, nothing is refused;
+    # the CRD leaves the per-second fields without a default so the conversion still sees
+    # them unset after the API server's defaulting.
+    (NetworkValidationSpec, "_deprecated_per_interval"): {},
+    (RdmaChecks, "_deprecated_per_interval"): {},
+    (PfcChecks, "_deprecated_per_interval"): {},
 }
 
 # Field-level validators (Annotated[..., AfterValidator(f)]) and their CRD counterparts.
@@ -217,6 +225,8 @@ def _constraints(meta: list[Any], bare: Any, path: str) -> tuple[dict[str, Any],
             inner, more = _constraints(list(m.metadata), bare, path)
             out.update(inner)
             unknown += more
+        elif isinstance(m, Strict):
+            pass  # no coercion (bool, "3", 3.0 refused): the CRD's `type` refuses them already
         elif isinstance(m, annotated_types.Ge):
             out["minimum"] = m.ge
         elif isinstance(m, annotated_types.Gt):

@@ -73,6 +73,9 @@ class AdmissionPolicy(StrEnum):
 class LinkChecks(_Spec):
     interfaces: list[IfName] = Field(default_factory=list)
     max_carrier_changes: Annotated[int, Field(ge=0)] = 0
+    # link.phy_errors: the post-FEC bit error ratio a port may show; null: the IEEE 802.3
+    # objective for its speed (1e-13 from 200 Gb/s, else 1e-12; docs/checks.md).
+    max_post_fec_ber: Annotated[float | None, Field(gt=0, lt=1)] = None
 
 
 class MtuChecks(_Spec):
@@ -91,12 +94,85 @@ class MtuChecks(_Spec):
         return self
 
 
+# Deprecated per-interval counts (section, old field, its per-second replacement). A spec that
+# sets the old field and not the new one is read as new = old / spec.interval; a bare checks
+# document (netval probe) has no interval and is read with the default one.
+DEPRECATED_PER_INTERVAL: Final = (
+    ("rdma", "maxErrorsPerInterval", "maxRetryErrorsPerSecond"),
+    ("pfc", "maxDiscardsPerInterval", "maxDiscardsPerSecond"),
+)
+DEFAULT_INTERVAL: Final = "30s"
+# Each ACK timeout stalls its QP for the transport timeout (4.3 s at NCCL_IB_TIMEOUT 20): one
+# every 10 s on a port is already visible in collective times (docs/checks.md).
+DEFAULT_MAX_RETRY_ERRORS_PER_SECOND: Final = 0.1
+
+
+def _python_name(camel: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in camel)
+
+
+def _per_second_from_interval(section: Any, old: str, new: str, interval_seconds: float) -> Any:
+    """`section` with `new` set from the deprecated `old` count, when only `old` is set."""
+    if not isinstance(section, dict):
+        return section
+    old_keys, new_keys = (old, _python_name(old)), (new, _python_name(new))
+    value = next((section[k] for k in old_keys if k in section), None)
+    if any(section.get(k) is not None for k in new_keys) or value is None:
+        return section
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return section  # the field (strict int) rejects it
+    return {**section, new: value / interval_seconds}
+
+
+def deprecated_fields_set(spec: NetworkValidationSpec) -> list[str]:
+    """The deprecated fields a spec sets, each with what it was read as (for warnings)."""
+    out = []
+    for section, old, new in DEPRECATED_PER_INTERVAL:
+        model = getattr(spec.checks, section)
+        count = getattr(model, _python_name(old))
+        if count is None:
+            continue
+        rate = getattr(model, _python_name(new))
+        if rate is not None and abs(rate - count / spec.interval_seconds) > 1e-12:
+            out.append(f"spec.checks.{section}.{old} is deprecated and ignored: {new} is set")
+            continue
+        out.append(
+            f"spec.checks.{section}.{old} is deprecated: read as {new} {rate or 0.0:g} "
+            f"(per interval {spec.interval}); set {new} instead"
+        )
+    return out
+
+
 class RdmaChecks(_Spec):
     devices: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(default_factory=list)
     link_layer: LinkLayer = LinkLayer.ETHERNET
     min_rate_gbps: Annotated[float | None, Field(ge=0)] = None
     require_ro_ce_v2: Annotated[bool, Field(alias="requireRoCEv2")] = True
-    max_errors_per_interval: Annotated[int, Field(ge=0)] = 10
+    # -- rdma.errors, per counter family and per second (docs/checks.md, "Counter policy") --
+    # null: DEFAULT_MAX_RETRY_ERRORS_PER_SECOND (left unset so a deprecated
+    # maxErrorsPerInterval can still be converted after the API server's defaulting)
+    max_retry_errors_per_second: Annotated[float | None, Field(ge=0)] = None
+    warn_receiver_errors_per_second: Annotated[float, Field(ge=0)] = 0.0
+    warn_completion_errors_per_second: Annotated[float, Field(ge=0)] = 0.0
+    # Deprecated: a count per spec.interval; read as maxRetryErrorsPerSecond = value /
+    # interval when maxRetryErrorsPerSecond is not set.
+    max_errors_per_interval: Annotated[int | None, Field(ge=0, strict=True)] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_per_interval(cls, data: Any) -> Any:
+        return _per_second_from_interval(
+            data,
+            "maxErrorsPerInterval",
+            "maxRetryErrorsPerSecond",
+            parse_duration(DEFAULT_INTERVAL),
+        )
+
+    @property
+    def retry_errors_limit(self) -> float:
+        value = self.max_retry_errors_per_second
+        return DEFAULT_MAX_RETRY_ERRORS_PER_SECOND if value is None else value
+
     # -- transports and GIDs (issue 11) --
     # A node with InfiniBand and RoCE ports states both; when set it replaces linkLayer.
     link_layers: Annotated[list[LinkLayer] | None, Field(min_length=1, max_length=3)] = None
@@ -114,7 +190,26 @@ class PfcChecks(_Spec):
     trust: Trust = Trust.DSCP
     warn_pause_percent: Annotated[float, Field(ge=0, le=100)] = 5.0
     max_pause_percent: Annotated[float, Field(ge=0, le=100)] = 20.0
-    max_discards_per_interval: Annotated[int, Field(ge=0)] = 0
+    # pfc.discards: drops of the lossless priorities per second (a lossless class must not drop)
+    # null: 0 (unset for the same reason as rdma.maxRetryErrorsPerSecond)
+    max_discards_per_second: Annotated[float | None, Field(ge=0)] = None
+    # Deprecated: a count per spec.interval; read as maxDiscardsPerSecond = value / interval
+    # when maxDiscardsPerSecond is not set.
+    max_discards_per_interval: Annotated[int | None, Field(ge=0, strict=True)] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_per_interval(cls, data: Any) -> Any:
+        return _per_second_from_interval(
+            data,
+            "maxDiscardsPerInterval",
+            "maxDiscardsPerSecond",
+            parse_duration(DEFAULT_INTERVAL),
+        )
+
+    @property
+    def discards_limit(self) -> float:
+        return self.max_discards_per_second or 0.0
 
 
 class EcnMode(StrEnum):
@@ -273,10 +368,28 @@ class Telemetry(_Spec):
 class NetworkValidationSpec(_Spec):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    interval: Annotated[str, Field(pattern=DURATION_PATTERN)] = "30s"
+    interval: Annotated[str, Field(pattern=DURATION_PATTERN)] = DEFAULT_INTERVAL
     checks: Checks = Field(default_factory=Checks)
     gating: Gating = Field(default_factory=Gating)
     telemetry: Telemetry = Field(default_factory=Telemetry)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_per_interval(cls, data: Any) -> Any:
+        """Deprecated per-interval counts are converted with this spec's own interval."""
+        if not isinstance(data, dict) or not isinstance(data.get("checks"), dict):
+            return data
+        try:
+            seconds = parse_duration(str(data.get("interval", DEFAULT_INTERVAL)))
+        except ValueError:
+            return data  # the interval field reports it
+        if seconds <= 0:
+            return data
+        checks = dict(data["checks"])
+        for section, old, new in DEPRECATED_PER_INTERVAL:
+            if section in checks:
+                checks[section] = _per_second_from_interval(checks[section], old, new, seconds)
+        return {**data, "checks": checks}
 
     @model_validator(mode="after")
     def _interval_floor(self) -> NetworkValidationSpec:

@@ -10,7 +10,7 @@ from netval.agent.checks.context import (
     result,
     skipped,
 )
-from netval.agent.checks.counters import delta
+from netval.agent.checks.counters import delta, hw_counter_width
 from netval.agent.checks.driver_discovery import netdev_driver
 from netval.agent.checks.drivers import DriverCounters, pick
 from netval.model.ids import CheckId, Status
@@ -118,7 +118,11 @@ def _congestion_deltas(
                 missing.append("/".join(names))
             continue
         chosen[key] = name
-        d = delta(first_hw.get(name) if first_hw else None, port.hw_counters[name])
+        d = delta(
+            first_hw.get(name) if first_hw else None,
+            port.hw_counters[name],
+            width=hw_counter_width(driver.name, name),
+        )
         if d is None:
             missing.append(name)
         else:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from netval.agent.checks.context import NO_DELTAS, CheckContext, result, skipped
+from netval.agent.checks.counters import IB_PORT_COUNTER_BITS
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.model.snapshot import RdmaPort, Transport
@@ -23,8 +24,12 @@ from netval.model.spec import IbCounterLimits
 class IbCounter:
     name: str  # the file name under counters/
     limit_field: str  # IbCounterLimits field
-    bits: int  # PortCounters width (IBA vol. 1, 16.1.3.5)
     meaning: str
+
+    @property
+    def bits(self) -> int:
+        """PortCounters width: the one width table (counters.py)."""
+        return IB_PORT_COUNTER_BITS[self.name]
 
     @property
     def saturated(self) -> int:
@@ -32,24 +37,22 @@ class IbCounter:
 
 
 ERROR_COUNTERS: Final = (
-    IbCounter("symbol_error", "symbol_error", 16, "minor link errors on a lane"),
-    IbCounter("link_error_recovery", "link_error_recovery", 8, "link retrained"),
-    IbCounter("link_downed", "link_downed", 8, "link went down"),
-    IbCounter("port_rcv_errors", "port_rcv_errors", 16, "malformed packets received"),
-    IbCounter("port_xmit_discards", "port_xmit_discards", 16, "packets dropped on send"),
+    IbCounter("symbol_error", "symbol_error", "minor link errors on a lane"),
+    IbCounter("link_error_recovery", "link_error_recovery", "link retrained"),
+    IbCounter("link_downed", "link_downed", "link went down"),
+    IbCounter("port_rcv_errors", "port_rcv_errors", "malformed packets received"),
+    IbCounter("port_xmit_discards", "port_xmit_discards", "packets dropped on send"),
     IbCounter(
         "excessive_buffer_overrun_errors",
         "excessive_buffer_overrun_errors",
-        4,
         "receive buffer overruns (flow control broken)",
     ),
     IbCounter(
         "local_link_integrity_errors",
         "local_link_integrity_errors",
-        4,
         "physical errors over the local link integrity threshold",
     ),
-    IbCounter("VL15_dropped", "vl15_dropped", 16, "subnet management packets dropped"),
+    IbCounter("VL15_dropped", "vl15_dropped", "subnet management packets dropped"),
 )
 
 

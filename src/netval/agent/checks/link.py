@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from netval.agent.checks.context import NO_DELTAS, CheckContext, result, skipped
-from netval.agent.checks.counters import delta
+from netval.agent.checks.counters import CARRIER_CHANGES_BITS, delta
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 
@@ -69,7 +69,7 @@ def check_flaps(ctx: CheckContext) -> list[CheckResult]:
         changes = delta(
             first.carrier_changes if first else None,
             last.carrier_changes if last else None,
-            width=32,  # the kernel counts carrier ups and downs in atomic_t
+            width=CARRIER_CHANGES_BITS,
         )
         if changes is None:
             reason = (

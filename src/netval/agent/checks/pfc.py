@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from netval.agent.checks.context import CheckContext, result, skipped
-from netval.agent.checks.counters import deltas
+from netval.agent.checks.counters import deltas, per_second
 from netval.agent.checks.netdev_counters import missing_text, netdev_counter_inputs
+from netval.agent.checks.rate_policy import PAUSE_STORM_WARNING_EVENTS
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.model.snapshot import Netdev
@@ -122,32 +123,8 @@ def check_pause_storm(ctx: CheckContext) -> list[CheckResult]:
             continue
         driver, first, last = inputs.counters, inputs.first, inputs.last
         storms = deltas(first, last, driver.pause_storm_events)
-        grown = {k: v for k, v in storms.items() if v}
-        if grown:
-            out.append(
-                result(
-                    CheckId.PFC_PAUSE_STORM,
-                    name,
-                    Status.FAIL,
-                    "pause storm: "
-                    + ", ".join(f"{k} +{v}" for k, v in grown.items())
-                    + f" in {ctx.interval_text()} (the NIC kept pausing past its stall "
-                    "watermark); expected none",
-                    {**storms},
-                    {k: 0 for k in storms},
-                )
-            )
-        elif storms:
-            out.append(
-                result(
-                    CheckId.PFC_PAUSE_STORM,
-                    name,
-                    Status.PASS,
-                    f"no pause-storm events in {ctx.interval_text()}",
-                    {**storms},
-                    {k: 0 for k in storms},
-                )
-            )
+        if storms:
+            out.append(_judge_storm_events(ctx, name, storms))
         for prio in spec.priorities:
             subject = f"{name}/prio{prio}"
             if driver.rx_pause_duration is None or driver.tx_pause_duration is None:
@@ -224,10 +201,36 @@ def check_pause_storm(ctx: CheckContext) -> list[CheckResult]:
     return out
 
 
+def _judge_storm_events(ctx: CheckContext, name: str, storms: dict[str, int]) -> CheckResult:
+    """The NIC's own pause-storm detector: its warning watermark warns, its error one fails."""
+    errors = {k: v for k, v in storms.items() if v and k not in PAUSE_STORM_WARNING_EVENTS}
+    warnings = {k: v for k, v in storms.items() if v and k in PAUSE_STORM_WARNING_EVENTS}
+    span = ctx.interval_text()
+    expected = {k: 0 for k in storms}
+    if errors:
+        status = Status.FAIL
+        message = (
+            "pause storm: "
+            + ", ".join(f"{k} +{v}" for k, v in {**errors, **warnings}.items())
+            + f" in {span} (the NIC kept pausing past its critical stall watermark and "
+            "stopped honouring pause); expected none"
+        )
+    elif warnings:
+        status = Status.WARN
+        message = (
+            "pause storm warning: "
+            + ", ".join(f"{k} +{v}" for k, v in warnings.items())
+            + f" in {span} (the NIC kept pausing past its warning stall watermark; the error "
+            "watermark was not reached)"
+        )
+    else:
+        status, message = Status.PASS, f"no pause-storm events in {span}"
+    return result(CheckId.PFC_PAUSE_STORM, name, status, message, {**storms}, expected)
+
+
 def check_discards(ctx: CheckContext) -> list[CheckResult]:
     if not ctx.judged.qos_netdevs:
         return _no_qos(CheckId.PFC_DISCARDS, ctx)
-    limit = ctx.checks.pfc.max_discards_per_interval
     out: list[CheckResult] = []
     for name in ctx.judged.qos_netdevs:
         if not ctx.checks.pfc.priorities:
@@ -254,7 +257,8 @@ def check_discards(ctx: CheckContext) -> list[CheckResult]:
             else ()
         )
         port_level = deltas(first, last, driver.discards)
-        got = deltas(first, last, prio_names) or port_level
+        per_priority = deltas(first, last, prio_names)
+        got = per_priority or port_level
         if not got:
             names = [*prio_names, *driver.discards]
             out.append(
@@ -267,31 +271,64 @@ def check_discards(ctx: CheckContext) -> list[CheckResult]:
                 )
             )
             continue
-        total = sum(got.values())
-        grown = ", ".join(f"{k} +{v}" for k, v in got.items() if v)
-        observed: dict[str, int] = {**port_level, **got, "total": total}
-        expected = {"maxDiscardsPerInterval": limit}
-        if total > limit:
-            out.append(
-                result(
-                    CheckId.PFC_DISCARDS,
-                    name,
-                    Status.FAIL,
-                    f"{grown} in {ctx.interval_text()}; expected at most {limit} "
-                    "(a lossless class must not drop)",
-                    {**observed},
-                    expected,
-                )
-            )
-        else:
-            out.append(
-                result(
-                    CheckId.PFC_DISCARDS,
-                    name,
-                    Status.PASS,
-                    f"{total} discards in {ctx.interval_text()}",
-                    {**observed},
-                    expected,
-                )
-            )
+        if ctx.snapshot.elapsed_seconds <= 0:
+            out.append(skipped(CheckId.PFC_DISCARDS, name, "zero-length sampling window"))
+            continue
+        out.append(_judge_discards(ctx, name, got, port_level, per_priority=bool(per_priority)))
     return out
+
+
+def _judge_discards(
+    ctx: CheckContext,
+    name: str,
+    got: dict[str, int],
+    port_level: dict[str, int],
+    *,
+    per_priority: bool,
+) -> CheckResult:
+    limit = ctx.checks.pfc.discards_limit
+    elapsed = ctx.snapshot.elapsed_seconds
+    total = sum(got.values())
+    rate = per_second(total, elapsed)
+    grown = ", ".join(f"{k} +{v}" for k, v in got.items() if v)
+    observed: dict[str, object] = {
+        **port_level,
+        **got,
+        "total": total,
+        "perSecond": round(rate, 6),
+        "elapsedSeconds": elapsed,
+        "counterLevel": "priority" if per_priority else "port",
+    }
+    expected = {"maxDiscardsPerSecond": limit}
+    span = ctx.interval_text()
+    if rate <= limit:
+        return result(
+            CheckId.PFC_DISCARDS,
+            name,
+            Status.PASS,
+            f"{total} discards in {span} ({rate:.3g}/s)"
+            + ("" if per_priority else " (port-level counters, includes lossy classes)"),
+            observed,
+            expected,
+        )
+    if not per_priority:
+        # Port-level drops count every class: one dropped TCP packet is not a lossless drop.
+        return result(
+            CheckId.PFC_DISCARDS,
+            name,
+            Status.WARN,
+            f"{grown} in {span} ({rate:.3g}/s): port-level, includes lossy classes (this NIC "
+            "has no per-priority drop counter, so these are not judged as lossless drops; "
+            "the switch's per-priority counters tell)",
+            observed,
+            expected,
+        )
+    return result(
+        CheckId.PFC_DISCARDS,
+        name,
+        Status.FAIL,
+        f"{grown} in {span} ({rate:.3g}/s); expected at most {limit:g}/s "
+        "(a lossless class must not drop)",
+        observed,
+        expected,
+    )

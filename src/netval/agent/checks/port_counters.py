@@ -5,14 +5,21 @@ pause stops every traffic class at once: on a 400G link it can take a fifth of t
 with every drop counter at zero, so PFC's per-priority counters look clean while jobs
 crawl. PHY errors after FEC (symbol errors, FCS errors) and PHY link-down events mean a
 bad cable, optic or port; FEC-corrected bits are normal on a healthy PAM4 link and are only
-reported, as a pre-FEC bit error ratio.
+reported, as a pre-FEC bit error ratio. Errors past FEC are judged as a post-FEC bit error
+ratio against the IEEE 802.3 objective (rate_policy.BER_LIMITS): a 400G link within spec
+still shows about one per 30 s.
 """
 
 from __future__ import annotations
 
 from netval.agent.checks.context import CheckContext, result, skipped
 from netval.agent.checks.counters import deltas
-from netval.agent.checks.netdev_counters import missing_text, netdev_counter_inputs
+from netval.agent.checks.netdev_counters import (
+    NetdevCounters,
+    missing_text,
+    netdev_counter_inputs,
+)
+from netval.agent.checks.rate_policy import LINK_DOWN_COUNTERS, ber_allowance, default_ber_limit
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 
@@ -115,46 +122,73 @@ def check_phy_errors(ctx: CheckContext) -> list[CheckResult]:
                 skipped(check, name, missing_text(inputs.missing(driver.phy_errors), driver))
             )
             continue
-        corrected = deltas(inputs.first, inputs.last, driver.phy_corrected)
-        observed: dict[str, object] = {**errors, **corrected}
-        netdev = ctx.snapshot.last.netdevs.get(name)
-        bits = (
-            netdev.speed_mbps * 1e6 * ctx.snapshot.elapsed_seconds
-            if netdev is not None and netdev.speed_mbps
-            else 0
-        )
-        if corrected and bits > 0:
-            observed["preFecBer"] = float(f"{sum(corrected.values()) / bits:.3e}")
-        missing = inputs.missing(driver.phy_errors)
-        if missing:
-            observed["missing"] = missing
-        grown = {k: v for k, v in errors.items() if v}
-        span = ctx.interval_text()
-        expected = {k: 0 for k in errors}
-        if grown:
-            out.append(
-                result(
-                    check,
-                    name,
-                    Status.FAIL,
-                    ", ".join(f"{k} +{v}" for k, v in grown.items())
-                    + f" in {span}: errors past FEC or PHY link drops (cable, optic or port); "
-                    "expected none",
-                    observed,
-                    expected,
-                )
-            )
-        else:
-            ber = observed.get("preFecBer")
-            note = f", pre-FEC BER {ber}" if ber is not None else ""
-            out.append(
-                result(
-                    check,
-                    name,
-                    Status.PASS,
-                    f"no PHY errors in {span}{note}",
-                    observed,
-                    expected,
-                )
-            )
+        out.append(_judge_phy(ctx, inputs, errors))
     return out
+
+
+def _judge_phy(ctx: CheckContext, inputs: NetdevCounters, errors: dict[str, int]) -> CheckResult:
+    """Link-down events fail on any growth; errors past FEC are judged as a bit error ratio
+    against the IEEE 802.3 objective for the port's speed (rate_policy.BER_LIMITS)."""
+    check, name, driver = CheckId.LINK_PHY_ERRORS, inputs.name, inputs.counters
+    corrected = deltas(inputs.first, inputs.last, driver.phy_corrected)
+    observed: dict[str, object] = {**errors, **corrected}
+    netdev = ctx.snapshot.last.netdevs.get(name)
+    speed = netdev.speed_mbps if netdev is not None and netdev.speed_mbps else None
+    bits = speed * 1e6 * ctx.snapshot.elapsed_seconds if speed else 0.0
+    if corrected and bits > 0:
+        observed["preFecBer"] = float(f"{sum(corrected.values()) / bits:.3e}")
+    missing = inputs.missing(driver.phy_errors)
+    if missing:
+        observed["missing"] = missing
+    span = ctx.interval_text()
+    downs = {k: v for k, v in errors.items() if v and k in LINK_DOWN_COUNTERS}
+    # Symbol errors past FEC and FCS errors count the same damaged frames: the larger one.
+    post_fec = max((v for k, v in errors.items() if k not in LINK_DOWN_COUNTERS), default=0)
+    limit = ctx.checks.link.max_post_fec_ber or (default_ber_limit(speed) if speed else None)
+    expected: dict[str, object] = {
+        **{k: 0 for k in errors if k in LINK_DOWN_COUNTERS},
+        "maxPostFecBer": limit,
+    }
+    if bits > 0:
+        observed["postFecBer"] = float(f"{post_fec / bits:.3e}")
+    grown = ", ".join(f"{k} +{v}" for k, v in errors.items() if v)
+    if downs:
+        return result(
+            check,
+            name,
+            Status.FAIL,
+            f"{grown} in {span}: the PHY dropped the link (cable, optic or port); expected none",
+            observed,
+            expected,
+        )
+    if post_fec and (bits <= 0 or limit is None):
+        return result(
+            check,
+            name,
+            Status.WARN,
+            f"{grown} in {span}: errors past FEC, but the link speed of {name} is unknown, "
+            "so the bit error ratio cannot be judged",
+            observed,
+            expected,
+        )
+    ber_note = ""
+    if bits > 0 and limit is not None:
+        allowed = ber_allowance(bits, limit)
+        observed["allowedPostFecErrors"] = allowed
+        ber = post_fec / bits
+        ber_note = f", post-FEC BER {ber:.2e} (limit {limit:g})"
+        if post_fec > allowed:
+            return result(
+                check,
+                name,
+                Status.FAIL,
+                f"{grown} in {span}{ber_note}: more errors past FEC than a link at the IEEE "
+                f"802.3 limit shows ({allowed} at most in this window); a cable, optic or "
+                "port is bad",
+                observed,
+                expected,
+            )
+    pre = observed.get("preFecBer")
+    note = f", pre-FEC BER {pre}" if pre is not None else ""
+    text = f"{grown} in {span}{ber_note} (within spec)" if post_fec else f"no PHY errors in {span}"
+    return result(check, name, Status.PASS, text + note, observed, expected)

@@ -8,7 +8,8 @@ from netval.agent.checks.context import (
     result,
     skipped,
 )
-from netval.agent.checks.counters import deltas
+from netval.agent.checks.counters import hw_deltas, per_second
+from netval.agent.checks.rate_policy import CounterFamily, Verdict, family_of
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.model.snapshot import RdmaPort, Transport
@@ -259,10 +260,8 @@ def check_rate(ctx: CheckContext) -> list[CheckResult]:
 def check_errors(ctx: CheckContext) -> list[CheckResult]:
     if not ctx.judged.ports:
         return _no_devices(CheckId.RDMA_ERRORS, ctx)
-    limit = ctx.checks.rdma.max_errors_per_interval
     out: list[CheckResult] = []
     for port in ctx.judged.ports:
-        subject = port.subject
         inputs = port_counter_inputs(
             ctx,
             CheckId.RDMA_ERRORS,
@@ -273,33 +272,67 @@ def check_errors(ctx: CheckContext) -> list[CheckResult]:
             out.append(inputs)
             continue
         driver, first_hw = inputs
-        grown = deltas(
-            first_hw,
-            port.hw_counters,
-            driver.rdma_errors,
-            width=32,  # mlx5 Q counters
-        )
+        grown = hw_deltas(driver.name, first_hw, port.hw_counters, driver.rdma_errors)
         if not grown:
             out.append(
                 skipped(
                     CheckId.RDMA_ERRORS,
-                    subject,
+                    port.subject,
                     f"none of the {driver.name} error counters "
                     f"({', '.join(driver.rdma_errors)}) is in hw_counters",
                 )
             )
             continue
-        nonzero = {k: v for k, v in grown.items() if v}
-        expected = {"maxErrorsPerInterval": limit}
-        detail = ", ".join(f"{k} +{v}" for k, v in nonzero.items())
-        if any(v > limit for v in nonzero.values()):
-            status = Status.FAIL
-            message = f"{detail} in {ctx.interval_text()}; expected at most {limit} per counter"
-        elif nonzero:
-            status = Status.WARN
-            message = f"{detail} in {ctx.interval_text()} (within {limit} per counter)"
-        else:
-            status = Status.PASS
-            message = f"no RDMA transport errors in {ctx.interval_text()}"
-        out.append(result(CheckId.RDMA_ERRORS, subject, status, message, {**grown}, expected))
+        if ctx.snapshot.elapsed_seconds <= 0:
+            out.append(skipped(CheckId.RDMA_ERRORS, port.subject, "zero-length sampling window"))
+            continue
+        out.append(judge_error_rates(ctx, port.subject, grown))
     return out
+
+
+def judge_error_rates(ctx: CheckContext, subject: str, grown: dict[str, int]) -> CheckResult:
+    """rdma.errors of one port: each counter's rate against its family's policy
+    (rate_policy.py); a family over its limit is named once with its meaning."""
+    spec = ctx.checks.rdma
+    elapsed = ctx.snapshot.elapsed_seconds
+    span = ctx.interval_text()
+    over: dict[CounterFamily, list[str]] = {}
+    reported: list[str] = []
+    rates: dict[str, float] = {}
+    for name, count in grown.items():
+        rate = per_second(count, elapsed)
+        rates[name] = round(rate, 6)
+        if not count:
+            continue
+        family = family_of(name)
+        limit = family.limit(spec)
+        text = f"{name} +{count} ({rate:.3g}/s)"
+        if family.verdict is not Verdict.INFO and limit is not None and rate > limit:
+            over.setdefault(family, []).append(text)
+        else:
+            reported.append(text)
+    observed: dict[str, object] = {**grown, "perSecond": rates, "elapsedSeconds": elapsed}
+    expected = {
+        "maxRetryErrorsPerSecond": spec.retry_errors_limit,
+        "warnReceiverErrorsPerSecond": spec.warn_receiver_errors_per_second,
+        "warnCompletionErrorsPerSecond": spec.warn_completion_errors_per_second,
+    }
+    findings = [
+        f"{', '.join(texts)} in {span}, over {family.key} limit {family.limit(spec):g}/s "
+        f"({family.meaning})"
+        for family, texts in sorted(over.items(), key=lambda kv: kv[0].verdict is Verdict.WARN)
+    ]
+    tail = f"; reported only: {', '.join(reported)}" if reported else ""
+    if any(f.verdict is Verdict.FAIL for f in over):
+        status = Status.FAIL
+    elif over:
+        status = Status.WARN
+    else:
+        status = Status.PASS
+    if findings:
+        message = "; ".join(findings) + tail
+    elif reported:
+        message = f"no RDMA counter family over its limit in {span}; {', '.join(reported)}"
+    else:
+        message = f"no RDMA transport errors in {span}"
+    return result(CheckId.RDMA_ERRORS, subject, status, message, observed, expected)

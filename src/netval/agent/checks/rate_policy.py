@@ -1,0 +1,190 @@
+"""The counter policy as data: which RDMA/Ethernet counter family fails, warns or is only
+reported, against which per-second limit, and why (docs/checks.md, "Counter policy").
+
+Checks stay pure functions of (deltas, elapsed seconds, expectations): they look a counter
+up here, divide its delta by the window and compare with the family's limit, so a 1 s event
+probe and a 300 s interval judge one fabric alike.
+
+Families of RDMA hw_counters (names: drivers.py and its sources):
+- retry: a requester's ACK timeout, retry or RNR retry limit ran out. Each one stalls a QP
+  for its timeout (4.096 us x 2^timeout; NCCL_IB_TIMEOUT 20 is 4.3 s) and the -exceeded
+  ones kill the QP: FAIL above `rdma.maxRetryErrorsPerSecond`.
+- reorder: out-of-sequence arrivals and adaptive retransmissions. Adaptive routing
+  (Spectrum-X, IB AR) sprays one QP's packets over paths, so a healthy fabric counts
+  thousands per second (NVIDIA, "Out-of-Order (OOO) Data Placement", MLNX_OFED docs):
+  reported only, never a verdict. Their cost shows up as retry counters when it matters.
+- receiver: the receiver had no receive buffer posted (mlx5 out_of_buffer, RNR NAKs): an
+  application symptom, not the fabric. WARN above `rdma.warnReceiverErrorsPerSecond`.
+- completion: work completions with an error status; mostly flushes of QPs an application
+  tore down, sometimes a remote access bug. WARN above `rdma.warnCompletionErrorsPerSecond`.
+- corruption: packets that arrived damaged (ICRC errors on encapsulated RoCE, truncated
+  packets): FAIL above `rdma.maxRetryErrorsPerSecond` (the same bar as retries: each costs a
+  retransmission).
+- discards: IP-level receive discards of the iWARP/RoCE stack (irdma), EFA's receive drops:
+  WARN above `rdma.warnReceiverErrorsPerSecond` (they include traffic no QP waited for).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+from netval.model.spec import RdmaChecks
+
+
+class Verdict(StrEnum):
+    FAIL = "fail"
+    WARN = "warn"
+    INFO = "info"  # reported in observed and the message, never a verdict
+
+
+@dataclass(frozen=True, slots=True)
+class CounterFamily:
+    key: str
+    verdict: Verdict
+    limit_field: str | None  # the RdmaChecks field or property giving its per-second limit
+    meaning: str  # said in the message when the family is over its limit
+    counters: frozenset[str]
+
+    def limit(self, spec: RdmaChecks) -> float | None:
+        if self.limit_field is None:
+            return None
+        value: float = getattr(spec, self.limit_field)
+        return value
+
+
+RETRY: Final = CounterFamily(
+    "retry",
+    Verdict.FAIL,
+    "retry_errors_limit",
+    "ACK timeouts and exhausted retries: packets lost in the fabric or a peer gone",
+    frozenset(
+        {
+            # mlx5 (and bnxt_re since the 2025 renames)
+            "local_ack_timeout_err",
+            "req_transport_retries_exceeded",
+            "rnr_nak_retry_err",
+            # bnxt_re up to v6.17
+            "to_retransmits",
+            "max_retry_exceeded",
+            "missing_resp",
+            "unrecoverable_err",
+            # ionic
+            "req_rx_rnr_retry_err",
+            "req_tx_retry_excd_err",
+            "tx_rdma_ack_timeout",
+        }
+    ),
+)
+REORDER: Final = CounterFamily(
+    "reorder",
+    Verdict.INFO,
+    None,
+    "out-of-sequence arrivals and adaptive retransmissions (normal under adaptive routing)",
+    frozenset(
+        {
+            "out_of_sequence",
+            "packet_seq_err",
+            "implied_nak_seq_err",
+            "duplicate_request",
+            "roce_adp_retrans",
+            "roce_slow_restart",
+            "roce_slow_restart_cnps",
+            "roce_slow_restart_trans",
+            "seq_err_naks_rcvd",
+            "oos_drop_count",
+            "req_rx_pkt_seq_err",
+            "req_rx_impl_nak_seq_err",
+            "resp_rx_outouf_seq",
+        }
+    ),
+)
+RECEIVER: Final = CounterFamily(
+    "receiver",
+    Verdict.WARN,
+    "warn_receiver_errors_per_second",
+    "the receiving application did not post receive buffers in time (an application "
+    "symptom, not the fabric)",
+    frozenset({"out_of_buffer", "rx_out_of_buffer", "resp_rx_outof_buf", "rnr_naks_rcvd"}),
+)
+COMPLETION: Final = CounterFamily(
+    "completion",
+    Verdict.WARN,
+    "warn_completion_errors_per_second",
+    "work completions with an error status (QPs torn down by an application, or remote "
+    "access errors)",
+    frozenset(
+        {
+            "req_cqe_error",
+            "resp_cqe_error",
+            "req_rx_cqe_err",
+            "resp_rx_cqe_err",
+            "rdma_read_wr_err",
+            "rdma_write_wr_err",
+        }
+    ),
+)
+CORRUPTION: Final = CounterFamily(
+    "corruption",
+    Verdict.FAIL,
+    "retry_errors_limit",
+    "damaged packets (bad ICRC or truncated): a link or NIC corrupts traffic",
+    frozenset({"rx_icrc_encapsulated", "ip4InTruncatedPkts"}),
+)
+DISCARDS: Final = CounterFamily(
+    "discards",
+    Verdict.WARN,
+    "warn_receiver_errors_per_second",
+    "receive discards of the RDMA stack (they include packets no QP waited for)",
+    frozenset({"ip4InDiscards", "ip6InDiscards", "rxVlanErrors", "rx_drops"}),
+)
+# Not yet classified (a new driver's name): warned about, never failed, until it is.
+UNCLASSIFIED: Final = CounterFamily(
+    "unclassified",
+    Verdict.WARN,
+    "warn_completion_errors_per_second",
+    "a counter the policy table does not classify yet",
+    frozenset(),
+)
+
+FAMILIES: Final = (RETRY, CORRUPTION, RECEIVER, COMPLETION, DISCARDS, REORDER)
+_BY_COUNTER: Final = {name: f for f in FAMILIES for name in f.counters}
+
+
+def family_of(counter: str) -> CounterFamily:
+    return _BY_COUNTER.get(counter, UNCLASSIFIED)
+
+
+# -- Ethernet port counters -----------------------------------------------------------------
+
+# link.phy_errors: PHY link-down events fail on any growth (link.flaps judges the netdev's
+# carrier the same way); every other phy_errors counter is an error past FEC, judged as a
+# bit error ratio.
+LINK_DOWN_COUNTERS: Final = frozenset({"link_down_events_phy", "link_down_events"})
+
+# Post-FEC BER limits by link speed, IEEE 802.3 objectives at the MAC/PLS service interface:
+# 802.3ba (40/100G), 802.3by (25G): BER 1e-12; 802.3bs (200/400G), 802.3ck and 802.3df
+# (100G/lane, 800G): BER 1e-13. `link.maxPostFecBer` overrides.
+BER_LIMITS: Final = ((200_000, 1e-13), (0, 1e-12))  # (from Mb/s, limit), fastest first
+
+
+def default_ber_limit(speed_mbps: int) -> float:
+    return next(limit for floor, limit in BER_LIMITS if speed_mbps >= floor)
+
+
+def ber_allowance(bits: float, limit: float) -> int:
+    """Most post-FEC errors a window of `bits` may show from a link exactly at `limit`:
+    the expected count plus three standard deviations (Poisson) plus one. Without the slack,
+    a single error in a 1 s window of a 400G link (2.5e-12) would fail a link that is in
+    spec; over long windows the allowance converges on the limit itself."""
+    expected = bits * limit
+    return int(expected + 3 * expected**0.5 + 1)
+
+
+# pfc.pause_storm: the mlx5 device stall watermarks. The warning event means the NIC kept
+# pausing past the warning watermark (device_stall_minor_watermark); the error event means
+# it crossed the critical one and the NIC stopped honouring pause (it drops instead).
+# mlx5: Documentation/networking/device_drivers/ethernet/mellanox/mlx5/counters.rst.
+# bnxt's continuous pause events are only counted once its watchdog acted: errors.
+PAUSE_STORM_WARNING_EVENTS: Final = frozenset({"tx_pause_storm_warning_events"})
