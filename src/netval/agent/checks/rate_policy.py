@@ -74,6 +74,11 @@ RETRY: Final = CounterFamily(
             "req_rx_rnr_retry_err",
             "req_tx_retry_excd_err",
             "tx_rdma_ack_timeout",
+            # efa (2025 network stats): SRD timed out retransmitting, or a peer stopped
+            # answering / was marked impaired after repeated retries
+            "retrans_timeout_events",
+            "unresponsive_remote_events",
+            "impaired_remote_conn_events",
         }
     ),
 )
