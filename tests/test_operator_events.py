@@ -168,3 +168,17 @@ def test_five_hundred_nodes_failing_at_once_give_ten_events_and_one_summary(
     assert said.group(2) == ", ".join([*waited, "500 NodeStale"])
     assert int(said.group(1)) == 490 - first + 500
     assert len(events(cluster)) == 12
+
+
+def test_a_deprecated_per_interval_field_gets_a_warning_event(
+    cluster: KubeCluster, operator: Operator
+) -> None:
+    body = validation(interval="30s")
+    body["spec"]["checks"] = {"rdma": {"maxErrorsPerInterval": 3}}
+    cluster.create(body)
+    (event,) = wait_for(lambda: events(cluster, "DeprecatedField"), what="DeprecatedField")
+    assert event["type"] == "Warning"
+    assert event["message"] == (
+        "spec.checks.rdma.maxErrorsPerInterval is deprecated: read as maxRetryErrorsPerSecond "
+        "0.1 (per interval 30s); set maxRetryErrorsPerSecond instead"
+    )

@@ -54,6 +54,7 @@ class EventReason(StrEnum):
     EVENTS_SUPPRESSED = "EventsSuppressed"  # Warning: transitions past the rate cap, counted
     BREAKER_TRIPPED = "BreakerTripped"  # Warning: the breaker withheld taints or held labels
     PEER_PORT_CONFLICT = "PeerPortConflict"  # Warning: two validations share a peers port
+    DEPRECATED_FIELD = "DeprecatedField"  # Warning: the spec sets a field read another way now
 
 
 class _Status(BaseModel):

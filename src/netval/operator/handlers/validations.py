@@ -9,7 +9,8 @@ import kopf
 from pydantic import ValidationError
 
 from netval.model.manifest import API_GROUP, describe_validation_error
-from netval.model.spec import NetworkValidationSpec
+from netval.model.spec import NetworkValidationSpec, deprecated_fields_set
+from netval.model.status import EventReason
 from netval.operator.agents.rollout import apply_agents, delete_agents
 from netval.operator.kube.api import PLURAL, VERSION
 from netval.operator.main import started_runtime
@@ -41,6 +42,10 @@ async def networkvalidation_apply(
     runtime.store.upsert_validation(
         name, generation=generation, spec=parsed, body=body, status=dict(status) if status else None
     )
+    # Said once per spec change (create, edit, operator start): the field still works, read
+    # as its replacement, and the Event says which value was used.
+    for message in deprecated_fields_set(parsed):
+        runtime.events.queue(name, "Warning", EventReason.DEPRECATED_FIELD, message)
     await apply_agents(runtime.kube, runtime.settings, body, generation, parsed)
     runtime.store.agents_applied(name)
 
