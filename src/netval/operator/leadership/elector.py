@@ -9,6 +9,8 @@
   one gets 409 and stays standby.
 - `release` (clean stop) empties holderIdentity: a standby takes over at its next retry
   instead of waiting for the Lease to expire.
+- Each successful Lease write opens the write fence (`fence`) from the time it was sent; a
+  loss or a release shuts it before anything else happens.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 from netval.operator.kube.api import error_text
+from netval.operator.leadership.fence import WRITE_FENCE, WriteFence
 from netval.operator.leadership.lease import LeaseClient, LeaseConflict, LeaseRecord, microtime
 from netval.operator.leadership.settings import ElectionSettings
 
@@ -36,9 +39,12 @@ class Attempt(StrEnum):
 
 
 class LeaderElector:
-    def __init__(self, settings: ElectionSettings, lease: LeaseClient) -> None:
+    def __init__(
+        self, settings: ElectionSettings, lease: LeaseClient, fence: WriteFence = WRITE_FENCE
+    ) -> None:
         self.settings = settings
         self.lease = lease
+        self.fence = fence
         self.leading = False
         self.acquisitions = 0  # terms this replica started
         self.losses = 0  # terms that ended because renewal failed
@@ -62,7 +68,9 @@ class LeaderElector:
             found = await self.lease.get()
             if found is None:
                 record = LeaseRecord(me, duration, now, now, 0)
+                sent_at = time.monotonic()
                 self._observe(record, await self.lease.create(record))
+                self.fence.renewed(sent_at)
                 return Attempt.LEADING
             current, resource_version = found
             self._observe(current, resource_version)
@@ -73,7 +81,9 @@ class LeaderElector:
                 record = replace(current, lease_duration=duration, renew_time=now)
             else:
                 record = LeaseRecord(me, duration, now, now, current.transitions + 1)
+            sent_at = time.monotonic()
             self._observe(record, await self.lease.replace(record, resource_version))
+            self.fence.renewed(sent_at)
             return Attempt.LEADING
         except LeaseConflict:
             return Attempt.FAILED
@@ -117,6 +127,7 @@ class LeaderElector:
             if attempt is Attempt.LEADING:
                 last_renewed = time.monotonic()
             elif attempt is Attempt.HELD or time.monotonic() - last_renewed >= deadline:
+                self.fence.shut()
                 self.leading = False
                 self.losses += 1
                 log.error("lost leadership: no renewal of Lease %s/%s for %.1fs (holder now %r)",
@@ -128,6 +139,7 @@ class LeaderElector:
         """Give the Lease up (clean stop): best effort, bounded by the client's timeout."""
         if not self.leading:
             return
+        self.fence.shut()
         self.leading = False
         try:
             found = await self.lease.get()
