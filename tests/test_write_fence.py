@@ -7,10 +7,12 @@ store nothing, and a standby makes them) are not fenced."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import kopf
 import pytest
 import urllib3.exceptions
 from hypothesis import given
@@ -20,6 +22,13 @@ from kubernetes import client
 from kube import KubeCluster
 from netval.operator.kube.api import FencedPool, KubeApi
 from netval.operator.leadership.fence import WRITE_FENCE, WRITE_MARGIN, NotLeading, WriteFence
+from netval.operator.leadership.settings import (
+    ENV_LEASE_DURATION,
+    ENV_RENEW_DEADLINE,
+    ENV_RETRY_PERIOD,
+    ElectionConfigError,
+    election_settings_from_env,
+)
 from operator_env import add_node
 
 LEASE, DEADLINE = 10.0, 7.0
@@ -143,3 +152,56 @@ def test_a_write_sent_late_in_a_term_is_bounded_to_land_before_a_takeover(
         pool.inner = inner
         kube.clear_faults()
         api.close()
+
+
+def test_kopfs_own_writes_ask_the_fence_and_its_reads_do_not(
+    kube: KubeCluster, armed: WriteFence
+) -> None:
+    """Kopf's finalizers, annotations and Events go through its own aiohttp session: the
+    login netval gives it refuses a write before any connection, and lets a read go."""
+    from netval.operator.leadership.kopf_session import login_fenced
+
+    async def main() -> tuple[int, BaseException | None]:
+        context = await login_fenced(logger=logging.getLogger("test"),
+                                     settings=kopf.OperatorSettings())  # fmt: skip
+        assert context is not None
+        session = context.aiohttp_session
+        server = context.server.rstrip("/")
+        refused: BaseException | None = None
+        try:
+            async with session.get(f"{server}/api/v1/nodes/gpu-a") as response:
+                status = response.status
+            try:
+                await session.patch(f"{server}/api/v1/nodes/gpu-a", json={"metadata": {}})
+            except NotLeading as exc:
+                refused = exc
+        finally:
+            await session.close()
+        return status, refused
+
+    add_node(kube, "gpu-a", {"nvidia.com/gpu.present": "true"})
+    status, refused = asyncio.run(main())
+    assert status == 200
+    assert isinstance(refused, NotLeading)
+    assert _requests(kube, "PATCH", "/api/v1/nodes/") == 0
+
+
+@pytest.mark.parametrize(
+    ("duration", "deadline", "retry", "error"),
+    [
+        ("", "", "", None),  # the defaults: 10 / 7 / 2
+        ("10", "9", "2", "more than 1 s less than"),  # no time left to land a write
+        ("10", "7", "6", "must be less than"),
+    ],
+)
+def test_lease_timings_leave_a_write_time_to_land(
+    duration: str, deadline: str, retry: str, error: str | None
+) -> None:
+    env = {ENV_LEASE_DURATION: duration, ENV_RENEW_DEADLINE: deadline, ENV_RETRY_PERIOD: retry}
+    if error is None:
+        settings = election_settings_from_env("ns", env)
+        assert (settings.lease_duration, settings.renew_deadline, settings.retry_period) == (
+            10.0, 7.0, 2.0)  # fmt: skip
+        return
+    with pytest.raises(ElectionConfigError, match=error):
+        election_settings_from_env("ns", env)

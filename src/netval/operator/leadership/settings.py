@@ -50,8 +50,9 @@ class ElectionSettings:
 
     @property
     def stop_grace(self) -> float:
-        """How long a term may take to stop once leadership is lost: what remains of the
-        lease after the renew deadline, less one retry period for clock drift."""
+        """How long a term may take to stop once it was asked to (a clean stop; without
+        `on_lost`, a lost Lease): what remains of the lease after the renew deadline, less one
+        retry period for clock drift."""
         return max(0.5, self.lease_duration - self.renew_deadline - self.retry_period)
 
 
