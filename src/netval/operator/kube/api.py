@@ -10,12 +10,9 @@ connections) with jittered exponential backoff (status patches excepted: the sta
 retries them at its next window, with fresh content). Status writes, Node writes and the rest run in
 three separate thread pools, so hung Node PATCHes never delay a status write.
 
-Every write (POST, PUT, PATCH, DELETE; reviews excepted, they store nothing) through such a
-client asks the process's write fence (`leadership.fence`) right before it is sent, in the
-thread that sends it: a replica that is not leading, or whose Lease may have been taken since
-(a frozen process resuming), sends nothing, and a write it sends is bounded to land before
-another replica could lead. Such a write is sent once (no urllib3 retry: a retry is a later
-write that skipped the fence; `KubeApi`'s own retries ask it again).
+Every write through such a client asks the write fence right before it is sent, in the
+sending thread (`kube.fenced_pool`): only the leader writes, each write bounded to land
+before another replica could lead.
 """
 
 from __future__ import annotations
@@ -40,7 +37,8 @@ from kubernetes.client.exceptions import ApiException
 from netval.model.keys import LabelKey
 from netval.model.manifest import API_GROUP
 from netval.operator.gating.decisions import with_fabric_taint
-from netval.operator.leadership.fence import WRITE_FENCE, NotLeading, WriteFence
+from netval.operator.kube.fenced_pool import FencedPool
+from netval.operator.leadership.fence import WRITE_FENCE, NotLeading
 
 log = logging.getLogger("netval.operator.kube")
 
@@ -64,9 +62,6 @@ OTHER_WORKERS: Final = 4
 NODE_PAGE: Final = 500
 # The apiserver answers a list with metadata only when asked for this representation.
 METADATA_LIST: Final = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
-WRITE_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-# Reviews are POSTs that store nothing; a standby makes them (enrollment's TokenReviews).
-UNFENCED_PATHS: Final = ("/apis/authentication.k8s.io/", "/apis/authorization.k8s.io/")
 
 T = TypeVar("T")
 
@@ -99,29 +94,8 @@ def bound_requests(api_client: client.ApiClient, timeout: tuple[float, float]) -
     rest._netval_unbounded = original
     rest.request = request
     if not isinstance(rest.pool_manager, FencedPool):
-        rest.pool_manager = FencedPool(rest.pool_manager, WRITE_FENCE)
+        rest.pool_manager = FencedPool(rest.pool_manager, WRITE_FENCE, API_TIMEOUT[1])
     return api_client
-
-
-class FencedPool:
-    """A urllib3 pool manager whose writes ask the fence first (see the module's doc); the
-    kubernetes client sends every request through its pool manager's `request`."""
-
-    def __init__(self, inner: Any, fence: WriteFence) -> None:
-        self.inner = inner
-        self.fence = fence
-
-    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-        if method.upper() in WRITE_METHODS and not any(p in url for p in UNFENCED_PATHS):
-            bound = self.fence.write_timeout(f"{method.upper()} {urllib3.util.parse_url(url).path}")
-            if bound is not None:
-                # total bounds the connect and, separately, the send: half each
-                kwargs["timeout"] = urllib3.Timeout(total=min(bound / 2, API_TIMEOUT[1]))
-                kwargs["retries"] = False
-        return self.inner.request(method, url, *args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 def error_text(exc: BaseException) -> str:
