@@ -7,6 +7,7 @@ store nothing, and a standby makes them) are not fenced."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from kubernetes import client
 
 from kube import KubeCluster
+from mosquitto import MosquittoBroker
 from netval.operator.kube.api import FencedPool, KubeApi
 from netval.operator.leadership.fence import WRITE_FENCE, WRITE_MARGIN, NotLeading, WriteFence
 from netval.operator.leadership.settings import (
@@ -30,6 +32,8 @@ from netval.operator.leadership.settings import (
     election_settings_from_env,
 )
 from operator_env import add_node
+from test_broker_restart import ingest_for, retained_on
+from test_ingest_faults import POOL, until
 
 LEASE, DEADLINE = 10.0, 7.0
 
@@ -205,3 +209,30 @@ def test_lease_timings_leave_a_write_time_to_land(
         return
     with pytest.raises(ElectionConfigError, match=error):
         election_settings_from_env("ns", env)
+
+
+def test_a_replica_that_is_not_leading_publishes_no_retained_message(
+    mosquitto_broker: MosquittoBroker, armed: WriteFence
+) -> None:
+    """The operator's retained MQTT messages (agent assignments) are writes too: shut, the
+    fence holds them back (counted as failed, kept pending); open, they go out."""
+    ingest = ingest_for(mosquitto_broker)
+    topic = f"netval/v1/{POOL}/gpu-a/assignment"
+
+    async def main() -> None:
+        task = asyncio.create_task(ingest.run())
+        try:
+            await until(ingest.synced.is_set, "synced")
+            ingest.set_retained({topic: b'{"domain":"r1"}'})
+            await until(lambda: ingest.stats.retained_failures >= 1, "a publish held back")
+            assert await retained_on(mosquitto_broker, "netval/#") == {}
+            armed.renewed(time.monotonic())
+            ingest.set_retained({topic: b'{"domain":"r1"}'})
+            await until(lambda: bool(ingest._published), "published once leading")
+            assert await retained_on(mosquitto_broker, "netval/#") == {topic: b'{"domain":"r1"}'}
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    asyncio.run(main())
