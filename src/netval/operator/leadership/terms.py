@@ -4,10 +4,10 @@ this replica holds the Lease.
 `run_terms` waits for the Lease, runs `term(stop)` while renewing it, and ends the term when
 leadership is lost (`on_lost` first: `netval operator` exits at once, as controller-runtime
 does, and its Deployment restarts it as a standby; without it, within `stop_grace`, which
-ends before another replica may take the Lease), when `stop` is set (then the Lease is released for an immediate handover), or when
-the term ends by itself (Kopf stopped on SIGTERM: the process ends, the Lease is released).
-Whatever the term started and left running is cancelled with it, so the next term starts
-from fresh state."""
+ends before another replica may take the Lease), when `stop` is set (then the Lease is
+released for an immediate handover), or when the term ends by itself (Kopf stopped on
+SIGTERM: the process ends, the Lease is released). Whatever the term started and left
+running is cancelled with it, so the next term starts from fresh state."""
 
 from __future__ import annotations
 
