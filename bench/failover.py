@@ -3,7 +3,7 @@
 Run from the repository root (mosquitto must be installed):
 
     python bench/failover.py              # 5 SIGKILLs and 5 clean stops per timing profile
-    python bench/failover.py --runs 3 --profiles default
+    python bench/failover.py --runs 5 --profiles default previous   # the defaults, before/after
 
 What runs: two real `netval operator` processes (tests/operator_processes.py: their flags and
 env, each with its own bearer token) against the tests' stateful Kubernetes API (tests/kube.py)
@@ -17,9 +17,10 @@ and a real Mosquitto, 4 GPU nodes and one NetworkValidation. Per run:
   change is published once it has exited (before, it could write the change itself); the
   clock starts at the SIGTERM.
 
-Profiles: `default` (15 s lease, 10 s renew deadline, 2 s retry: the shipped defaults) and
-`fast` (6 s / 4 s / 0.5 s: what the tests use). Figures are medians with min and max. Before
-the Lease, a SIGKILL froze status for 25-48 s (Kopf peering, 60 s lifetime; issue 15).
+Profiles: `default` (10 s lease, 7 s renew deadline, 2 s retry: the shipped defaults since
+issue 24), `previous` (15 s / 10 s / 2 s: the defaults before) and `fast` (6 s / 4 s / 0.5 s).
+Figures are medians with min and max. Before the Lease, a SIGKILL froze status for 25-48 s
+(Kopf peering, 60 s lifetime; issue 15).
 """
 
 from __future__ import annotations
@@ -38,11 +39,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from kube import KubeCluster, wait_for
 from mosquitto import MosquittoBroker
 from netval.model import Status
+from netval.operator.leadership.settings import (
+    DEFAULT_LEASE_DURATION,
+    DEFAULT_RENEW_DEADLINE,
+    DEFAULT_RETRY_PERIOD,
+)
 from operator_env import GPU, NODES, publish, report, report_msg, validation
 from operator_processes import OperatorProc, request_count, status_writes
 
 PROFILES: Final = {
     "default": {
+        "NETVAL_LEASE_DURATION_SECONDS": str(DEFAULT_LEASE_DURATION),
+        "NETVAL_LEASE_RENEW_DEADLINE_SECONDS": str(DEFAULT_RENEW_DEADLINE),
+        "NETVAL_LEASE_RETRY_PERIOD_SECONDS": str(DEFAULT_RETRY_PERIOD),
+    },
+    "previous": {
         "NETVAL_LEASE_DURATION_SECONDS": "15",
         "NETVAL_LEASE_RENEW_DEADLINE_SECONDS": "10",
         "NETVAL_LEASE_RETRY_PERIOD_SECONDS": "2",
@@ -173,7 +184,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument(
-        "--profiles", nargs="+", choices=sorted(PROFILES), default=["default", "fast"]
+        "--profiles", nargs="+", choices=sorted(PROFILES), default=["default", "previous", "fast"]
     )
     parser.add_argument("--logs", type=Path, help="copy the operators' logs into this directory")
     args = parser.parse_args()

@@ -108,11 +108,26 @@ class OperatorProc:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
 
+    def freeze(self) -> None:
+        """SIGSTOP: the process, every thread of it, stops where it is (a VM pause, a long
+        GC or swap storm seen from outside)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+
+    def exited(self) -> int | None:
+        """The exit code once the process has ended by itself, else None."""
+        return None if self.proc is None else self.proc.poll()
+
     def terminate(self, timeout: float = 20.0) -> int | None:
         """SIGTERM and wait for the exit (SIGKILL after `timeout`); the exit code."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a frozen process would not see SIGTERM
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)

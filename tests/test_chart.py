@@ -56,6 +56,7 @@ from netval.infra import mqtt_settings, telemetry
 from netval.operator import settings as operator_settings
 from netval.operator.agents import manifests
 from netval.operator.identity import service as identity_service
+from netval.operator.leadership import settings as election
 
 # Environment the chart gives the operator that the operator reads (src constants) and the
 # standard OTel variables.
@@ -93,6 +94,9 @@ SRC_OPERATOR_ENV = {
     mqtt_settings.ENV_PASSWORD_FILE,
     mqtt_settings.ENV_CA_FILE,
     "NETVAL_LOG_LEVEL",
+    election.ENV_LEASE_DURATION,
+    election.ENV_RENEW_DEADLINE,
+    election.ENV_RETRY_PERIOD,
     "OTEL_SERVICE_NAME",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "OTEL_EXPORTER_OTLP_HEADERS",

@@ -51,7 +51,7 @@ CRD_FIX: Final = (
     "kubectl apply -f crds/networkvalidations.netval.io.yaml (or helm upgrade the chart)"
 )
 LEASE_NAME: Final = "netval-operator"  # NETVAL_LEASE_NAME's default (operator.leadership)
-LEASE_DURATION: Final = 15.0  # NETVAL_LEASE_DURATION_SECONDS's default
+LEASE_DURATION: Final = 10.0  # NETVAL_LEASE_DURATION_SECONDS's default
 WEBHOOK_CONFIGURATION: Final = "netval.io"
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
 KUEUE_VERSIONS: Final = ("v1beta2", "v1beta1")  # what the operator's Kueue controller reads

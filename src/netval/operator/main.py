@@ -63,6 +63,7 @@ def _register_handlers(settings: OperatorSettings) -> None:
     # importing them registers the handlers with Kopf
     import netval.operator.admission.handlers  # admission webhooks, gate release
     import netval.operator.handlers
+    import netval.operator.leadership.kopf_session  # Kopf's writes ask the write fence
 
     if settings.kueue_enabled:  # Kopf watches Kueue objects only then (it needs their RBAC)
         import netval.operator.kueue.handlers  # noqa: F401  (Kueue AdmissionCheck controller)

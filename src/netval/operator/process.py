@@ -14,6 +14,11 @@ admission webhook and agent enrollment (`identity`); a term adds only their writ
 
 Kopf's peering is not used: it pauses only Kopf's own watches, not the loops started at
 Kopf's start-up, so a paused replica kept writing. Here a standby runs no Kopf at all.
+
+One writer, for real: every Kubernetes write asks the write fence (`leadership.fence`) right
+before it is sent, and a replica that loses leadership exits at once (EXIT_LEADERSHIP_LOST,
+as controller-runtime does): nothing of its term, threads included, is left to write after
+the next leader's first write. The Deployment restarts it; it then stands by.
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import sys
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import kopf
 from kubernetes import client
@@ -46,6 +53,7 @@ from netval.operator.identity.service import (
 )
 from netval.operator.kube.api import load_kube_client
 from netval.operator.leadership.elector import LeaderElector
+from netval.operator.leadership.fence import WRITE_FENCE
 from netval.operator.leadership.lease import LeaseClient
 from netval.operator.leadership.settings import ElectionSettings, election_settings_from_env
 from netval.operator.leadership.terms import run_term, run_terms
@@ -66,6 +74,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("netval.operator")
 
 STANDALONE_STOP_GRACE = 10.0  # seconds Kopf gets to stop when no Lease bounds it
+EXIT_LEADERSHIP_LOST: Final = 1  # controller-runtime's exit on a lost Lease
 
 
 def parse_liveness_url(url: str) -> tuple[str, int]:
@@ -125,12 +134,14 @@ class OperatorProcess:
                 await run_term(self._term, self._stop, grace=STANDALONE_STOP_GRACE)
                 return
             election = election or election_settings_from_env(self.settings.namespace)
+            WRITE_FENCE.arm(election.lease_duration, election.renew_deadline)
             lease = LeaseClient(_lease_api_client(), election.namespace, election.lease_name,
                                 timeout=election.request_timeout)  # fmt: skip
             self.elector = LeaderElector(election, lease)
             log.info("leader election on Lease %s/%s as %s", election.namespace,
                      election.lease_name, election.identity)  # fmt: skip
-            await run_terms(self.elector, self._term, self._stop, grace=election.stop_grace)
+            await run_terms(self.elector, self._term, self._stop, grace=election.stop_grace,
+                            on_lost=exit_on_lost_leadership)  # fmt: skip
         finally:
             if self.webhook_service is not None:
                 await self.webhook_service.stop()
@@ -235,6 +246,20 @@ class OperatorProcess:
         registry.register(TaskRestartsCollector())
         registry.register(_IdentityOfProcess(self))
         return registry
+
+
+def exit_on_lost_leadership() -> None:
+    """End the process now: no term's task or thread gets to run again. The write fence is
+    shut already, so nothing writes while the logs are flushed."""
+    log.critical("leadership lost: exiting (%d) so that no write of this term can land after "
+                 "the next leader's; the Deployment restarts this replica as a standby",
+                 EXIT_LEADERSHIP_LOST)  # fmt: skip
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(EXIT_LEADERSHIP_LOST)
 
 
 class _CurrentTerm(Mapping[str, Any]):

@@ -34,6 +34,7 @@ from netval.infra.telemetry import process_span
 from netval.model.results import Report
 from netval.model.topics import DropReason, TopicKind, subscription
 from netval.operator.ingest.decode import Dropped, StateChange, decode_message
+from netval.operator.leadership.fence import WRITE_FENCE
 
 log = logging.getLogger("netval.operator.ingest")
 
@@ -195,6 +196,8 @@ class ReportIngest:
 
         async def put(name: str, payload: bytes) -> bool:
             try:
+                # the broker's retained state is written by the leader only, like the API's
+                WRITE_FENCE.write_timeout(f"MQTT publish {name}")
                 await client.publish(name, payload, qos=1, retain=True)
             except MqttError:
                 raise  # the session is gone: the next one publishes everything again

@@ -9,6 +9,10 @@ included), and `KubeApi`'s calls retry 5xx, 429, 409 and transport errors (timeo
 connections) with jittered exponential backoff (status patches excepted: the status writer
 retries them at its next window, with fresh content). Status writes, Node writes and the rest run in
 three separate thread pools, so hung Node PATCHes never delay a status write.
+
+Every write through such a client asks the write fence right before it is sent, in the
+sending thread (`kube.fenced_pool`): only the leader writes, each write bounded to land
+before another replica could lead.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from kubernetes.client.exceptions import ApiException
 from netval.model.keys import LabelKey
 from netval.model.manifest import API_GROUP
 from netval.operator.gating.decisions import with_fabric_taint
+from netval.operator.kube.fenced_pool import FencedPool
+from netval.operator.leadership.fence import WRITE_FENCE, NotLeading
 
 log = logging.getLogger("netval.operator.kube")
 
@@ -87,6 +93,8 @@ def bound_requests(api_client: client.ApiClient, timeout: tuple[float, float]) -
 
     rest._netval_unbounded = original
     rest.request = request
+    if not isinstance(rest.pool_manager, FencedPool):
+        rest.pool_manager = FencedPool(rest.pool_manager, WRITE_FENCE, API_TIMEOUT[1])
     return api_client
 
 
@@ -103,7 +111,10 @@ def error_text(exc: BaseException) -> str:
 
 def retryable(exc: BaseException) -> bool:
     """A failure worth another attempt: the server said try again (5xx, 429), another
-    writer won (409), or the transport failed (timeout, refused or reset connection)."""
+    writer won (409), or the transport failed (timeout, refused or reset connection); never
+    a write the fence refused."""
+    if isinstance(exc, NotLeading):
+        return False
     if isinstance(exc, ApiException):
         return exc.status in RETRY_STATUSES
     return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)

@@ -9,6 +9,8 @@
   one gets 409 and stays standby.
 - `release` (clean stop) empties holderIdentity: a standby takes over at its next retry
   instead of waiting for the Lease to expire.
+- Each successful Lease write opens the write fence (`fence`) from the time it was sent; a
+  loss or a release shuts it before anything else happens.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 from netval.operator.kube.api import error_text
+from netval.operator.leadership.fence import WRITE_FENCE, WriteFence
 from netval.operator.leadership.lease import LeaseClient, LeaseConflict, LeaseRecord, microtime
 from netval.operator.leadership.settings import ElectionSettings
 
@@ -36,9 +39,12 @@ class Attempt(StrEnum):
 
 
 class LeaderElector:
-    def __init__(self, settings: ElectionSettings, lease: LeaseClient) -> None:
+    def __init__(
+        self, settings: ElectionSettings, lease: LeaseClient, fence: WriteFence = WRITE_FENCE
+    ) -> None:
         self.settings = settings
         self.lease = lease
+        self.fence = fence
         self.leading = False
         self.acquisitions = 0  # terms this replica started
         self.losses = 0  # terms that ended because renewal failed
@@ -46,6 +52,7 @@ class LeaderElector:
         self._observed: LeaseRecord | None = None
         self._observed_at = 0.0  # monotonic time the observed record last changed
         self._resource_version: str | None = None
+        self.renewed_at = 0.0  # monotonic send time of the last successful Lease write
 
     def _observe(self, record: LeaseRecord, resource_version: str) -> None:
         if record != self._observed:
@@ -62,7 +69,9 @@ class LeaderElector:
             found = await self.lease.get()
             if found is None:
                 record = LeaseRecord(me, duration, now, now, 0)
+                sent_at = time.monotonic()
                 self._observe(record, await self.lease.create(record))
+                self._renewed(sent_at)
                 return Attempt.LEADING
             current, resource_version = found
             self._observe(current, resource_version)
@@ -73,7 +82,9 @@ class LeaderElector:
                 record = replace(current, lease_duration=duration, renew_time=now)
             else:
                 record = LeaseRecord(me, duration, now, now, current.transitions + 1)
+            sent_at = time.monotonic()
             self._observe(record, await self.lease.replace(record, resource_version))
+            self._renewed(sent_at)
             return Attempt.LEADING
         except LeaseConflict:
             return Attempt.FAILED
@@ -81,6 +92,10 @@ class LeaderElector:
             log.warning("leader election: Lease %s/%s: %s", self.lease.namespace,
                         self.lease.name, error_text(exc))  # fmt: skip
             return Attempt.FAILED
+
+    def _renewed(self, sent_at: float) -> None:
+        self.renewed_at = max(self.renewed_at, sent_at)
+        self.fence.renewed(sent_at)
 
     def _jittered(self) -> float:
         return self.settings.retry_period * random.uniform(1.0, 1.2)  # noqa: S311 - not crypto
@@ -102,11 +117,12 @@ class LeaderElector:
 
     async def hold(self) -> None:
         """Renew until leadership is lost; returns then (cancel to stop renewing)."""
-        last_renewed = time.monotonic()
+        # counted from when the last successful Lease write was sent, as the fence counts:
+        # leadership ends when the fence shuts, not up to a slow answer's time later
         deadline = self.settings.renew_deadline
         while True:
             await asyncio.sleep(self.settings.retry_period)
-            remaining = deadline - (time.monotonic() - last_renewed)
+            remaining = deadline - (time.monotonic() - self.renewed_at)
             attempt = Attempt.FAILED
             if remaining > 0:
                 # asyncio.timeout, not wait_for: no new task, which Kopf would take for one
@@ -115,19 +131,21 @@ class LeaderElector:
                     async with asyncio.timeout(remaining):
                         attempt = await self.try_acquire_or_renew()
             if attempt is Attempt.LEADING:
-                last_renewed = time.monotonic()
-            elif attempt is Attempt.HELD or time.monotonic() - last_renewed >= deadline:
+                continue
+            if attempt is Attempt.HELD or time.monotonic() - self.renewed_at >= deadline:
+                self.fence.shut()
                 self.leading = False
                 self.losses += 1
                 log.error("lost leadership: no renewal of Lease %s/%s for %.1fs (holder now %r)",
                           self.lease.namespace, self.lease.name,
-                          time.monotonic() - last_renewed, self.holder)  # fmt: skip
+                          time.monotonic() - self.renewed_at, self.holder)  # fmt: skip
                 return
 
     async def release(self) -> None:
         """Give the Lease up (clean stop): best effort, bounded by the client's timeout."""
         if not self.leading:
             return
+        self.fence.shut()
         self.leading = False
         try:
             found = await self.lease.get()

@@ -1,8 +1,10 @@
 """Leader-election settings, from the environment (docs/architecture.md lists them).
 
-The defaults are controller-runtime's, shortened (15 s lease, 10 s renew deadline, 2 s retry):
-a dead leader's Lease expires 15 s after its last renewal, and a live leader that cannot
-renew stops writing after 10 s, 5 s before another replica may take the Lease."""
+The defaults are controller-runtime's shortened by a third (its 15 s lease, 10 s renew
+deadline, 2 s retry -> 10 s, 7 s, 2 s): a dead leader's Lease expires 10 s after its last
+renewal, so a standby (which retries every 2-2.4 s) leads 10-13 s after a SIGKILL; a live
+leader that cannot renew sends no write after 7 s, and each write it sends is bounded to
+land within the 3 s left before another replica may take the Lease (`fence`)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from netval.operator.leadership.fence import WRITE_MARGIN
+
 ENV_LEASE_NAME: Final = "NETVAL_LEASE_NAME"
 ENV_LEASE_NAMESPACE: Final = "NETVAL_LEASE_NAMESPACE"
 ENV_LEASE_DURATION: Final = "NETVAL_LEASE_DURATION_SECONDS"
@@ -20,8 +24,8 @@ ENV_RENEW_DEADLINE: Final = "NETVAL_LEASE_RENEW_DEADLINE_SECONDS"
 ENV_RETRY_PERIOD: Final = "NETVAL_LEASE_RETRY_PERIOD_SECONDS"
 
 DEFAULT_LEASE_NAME: Final = "netval-operator"
-DEFAULT_LEASE_DURATION: Final = 15.0
-DEFAULT_RENEW_DEADLINE: Final = 10.0
+DEFAULT_LEASE_DURATION: Final = 10.0
+DEFAULT_RENEW_DEADLINE: Final = 7.0
 DEFAULT_RETRY_PERIOD: Final = 2.0
 
 
@@ -46,8 +50,9 @@ class ElectionSettings:
 
     @property
     def stop_grace(self) -> float:
-        """How long a term may take to stop once leadership is lost: what remains of the
-        lease after the renew deadline, less one retry period for clock drift."""
+        """How long a term may take to stop once it was asked to (a clean stop; without
+        `on_lost`, a lost Lease): what remains of the lease after the renew deadline, less one
+        retry period for clock drift."""
         return max(0.5, self.lease_duration - self.renew_deadline - self.retry_period)
 
 
@@ -72,9 +77,11 @@ def election_settings_from_env(
     retry = _seconds(env, ENV_RETRY_PERIOD, DEFAULT_RETRY_PERIOD)
     # client-go's rules: a leader must give up before its Lease could be taken, and retry
     # often enough to renew within its deadline.
-    if not deadline < duration:
+    # and the fence's: a write sent at the renew deadline still has time to land
+    if not deadline + WRITE_MARGIN < duration:
         raise ElectionConfigError(
-            f"{ENV_RENEW_DEADLINE} ({deadline}) must be less than {ENV_LEASE_DURATION} ({duration})"
+            f"{ENV_RENEW_DEADLINE} ({deadline}) must be more than {WRITE_MARGIN:g} s less than "
+            f"{ENV_LEASE_DURATION} ({duration})"
         )
     if not retry * 1.2 < deadline:
         raise ElectionConfigError(

@@ -2,11 +2,12 @@
 this replica holds the Lease.
 
 `run_terms` waits for the Lease, runs `term(stop)` while renewing it, and ends the term when
-leadership is lost (within `stop_grace`, which ends before another replica may take the
-Lease), when `stop` is set (then the Lease is released for an immediate handover), or when
-the term ends by itself (Kopf stopped on SIGTERM: the process ends, the Lease is released).
-Whatever the term started and left running is cancelled with it, so the next term starts
-from fresh state."""
+leadership is lost (`on_lost` first: `netval operator` exits at once, as controller-runtime
+does, and its Deployment restarts it as a standby; without it, within `stop_grace`, which
+ends before another replica may take the Lease), when `stop` is set (then the Lease is
+released for an immediate handover), or when the term ends by itself (Kopf stopped on
+SIGTERM: the process ends, the Lease is released). Whatever the term started and left
+running is cancelled with it, so the next term starts from fresh state."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from netval.operator.leadership.elector import LeaderElector
 log = logging.getLogger("netval.operator.leadership")
 
 Term = Callable[[asyncio.Event], Awaitable[None]]
+OnLost = Callable[[], None]
 LOST: Final = "leadership lost"
 
 
@@ -72,7 +74,12 @@ async def _wrapped(term: Term, stop: asyncio.Event) -> None:
 
 
 async def run_terms(
-    elector: LeaderElector, term: Term, stop: asyncio.Event, *, grace: float
+    elector: LeaderElector,
+    term: Term,
+    stop: asyncio.Event,
+    *,
+    grace: float,
+    on_lost: OnLost | None = None,
 ) -> None:
     """Until `stop` is set or a term ends by itself: stand by, lead, stand by again..."""
     while not stop.is_set():
@@ -82,7 +89,7 @@ async def run_terms(
         await cancel_and_wait([acquiring, stopping])
         if not elector.leading:
             break
-        why = await _lead(elector, term, stop, grace=grace)
+        why = await _lead(elector, term, stop, grace=grace, on_lost=on_lost)
         if why is None:
             log.info("the operator stopped; leaving")
             return
@@ -91,7 +98,12 @@ async def run_terms(
 
 
 async def _lead(
-    elector: LeaderElector, term: Term, stop: asyncio.Event, *, grace: float
+    elector: LeaderElector,
+    term: Term,
+    stop: asyncio.Event,
+    *,
+    grace: float,
+    on_lost: OnLost | None,
 ) -> str | None:
     """One term while renewing the Lease; why we ended it, None if it ended by itself."""
     term_stop = asyncio.Event()  # Kopf's stop flag (Kopf may set it too, on a signal)
@@ -100,6 +112,8 @@ async def _lead(
     stopping = asyncio.create_task(stop.wait(), name="netval-process-stop")
 
     def end_term(task: asyncio.Task[Any]) -> None:
+        if task is holding and on_lost is not None and not task.cancelled():
+            on_lost()  # the elector shut the write fence already
         if not asked and not task.cancelled():
             asked.append(LOST if task is holding else "stopping")
             log.info("ending the term: %s", asked[0])
