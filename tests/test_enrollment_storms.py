@@ -212,3 +212,62 @@ def test_a_refused_credential_makes_that_agent_enroll_again(
     assert f.agent("gpu-a", "netval_enrollments_total") == 1
     assert f.agent("gpu-c", "netval_enrollments_total") == 1
     assert "the broker refuses the MQTT credential" in (f.tmp_path / "agent-gpu-b.log").read_text()
+
+
+def test_an_agent_waiting_for_enrollment_is_alive_and_says_so(tmp_path: Path) -> None:
+    """The enrollment server is down (nothing listens): the agent is alive for its liveness
+    probe ("enrolling"), not enrolled, and retrying; it never reaches the broker."""
+    config = tmp_path / "agent.yaml"
+    config.write_text(yaml.safe_dump(agent_config(LO_CHECKS, interval="5s")))
+    token = tmp_path / "token"
+    token.write_text("x.y.z")
+    metrics_port = free_port()
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NETVAL_CONFIG": str(config),
+        "NETVAL_NODE_NAME": "gpu-a", "NETVAL_MQTT_URL": f"mqtt://127.0.0.1:{free_port()}",
+        "NETVAL_ENROLL_URL": f"https://127.0.0.1:{free_port()}/v1/enroll",
+        "NETVAL_ENROLL_TOKEN_FILE": str(token),
+        "NETVAL_METRICS_ADDR": f"127.0.0.1:{metrics_port}",
+        **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
+    }  # fmt: skip
+    log = tmp_path / "agent.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([netval_script(), "agent"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+    try:
+
+        def health() -> tuple[int, str] | None:
+            try:
+                url = f"http://127.0.0.1:{metrics_port}/healthz"
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    return response.status, response.read().decode().strip()
+            except OSError:
+                return None
+
+        assert wait_for(health, 30, what="/healthz") == (200, "enrolling")
+        wait_for(lambda: _metric(_scrape(metrics_port), "netval_enrollment_failures_total") >= 2,
+                 30, what="enrollment retried")  # fmt: skip
+        text = _scrape(metrics_port)
+        assert _metric(text, "netval_enrolled") == 0 and _metric(text, "netval_enrolling") == 1
+        assert health() == (200, "enrolling") and proc.poll() is None
+    finally:
+        stop_process(proc, 10)
+    assert "Traceback" not in log.read_text()
+
+
+@pytest.mark.parametrize(
+    ("rc", "refused"),
+    [(0x86, True), (0x87, True), (0x88, False), (0x80, False), (0x9C, False),
+     (4, True), (5, True), (3, False), (2, False)],
+)  # fmt: skip
+def test_only_a_connack_refusing_the_credential_counts(rc: int, refused: bool) -> None:
+    from aiomqtt.exceptions import MqttConnectError, MqttError
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    from netval.agent.refusal import credential_refused
+
+    error = MqttConnectError(ReasonCode(PacketTypes.CONNACK, identifier=rc) if rc > 5 else rc)
+    assert credential_refused(error) is refused
+    assert not credential_refused(MqttError("[Errno 111] Connection refused"))
+    assert not credential_refused(TimeoutError())
