@@ -30,9 +30,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import ssl
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Final, Protocol
 
@@ -113,6 +114,7 @@ class EnrollmentServer:
         self._inflight: dict[PodKey, asyncio.Task[IssuedCredential]] = {}
         self._slots = asyncio.Semaphore(max_active)
         self.queued = 0  # requests admitted (waiting or working)
+        self._answered: deque[float] = deque(maxlen=64)  # monotonic, admitted requests done
         self.outcomes: Counter[str] = Counter()  # issued, reused, denied, busy, ...
         self._runner: web.AppRunner | None = None
         self._last_log: dict[str, float] = {}
@@ -204,11 +206,16 @@ class EnrollmentServer:
                 return await self._admitted(request, token, claims.cache_until, asked, reason)
         finally:
             self.queued -= 1
+            self._answered.append(time.monotonic())
 
     def _busy_for(self) -> int:
-        # About one second per batch of max_active ahead (the broker's pace at a few
-        # thousand nodes, bench/enrollment.py), capped: the agents add jitter.
-        return min(60, 1 + self.queued // self.max_active)
+        """Seconds until the queue ahead has drained at the pace of the last answers (the
+        broker's: it slows as the fleet grows, bench/enrollment.py), 1 to 60; the agents
+        add jitter."""
+        done = self._answered
+        span = done[-1] - done[0] if len(done) >= 2 else 0.0
+        rate = (len(done) - 1) / span if span > 0 else float(self.max_active)
+        return max(1, min(60, math.ceil(self.queued / rate)))
 
     async def _admitted(
         self, request: web.Request, token: str, cache_until: float, asked: str | None, reason: str
