@@ -62,6 +62,9 @@ FRESH_SECONDS: Final = 600.0  # a `start` enrollment this soon gets the same cre
 MAX_ACTIVE: Final = 16  # reviews + issues at once (the broker plugin works one at a time)
 MAX_WAITING: Final = 256  # queued behind them; more get 429
 RETRY_UNAVAILABLE: Final = 5  # seconds: Retry-After while the broker cannot be asked
+# enrollments/s before any was answered: the bundled broker's pace at 500-1,000 nodes
+# (bench/enrollment.py, bench/enrollment_storm.py); measured from the answers after that
+ASSUMED_RATE: Final = 50.0
 REASONS: Final = ("start", "renew", "refused")
 
 
@@ -214,7 +217,7 @@ class EnrollmentServer:
         add jitter."""
         done = self._answered
         span = done[-1] - done[0] if len(done) >= 2 else 0.0
-        rate = (len(done) - 1) / span if span > 0 else float(self.max_active)
+        rate = (len(done) - 1) / span if span > 0 else ASSUMED_RATE
         return max(1, min(60, math.ceil(self.queued / rate)))
 
     async def _admitted(
