@@ -184,6 +184,7 @@ def test_a_broker_restart_restores_sessions_without_enrolling_again(
     assert f.all_connected()
     assert f.issued() == len(NODES) and f.requests() == requests
     assert sum(f.agent(n, "netval_enrollments_total") for n in NODES) == len(NODES)
+    assert sum(f.agent(n, "netval_mqtt_credential_refusals_total") for n in NODES) == 0
     for node in NODES:
         assert f.agent(node, "netval_enrolled") == 1
 
@@ -209,6 +210,7 @@ def test_a_refused_credential_makes_that_agent_enroll_again(
              and f.agent("gpu-b", "netval_mqtt_connected") == 1, 60,
              what="gpu-b enrolled again and connected")  # fmt: skip
     assert f.issued() == len(NODES) + 1
+    assert f.agent("gpu-b", "netval_mqtt_credential_refusals_total") >= 1
     assert f.agent("gpu-a", "netval_enrollments_total") == 1
     assert f.agent("gpu-c", "netval_enrollments_total") == 1
     assert "the broker refuses the MQTT credential" in (f.tmp_path / "agent-gpu-b.log").read_text()

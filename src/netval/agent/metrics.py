@@ -31,6 +31,12 @@ class _PublisherCollector(Collector):
             ("netval_publish_failures", s.publish_failures, "Report publishes that failed"),
             ("netval_reports_replaced", s.replaced, "Unsent reports replaced by newer ones"),
             ("netval_mqtt_reconnects", s.reconnects, "MQTT reconnection attempts"),
+            (
+                "netval_mqtt_credential_refusals",
+                s.credential_refusals,
+                "Connects the broker refused for the credential (bad user name or password, not"
+                " authorized)",
+            ),
         ):
             yield CounterMetricFamily(name, doc, value=value)
         yield GaugeMetricFamily(

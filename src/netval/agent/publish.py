@@ -167,10 +167,6 @@ class ReportPublisher:
     def connect_failures(self) -> int:
         return self._connect_failures
 
-    @property
-    def credential_refusals(self) -> int:
-        return self._credential_refusals
-
     def refused(self, username: str | None, password: str | None) -> bool:
         """The last connect with this user name and password was refused for the credential
         (CONNACK 0x86/0x87, v3 rc 4/5) and none succeeded since."""
