@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kube import KubeCluster, wait_for
@@ -233,3 +233,36 @@ def test_the_pre_check_passes_projected_tokens_and_bounds_the_cache_by_warnafter
             raise AssertionError(f"{token[:40]} passed")
         except TokenRejected as exc:
             assert exc.status == status, (token[:40], exc)
+
+
+def test_concurrent_requests_of_one_pod_get_one_credential(enrollment: Enrollment) -> None:
+    """A retried request (the agent's timeout, a proxy's retry) racing the first: one issue,
+    both answers carry the same password, whichever finishes first."""
+    e = enrollment
+    token = e.agent_token("agent-a", "node-a")
+    gate = GatedReviews(e)
+    results: list[tuple[int, dict[str, Any]]] = []
+    workers = [threading.Thread(target=lambda: results.append(e.post(token, {}))) for _ in range(3)]
+    for worker in workers:
+        worker.start()
+    assert gate.entered.wait(20)
+    gate.release.set()
+    for worker in workers:
+        worker.join(30)
+    assert [status for status, _ in results] == [200, 200, 200]
+    assert len({answer["password"] for _, answer in results}) == 1
+    assert e.service.issuer.issued == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.none(), st.text(max_size=30), st.integers(-(10**9), 10**12).map(str)))
+@example("²")
+@example(" 7 ")
+@example("Fri, 04 Dec 2026 13:00:00 GMT")
+def test_any_retry_after_header_is_a_bounded_delay_or_none(value: str | None) -> None:
+    from netval.agent.enroll import MAX_RETRY_AFTER, retry_after_seconds
+
+    delay = retry_after_seconds(value)
+    assert delay is None or 0 <= delay <= MAX_RETRY_AFTER
+    if value is not None and value.strip().isdigit() and value.strip().isascii():
+        assert delay == min(float(int(value.strip()[:6])), MAX_RETRY_AFTER)

@@ -246,9 +246,10 @@ class Enroller:
 def retry_after_seconds(value: str | None) -> float | None:
     """A Retry-After header in seconds (delta-seconds only; an HTTP date or garbage: None),
     at most MAX_RETRY_AFTER."""
-    if value is None or not value.strip().isdigit():
+    text = (value or "").strip()
+    if not text.isascii() or not text.isdigit():  # "²".isdigit(), yet int("²") fails
         return None
-    return min(float(int(value.strip()[:6])), MAX_RETRY_AFTER)
+    return min(float(int(text[:6])), MAX_RETRY_AFTER)
 
 
 def _error_message(raw: bytes) -> str:
