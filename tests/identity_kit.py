@@ -7,9 +7,13 @@ ended.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
+import subprocess
 import threading
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 from kube import wait_for
@@ -124,3 +128,64 @@ class Mqtt:
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
+
+
+class BrokerRestarts:
+    """SIGKILL and restart of the Mosquitto `test_chart_broker.run_chart_broker` started in
+    `workdir` (same configuration, port and data directory: the dynamic security state
+    file survives, as in a restarted broker container). Restarted processes are this
+    object's to stop (`close`)."""
+
+    def __init__(self, workdir: Path, port: int) -> None:
+        self.conf = workdir / "mosquitto.conf"
+        self.log = workdir / "mosquitto.log"
+        self.port = port
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def _pid(self) -> int:
+        needle = str(self.conf).encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmd = (entry / "cmdline").read_bytes().split(b"\0")
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z" and cmd and cmd[0].endswith(b"mosquitto") and needle in cmd:
+                return int(entry.name)
+        raise AssertionError(f"no mosquitto runs with {self.conf}")
+
+    def kill(self) -> None:
+        os.kill(self._pid(), signal.SIGKILL)
+        wait_for(lambda: not _listening(self.port), 10, what="the broker gone")
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            proc = subprocess.Popen(
+                [str(_mosquitto_binary()), "-c", str(self.conf)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        self.procs.append(proc)
+        wait_for(lambda: _listening(self.port), 10, what="the restarted broker listening")
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(10)
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def _mosquitto_binary() -> Path:
+    import mosquitto
+
+    assert mosquitto.MOSQUITTO, mosquitto.MISSING_REASON
+    return Path(mosquitto.MOSQUITTO)

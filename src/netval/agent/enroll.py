@@ -3,11 +3,15 @@ use the credential the operator issues, renew it before it expires.
 
 `NETVAL_ENROLL_URL` (https://.../v1/enroll) turns it on; the token is read from
 `NETVAL_ENROLL_TOKEN_FILE` at every enrollment (the kubelet rotates the file) and the server
-is verified with `NETVAL_ENROLL_CA_FILE` (hostname included). The agent re-enrolls at 2/3 of
-the credential's lifetime, and at once when the broker keeps refusing the credential (a
-broker restarted without its dynamic security state): the publisher then reconnects with the
-new password. The answer is a trust boundary: validated with pydantic; the password never
-appears in logs or reprs.
+is verified with `NETVAL_ENROLL_CA_FILE` (hostname included). The agent enrolls at start, at
+2/3 of the credential's lifetime, and when the broker refuses the credential it holds (a
+CONNACK saying bad user name or password, or not authorized: `netval.agent.refusal`), e.g. a
+new broker pod without its dynamic security state. Nothing else makes it enroll again: a
+broker that is restarting, DNS, TCP, TLS or timeouts say nothing about the credential, and
+a new one would end the session the publisher just restored. Each request says why
+(`reason`: start, renew, refused): the server hands a fresh credential back unchanged unless
+the broker refused it. A 429 or 503 answer's `Retry-After` is honoured. The answer is a
+trust boundary: validated with pydantic; the password never appears in logs or reprs.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Final, Protocol
 
@@ -39,15 +44,24 @@ ENV_ENROLL_CA_FILE: Final = "NETVAL_ENROLL_CA_FILE"
 DEFAULT_TOKEN_FILE: Final = "/var/run/secrets/netval.io/enroll/token"
 RENEW_AT: Final = 2 / 3  # of the lifetime
 MAX_ANSWER: Final = 8192
-AUTH_FAILURES_BEFORE_REENROLL: Final = 2
+MAX_RETRY_AFTER: Final = 300.0  # seconds: a server's Retry-After is honoured up to this
+
+
+class Reason(StrEnum):
+    """Why the agent enrolls (sent as `reason`)."""
+
+    START = "start"  # no credential yet (this process)
+    RENEW = "renew"  # 2/3 of the lifetime passed
+    REFUSED = "refused"  # the broker refused the credential this agent holds
 
 
 class EnrollError(Exception):
     """An enrollment that did not give a credential (status 0: no answer)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
         super().__init__(f"enrollment failed: {message}" + (f" (HTTP {status})" if status else ""))
         self.status = status
+        self.retry_after = retry_after  # the server's Retry-After (429, 503), seconds
 
 
 class _Answer(BaseModel):
@@ -104,8 +118,7 @@ class Publisher(Protocol):
     @property
     def connected(self) -> bool: ...
 
-    @property
-    def connect_failures(self) -> int: ...
+    def refused(self, username: str | None, password: str | None) -> bool: ...
 
 
 class Enroller:
@@ -129,8 +142,15 @@ class Enroller:
         self.credential: Credential | None = None
         self.enrollments = 0
         self.failures = 0
+        self.enrolling = False  # a request (or its retries) is under way
+        self.refused = False  # the broker refuses the credential held (until a new one)
 
-    async def enroll(self) -> Credential:
+    def enrolled(self) -> bool:
+        """Holds a credential that has not expired and that the broker did not refuse."""
+        credential = self.credential
+        return credential is not None and not self.refused and self.clock() < credential.expires_at
+
+    async def enroll(self, reason: Reason = Reason.START) -> Credential:
         """One enrollment; raises EnrollError."""
         try:
             token = self.settings.token_file.read_text().strip()
@@ -145,17 +165,18 @@ class Enroller:
                 aiohttp.ClientSession(timeout=timeout) as session,
                 session.post(
                     self.settings.url,
-                    json={"node": self.settings.node},
+                    json={"node": self.settings.node, "reason": reason.value},
                     headers=headers,
                     ssl=self._tls,
                 ) as response,  # fmt: skip
             ):
                 raw = await response.content.read(MAX_ANSWER + 1)
                 status = response.status
+                retry_after = retry_after_seconds(response.headers.get("Retry-After"))
         except (aiohttp.ClientError, TimeoutError, ssl.SSLError) as exc:
             raise EnrollError(0, f"{self.settings.url}: {type(exc).__name__}: {exc}") from None
         if status != 200:
-            raise EnrollError(status, _error_message(raw))
+            raise EnrollError(status, _error_message(raw), retry_after)
         if len(raw) > MAX_ANSWER:
             raise EnrollError(status, "the answer is too large")
         try:
@@ -168,48 +189,67 @@ class Enroller:
             answer.username, answer.password, answer.expiresAt, self.clock(), answer.clientId
         )
         self.credential = credential
+        self.refused = False
         self.enrollments += 1
         log.info("enrolled as %s until %s", credential.username, credential.expires_at.isoformat())
         return credential
 
-    async def enroll_until(self, stop: asyncio.Event) -> Credential | None:
-        """Enroll, retrying with backoff (the operator may not be up yet); None if stopped."""
+    async def enroll_until(
+        self, stop: asyncio.Event, reason: Reason = Reason.START
+    ) -> Credential | None:
+        """Enroll, retrying with backoff (the operator may not be up yet, or busy: its
+        Retry-After is a floor); None if stopped."""
         failures = 0
-        while not stop.is_set():
-            try:
-                return await self.enroll()
-            except EnrollError as exc:
-                failures += 1
-                self.failures += 1
-                level = logging.WARNING if failures == 1 or exc.status == 403 else logging.DEBUG
-                log.log(level, "%s", exc)
-            base, cap = self.backoff
-            delay = backoff_delay(failures, base=base, cap=cap, rng=self._rng)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay)
-        return None
+        self.enrolling = True
+        try:
+            while not stop.is_set():
+                try:
+                    return await self.enroll(reason)
+                except EnrollError as exc:
+                    failures += 1
+                    self.failures += 1
+                    level = logging.WARNING if failures == 1 or exc.status == 403 else logging.DEBUG
+                    log.log(level, "%s", exc)
+                    floor = exc.retry_after or 0.0
+                base, cap = self.backoff
+                delay = max(floor, backoff_delay(failures, base=base, cap=cap, rng=self._rng))
+                if floor:  # spread a fleet told the same Retry-After over another half of it
+                    delay += self._rng.uniform(0, floor / 2)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+            return None
+        finally:
+            self.enrolling = False
 
     async def keep(self, publisher: Publisher, stop: asyncio.Event, *, poll: float = 1.0) -> None:
-        """Renew at 2/3 of the lifetime, or when the broker refuses the credential; hand each
-        new credential to the publisher (the broker disconnects the old session)."""
-        refused_since = publisher.connect_failures
+        """Renew at 2/3 of the lifetime, or when the broker refuses the credential held (and
+        only then: see the module docstring); hand each new credential to the publisher
+        (the broker disconnects the old session)."""
         while not stop.is_set():
             credential = self.credential
             due = credential is None or self.clock() >= credential.renew_at()
-            refused = (
-                not publisher.connected
-                and publisher.connect_failures - refused_since >= AUTH_FAILURES_BEFORE_REENROLL
+            self.refused = credential is not None and publisher.refused(
+                credential.username, credential.password
             )
-            if due or refused:
-                if refused:
+            if due or self.refused:
+                if self.refused:
                     log.warning("the broker refuses the MQTT credential: enrolling again")
-                new = await self.enroll_until(stop)
+                reason = Reason.REFUSED if self.refused else Reason.RENEW
+                new = await self.enroll_until(stop, reason)
                 if new is None:
                     return
                 publisher.settings = new.apply(publisher.settings)
-                refused_since = publisher.connect_failures
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), poll)
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """A Retry-After header in seconds (delta-seconds only; an HTTP date or garbage: None),
+    at most MAX_RETRY_AFTER."""
+    text = (value or "").strip()
+    if not text.isascii() or not text.isdigit():  # "²".isdigit(), yet int("²") fails
+        return None
+    return min(float(int(text[:6])), MAX_RETRY_AFTER)
 
 
 def _error_message(raw: bytes) -> str:

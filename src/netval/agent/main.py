@@ -49,13 +49,28 @@ async def run_agent(
         exporter=span_exporter,
         resource_attributes={"k8s.node.name": settings.node},
     )
+    metrics = AgentMetrics(interval_seconds=spec.interval_seconds)
+    server = None
+    if settings.metrics_addr is not None:
+        # Before enrolling: /healthz answers "enrolling" (alive) while the enrollment server
+        # is busy or down, so the kubelet's liveness probe does not restart the agent into
+        # the same queue.
+        try:
+            server = await serve_agent_metrics(*settings.metrics_addr, metrics)
+            log.info("metrics on %s", [s.getsockname() for s in server.sockets])
+        except OSError as exc:
+            # Probing matters more than being scraped: run on without metrics.
+            log.error("cannot serve metrics on %s: %s", settings.metrics_addr, exc)
     enroller = enroller_from_env(env, settings.node)  # per-node MQTT identity, if configured
     if enroller is not None:
+        metrics.attach_enroller(enroller)
         credential = await enroller.enroll_until(stop)
         if credential is None:
+            if server is not None:
+                server.close()
             return
         settings = dataclasses.replace(settings, mqtt=credential.apply(settings.mqtt))
-    metrics = AgentMetrics(interval_seconds=spec.interval_seconds)
+    metrics.cycles_start()
     peers = (
         PeerService(validation=settings.config.validation, node=settings.node, spec=spec)
         if spec.checks.peers.enabled
@@ -82,17 +97,9 @@ async def run_agent(
     )
     metrics.attach_publisher(publisher.stats)
     collector = LiveCollector(interfaces=spec.checks.named_interfaces)
-    server = None
     sampler: BoundedSampler | None = None
     tasks: list[asyncio.Task[None]] = []
     try:
-        if settings.metrics_addr is not None:
-            try:
-                server = await serve_agent_metrics(*settings.metrics_addr, metrics)
-                log.info("metrics on %s", [s.getsockname() for s in server.sockets])
-            except OSError as exc:
-                # Probing matters more than being scraped: run on without metrics.
-                log.error("cannot serve metrics on %s: %s", settings.metrics_addr, exc)
         await publisher.start()
         if enroller is not None:
             tasks.append(asyncio.create_task(enroller.keep(publisher, stop), name="netval-enroll"))

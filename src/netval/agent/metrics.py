@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from netval.agent.config_watch import ConfigWatcher
+from netval.agent.enroll import Enroller
 from netval.agent.publish import PublisherStats
 from netval.agent.sampling import BoundedSampler
 from netval.infra.metrics_server import serve_metrics
@@ -30,6 +31,12 @@ class _PublisherCollector(Collector):
             ("netval_publish_failures", s.publish_failures, "Report publishes that failed"),
             ("netval_reports_replaced", s.replaced, "Unsent reports replaced by newer ones"),
             ("netval_mqtt_reconnects", s.reconnects, "MQTT reconnection attempts"),
+            (
+                "netval_mqtt_credential_refusals",
+                s.credential_refusals,
+                "Connects the broker refused for the credential (bad user name or password, not"
+                " authorized)",
+            ),
         ):
             yield CounterMetricFamily(name, doc, value=value)
         yield GaugeMetricFamily(
@@ -82,6 +89,32 @@ class _SamplerCollector(Collector):
             "1 while a collector read is blocked past its deadline",
             value=int(s.blocked),
         )
+
+
+class _EnrollCollector(Collector):
+    def __init__(self, enroller: Enroller) -> None:
+        self._enroller = enroller
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        e = self._enroller
+        yield GaugeMetricFamily(
+            "netval_enrolled",
+            "1 while the agent holds a per-node MQTT credential that has not expired and that"
+            " the broker did not refuse",
+            value=int(e.enrolled()),
+        )
+        yield GaugeMetricFamily(
+            "netval_enrolling", "1 while an enrollment (or its retries) is under way",
+            value=int(e.enrolling),
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "netval_enrollments", "Credentials obtained from the enrollment server",
+            value=e.enrollments,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "netval_enrollment_failures", "Enrollment requests that gave no credential",
+            value=e.failures,
+        )  # fmt: skip
 
 
 UNASSIGNED_DOMAIN: Final = "unassigned"  # peer_domain of peers whose domain is not known
@@ -176,12 +209,21 @@ class AgentMetrics:
         )
         self.check_status = _CheckStatusCollector()
         self.registry.register(self.check_status)
+        self.enroller: Enroller | None = None
 
     def attach_publisher(self, stats: Callable[[], PublisherStats]) -> None:
         self.registry.register(_PublisherCollector(stats))
 
     def attach_sampler(self, sampler: BoundedSampler) -> None:
         self.registry.register(_SamplerCollector(sampler))
+
+    def attach_enroller(self, enroller: Enroller) -> None:
+        self.enroller = enroller
+        self.registry.register(_EnrollCollector(enroller))
+
+    def cycles_start(self) -> None:
+        """Probing starts now (after enrollment): the liveness clock starts with it."""
+        self.started = time.monotonic()
 
     def attach_config(self, watcher: ConfigWatcher) -> None:
         self.registry.register(_ConfigCollector(watcher))
@@ -192,8 +234,16 @@ class AgentMetrics:
         self.cycles.labels(reason=reason).inc()
         self.check_status.observe(report.results)
 
+    def enrolling(self) -> bool:
+        """The first enrollment is under way: no cycle can run yet, and an enrollment server
+        under load may take minutes to answer (Retry-After); that is alive, not stuck."""
+        return self.enroller is not None and self.enroller.credential is None
+
     def healthy(self) -> bool:
-        """Alive while cycles keep completing: within 3 intervals of the last (or of start)."""
+        """Alive while enrolling for the first time, then while cycles keep completing:
+        within 3 intervals of the last (or of the start of probing)."""
+        if self.enrolling():
+            return True
         reference = self.last_cycle if self.last_cycle is not None else self.started
         return time.monotonic() - reference < 3 * self.interval_seconds + 5
 
@@ -201,6 +251,8 @@ class AgentMetrics:
 async def serve_agent_metrics(host: str, port: int, metrics: AgentMetrics) -> asyncio.Server:
     def healthy() -> tuple[bool, str]:
         ok = metrics.healthy()
+        if metrics.enrolling():
+            return ok, "enrolling"
         return ok, "ok" if ok else "no probe cycle completed recently"
 
     return await serve_metrics(host, port, metrics.registry, healthy)

@@ -40,6 +40,7 @@ from aiomqtt import MqttError, Will
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
+from netval.agent.refusal import credential_refused
 from netval.infra.mqtt_client import backoff_delay, make_client
 from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.task_stop import cancel_and_wait
@@ -75,6 +76,7 @@ class PublisherStats:
     reconnects: int  # connection attempts after the first one
     connect_failures: int  # connection attempts that failed (refused, bad credentials, ...)
     connected: bool
+    credential_refusals: int = 0  # connects the broker refused for the credential (CONNACK)
 
 
 class ReportPublisher:
@@ -132,6 +134,10 @@ class ReportPublisher:
         self._replaced = 0
         self._reconnects = 0
         self._connect_failures = 0
+        self._credential_refusals = 0
+        # (username, password) of the last connect the broker refused for the credential;
+        # None once a connect succeeds (netval.agent.enroll re-enrolls on it, nothing else)
+        self._refused: tuple[str | None, str | None] | None = None
         self._connected = False
         self._connected_at = 0.0
 
@@ -161,6 +167,11 @@ class ReportPublisher:
     def connect_failures(self) -> int:
         return self._connect_failures
 
+    def refused(self, username: str | None, password: str | None) -> bool:
+        """The last connect with this user name and password was refused for the credential
+        (CONNACK 0x86/0x87, v3 rc 4/5) and none succeeded since."""
+        return not self._connected and self._refused == (username, password)
+
     @property
     def running(self) -> bool:
         """The connection task is alive (started, not stopped, not crashed)."""
@@ -179,6 +190,7 @@ class ReportPublisher:
             reconnects=self._reconnects,
             connect_failures=self._connect_failures,
             connected=self._connected,
+            credential_refusals=self._credential_refusals,
         )
 
     # ---- public API -----------------------------------------------------------------
@@ -265,6 +277,7 @@ class ReportPublisher:
             if attempts:
                 self._reconnects += 1
             attempts += 1
+            login = (self.settings.username, self.settings.password)
             try:
                 await self._session()
                 return  # clean stop
@@ -282,6 +295,9 @@ class ReportPublisher:
                     log.log(level, "MQTT %s: cannot connect: %s", self.settings.url, exc)
                 if not was_connected:
                     self._connect_failures += 1
+                    if credential_refused(exc):
+                        self._credential_refusals += 1
+                        self._refused = login
                 elif time.monotonic() - self._connected_at >= _STABLE_AFTER:
                     # Reset the backoff only after a connection that held for a while, so
                     # that a broker which accepts and then drops us (e.g. a client-id
@@ -317,6 +333,7 @@ class ReportPublisher:
                         "MQTT %s: subscription to %s refused: %s", self.settings.url, topic, granted
                     )
             self._retained_dirty = set(self._retained)
+            self._refused = None
             self._connected = True
             self._connected_at = time.monotonic()
             log.info("MQTT %s: connected as %s", self.settings.url, self.prefix)

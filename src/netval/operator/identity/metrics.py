@@ -12,7 +12,10 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from netval.operator.identity.service import IdentityService
 
-OUTCOMES: Final = ("issued", "denied", "throttled", "unauthenticated", "bad_request", "unavailable")
+OUTCOMES: Final = (
+    "issued", "reused", "denied", "throttled", "busy", "gone", "unauthenticated", "bad_request",
+    "unavailable",
+)  # fmt: skip
 
 
 class IdentityCollector(Collector):
@@ -36,6 +39,11 @@ class IdentityCollector(Collector):
                              ("expired", s.issuer.expired)):  # fmt: skip
             credentials.add_metric([event], value)
         yield credentials
+        yield GaugeMetricFamily(
+            "netval_operator_enrollments_queued",
+            "Enrollment requests admitted and not answered yet (reviewed, issued or waiting)",
+            value=s.server.queued,
+        )
         yield GaugeMetricFamily(
             "netval_operator_dynsec_connected",
             "1 while the dynamic security admin connection is up",

@@ -149,7 +149,10 @@ class IdentityService:
         self.admin = DynsecAdmin(dataclasses.replace(mqtt, client_id=admin_id))
         self.issuer = CredentialIssuer(self.admin, lifetime=settings.lifetime)
         self.server = EnrollmentServer(
-            reviewer, self.issuer, min_reissue=settings.min_reissue_seconds
+            reviewer,
+            self.issuer,
+            min_reissue=settings.min_reissue_seconds,
+            broker_ready=lambda: self.admin.connected,
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._listers: Listers | None = None
@@ -212,6 +215,7 @@ class IdentityService:
             await self.revoke_node(ACL_PROBE_NODE)
 
     async def revoke_node(self, node: str) -> None:
+        self.server.forget_node(node)
         try:
             await self.issuer.revoke_node(node)
         except DynsecError as exc:  # an event handler is not retried: the expiry sweep is

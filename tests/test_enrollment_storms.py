@@ -1,0 +1,275 @@
+"""Per-node identity through the real processes: `netval operator` (serving enrollment),
+three `netval agent` processes, each with its own pod token, and the chart's Mosquitto with
+the dynamic security plugin, SIGKILLed and restarted under them.
+
+A broker that is down for a while is no reason to enroll again: the agents' credentials
+are in the broker's dynamic security state, which the restarted broker still has, and a
+new credential would end the session just restored (issue 24 measured 25 s without a stable
+session). Only a broker that refuses the credential (a deleted client: a new broker pod
+without its state) makes an agent enroll again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from identity_kit import BrokerRestarts, LoopThread, Mqtt
+from kube import KubeCluster, wait_for
+from mosquitto import free_port
+from netval.infra.mqtt_settings import MqttSettings
+from netval.operator.identity.dynsec import DynsecAdmin
+from netval.operator.kube import certs
+from operator_env import GPU, NS, add_node
+from operator_processes import OperatorProc
+from test_agent import LO_CHECKS, agent_config, netval_script, stop_process
+from test_chart_broker import plaintext_listener, run_chart_broker
+from test_enrollment import AGENT_LABELS, Claims, TokenAuthority
+from test_identity_replicas import ChartBrokerLogin
+
+NODES = ("gpu-a", "gpu-b", "gpu-c")
+
+
+def _metric(text: str, name: str) -> float:
+    total = 0.0
+    for match in re.finditer(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M):
+        total += float(match.group(1))
+    return total
+
+
+def _scrape(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+    except OSError:
+        return ""
+
+
+class Fleet:
+    def __init__(self, tmp_path: Path, kube: KubeCluster, port: int, secrets: dict[str, str]):
+        self.tmp_path, self.kube, self.port = tmp_path, kube, port
+        kube.ensure_namespace(NS)
+        authority = TokenAuthority()
+        kube.api.token_reviewer = authority.review
+        tls = certs.generate_self_signed(tmp_path / "enroll-tls", ["127.0.0.1"])
+        enroll_port = free_port()
+        env = {
+            "NETVAL_ENROLL_ADDR": f"127.0.0.1:{enroll_port}",
+            "NETVAL_ENROLL_CERT_FILE": str(tls.cert), "NETVAL_ENROLL_KEY_FILE": str(tls.key),
+            "NETVAL_ENROLL_CA_BUNDLE_FILE": str(tls.ca),
+        }  # fmt: skip
+        self.operator = OperatorProc(kube, ChartBrokerLogin(port, secrets["operator"]),
+                                     tmp_path / "op", "op", standalone=True, env=env)  # fmt: skip
+        self.operator_login = secrets["operator"]
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        self.metrics_ports: dict[str, int] = {}
+        config = tmp_path / "agent.yaml"
+        config.write_text(yaml.safe_dump(agent_config(LO_CHECKS, interval="5s")))
+        self.agent_env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NETVAL_CONFIG": str(config),
+            "NETVAL_MQTT_URL": f"mqtt://127.0.0.1:{port}",
+            "NETVAL_ENROLL_URL": f"https://127.0.0.1:{enroll_port}/v1/enroll",
+            "NETVAL_ENROLL_CA_FILE": str(tls.ca),
+            **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
+        }  # fmt: skip
+        self.tokens: dict[str, Path] = {}
+        for node in NODES:
+            add_node(kube, node, GPU)
+            pod = kube.create({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": f"agent-{node}", "namespace": NS, "labels": AGENT_LABELS},
+                "spec": {"nodeName": node, "serviceAccountName": "netval-agent",
+                         "containers": [{"name": "agent", "image": "netval"}]},
+            })  # fmt: skip
+            self.tokens[node] = tmp_path / f"token-{node}"
+            self.tokens[node].write_text(
+                authority.mint(Claims(f"agent-{node}", pod["metadata"]["uid"], node))
+            )
+
+    def start(self) -> None:
+        self.operator.start()
+        for node in NODES:
+            self.metrics_ports[node] = free_port()
+            env = {**self.agent_env, "NETVAL_NODE_NAME": node,
+                   "NETVAL_ENROLL_TOKEN_FILE": str(self.tokens[node]),
+                   "NETVAL_METRICS_ADDR": f"127.0.0.1:{self.metrics_ports[node]}"}  # fmt: skip
+            with (self.tmp_path / f"agent-{node}.log").open("ab") as log:
+                self.agents[node] = subprocess.Popen(
+                    [netval_script(), "agent"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )  # fmt: skip
+
+    def agent(self, node: str, name: str) -> float:
+        return _metric(_scrape(self.metrics_ports[node]), name)
+
+    def issued(self) -> float:
+        text = _scrape(self.operator.metrics_port)
+        return _metric(text, r'netval_operator_enrollments_total\{outcome="issued"\}')
+
+    def requests(self) -> float:
+        return _metric(_scrape(self.operator.metrics_port), "netval_operator_enrollments_total")
+
+    def all_connected(self) -> bool:
+        return all(self.agent(n, "netval_mqtt_connected") == 1 for n in NODES)
+
+    def close(self) -> None:
+        for proc in self.agents.values():
+            stop_process(proc, 10)
+        self.operator.terminate()
+
+    def logs(self) -> str:
+        return (
+            "\n".join(
+                f"--- {n}\n"
+                + (self.tmp_path / f"agent-{n}.log").read_text(errors="replace")[-2000:]
+                for n in NODES
+            )
+            + "\n--- operator\n"
+            + self.operator.log()[-3000:]
+        )
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, kube: KubeCluster) -> Iterator[tuple[Fleet, BrokerRestarts]]:
+    (tmp_path / "broker").mkdir()
+    with run_chart_broker(tmp_path / "broker", plaintext_listener) as (port, secrets):
+        restarts = BrokerRestarts(tmp_path / "broker", port)
+        f = Fleet(tmp_path, kube, port, secrets)
+        try:
+            f.start()
+            yield f, restarts
+        finally:
+            f.close()
+            restarts.close()
+        assert "Traceback" not in f.logs(), f.logs()
+
+
+def test_a_broker_restart_restores_sessions_without_enrolling_again(
+    fleet: tuple[Fleet, BrokerRestarts],
+) -> None:
+    f, broker = fleet
+    wait_for(f.all_connected, 60, what="every agent connected")
+    assert f.issued() == len(NODES)
+    requests = f.requests()
+    for node in NODES:
+        assert f.agent(node, "netval_enrolled") == 1
+    before = {n: f.agent(n, "netval_mqtt_reconnects_total") for n in NODES}
+    broker.kill()
+    # Down until every agent failed to connect twice: the old rule enrolled again here.
+    wait_for(
+        lambda: all(f.agent(n, "netval_mqtt_reconnects_total") >= before[n] + 2 for n in NODES),
+        60, what="every agent failing to reconnect",
+    )  # fmt: skip
+    assert all(f.agent(n, "netval_mqtt_connected") == 0 for n in NODES)
+    broker.start()
+    wait_for(f.all_connected, 60, what="every session restored")
+    # Held: each agent publishes reports again on the restored session (an operator-side
+    # subscriber sees a new one from each), and nobody asked for a credential meanwhile.
+    op = Mqtt(f.port, "netval-operator", f.operator_login)
+    try:
+        assert not op.connect().is_failure
+        op.subscribe("netval/v1/v/+/report")
+        for node in NODES:
+            wait_for(lambda n=node: len(op.received(f"netval/v1/v/{n}/report")) >= 2, 30,
+                     what=f"fresh reports from {node}")  # fmt: skip
+    finally:
+        op.close()
+    assert f.all_connected()
+    assert f.issued() == len(NODES) and f.requests() == requests
+    assert sum(f.agent(n, "netval_enrollments_total") for n in NODES) == len(NODES)
+    assert sum(f.agent(n, "netval_mqtt_credential_refusals_total") for n in NODES) == 0
+    for node in NODES:
+        assert f.agent(node, "netval_enrolled") == 1
+
+
+def test_a_refused_credential_makes_that_agent_enroll_again(
+    fleet: tuple[Fleet, BrokerRestarts],
+) -> None:
+    f, _ = fleet
+    wait_for(f.all_connected, 60, what="every agent connected")
+    # What a new broker pod without its state looks like to gpu-b: its client is gone.
+    loop = LoopThread()
+    admin = DynsecAdmin(MqttSettings("127.0.0.1", f.port, username="netval-operator",
+                                     password=f.operator_login, client_id="test-admin"))  # fmt: skip
+    try:
+        loop.call(admin.start)
+        (answer,) = loop.run(admin.execute([{"command": "deleteClient",
+                                             "username": "netval-node:gpu-b:agent-gpu-b"}]))  # fmt: skip
+        assert "error" not in answer, answer
+    finally:
+        loop.run(admin.stop())
+        loop.close()
+    wait_for(lambda: f.agent("gpu-b", "netval_enrollments_total") == 2
+             and f.agent("gpu-b", "netval_mqtt_connected") == 1, 60,
+             what="gpu-b enrolled again and connected")  # fmt: skip
+    assert f.issued() == len(NODES) + 1
+    assert f.agent("gpu-b", "netval_mqtt_credential_refusals_total") >= 1
+    assert f.agent("gpu-a", "netval_enrollments_total") == 1
+    assert f.agent("gpu-c", "netval_enrollments_total") == 1
+    assert "the broker refuses the MQTT credential" in (f.tmp_path / "agent-gpu-b.log").read_text()
+
+
+def test_an_agent_waiting_for_enrollment_is_alive_and_says_so(tmp_path: Path) -> None:
+    """The enrollment server is down (nothing listens): the agent is alive for its liveness
+    probe ("enrolling"), not enrolled, and retrying; it never reaches the broker."""
+    config = tmp_path / "agent.yaml"
+    config.write_text(yaml.safe_dump(agent_config(LO_CHECKS, interval="5s")))
+    token = tmp_path / "token"
+    token.write_text("x.y.z")
+    metrics_port = free_port()
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NETVAL_CONFIG": str(config),
+        "NETVAL_NODE_NAME": "gpu-a", "NETVAL_MQTT_URL": f"mqtt://127.0.0.1:{free_port()}",
+        "NETVAL_ENROLL_URL": f"https://127.0.0.1:{free_port()}/v1/enroll",
+        "NETVAL_ENROLL_TOKEN_FILE": str(token),
+        "NETVAL_METRICS_ADDR": f"127.0.0.1:{metrics_port}",
+        **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
+    }  # fmt: skip
+    log = tmp_path / "agent.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([netval_script(), "agent"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+    try:
+
+        def health() -> tuple[int, str] | None:
+            try:
+                url = f"http://127.0.0.1:{metrics_port}/healthz"
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    return response.status, response.read().decode().strip()
+            except OSError:
+                return None
+
+        assert wait_for(health, 30, what="/healthz") == (200, "enrolling")
+        wait_for(lambda: _metric(_scrape(metrics_port), "netval_enrollment_failures_total") >= 2,
+                 30, what="enrollment retried")  # fmt: skip
+        text = _scrape(metrics_port)
+        assert _metric(text, "netval_enrolled") == 0 and _metric(text, "netval_enrolling") == 1
+        assert health() == (200, "enrolling") and proc.poll() is None
+    finally:
+        stop_process(proc, 10)
+    assert "Traceback" not in log.read_text()
+
+
+@pytest.mark.parametrize(
+    ("rc", "refused"),
+    [(0x86, True), (0x87, True), (0x88, False), (0x80, False), (0x9C, False),
+     (4, True), (5, True), (3, False), (2, False)],
+)  # fmt: skip
+def test_only_a_connack_refusing_the_credential_counts(rc: int, refused: bool) -> None:
+    from aiomqtt.exceptions import MqttConnectError, MqttError
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    from netval.agent.refusal import credential_refused
+
+    error = MqttConnectError(ReasonCode(PacketTypes.CONNACK, identifier=rc) if rc > 5 else rc)
+    assert credential_refused(error) is refused
+    assert not credential_refused(MqttError("[Errno 111] Connection refused"))
+    assert not credential_refused(TimeoutError())
