@@ -224,7 +224,9 @@ def test_daemonset_pod_template_rolls_only_when_what_the_pod_runs_changes() -> N
         restart
     )
     # ...and the DaemonSet selector never changes (it is immutable).
-    assert _daemonset(reloaded, generation=5)["spec"]["selector"] == _daemonset()["spec"]["selector"]
+    assert (
+        _daemonset(reloaded, generation=5)["spec"]["selector"] == _daemonset()["spec"]["selector"]
+    )
 
 
 # --- the DaemonSet ------------------------------------------------------------------------
