@@ -321,6 +321,22 @@ class KubeApi:
         list of 10,000 would be 100 MiB where names are a few hundred KiB."""
         return await self._list_names(self.core.list_node, page)
 
+    async def list_node_labels(
+        self, keys: frozenset[str], page: int = NODE_PAGE
+    ) -> dict[str, dict[str, str]]:
+        """Every Node's labels among `keys`, from paged metadata-only lists (filtered page by
+        page: the other labels of 10,000 Nodes are never held at once)."""
+
+        def listed() -> dict[str, dict[str, str]]:
+            out: dict[str, dict[str, str]] = {}
+            for item in paged_items(self.core.list_node, page=page, metadata_only=True):
+                meta = item.get("metadata") or {}
+                labels = meta.get("labels") or {}
+                out[str(meta["name"])] = {k: str(labels[k]) for k in keys if k in labels}
+            return out
+
+        return await self._run(self._other_pool, listed)
+
     async def list_pod_names(
         self, namespace: str, label_selector: str, page: int = NODE_PAGE
     ) -> set[str]:
