@@ -51,7 +51,9 @@ class OperatorRuntime:
         self.kube = kube
         self.tracer_provider = tracer_provider
         self.tracer = tracer_provider.get_tracer("netval.operator")
-        self.store = Store(on_targets_changed=self.targets_changed)
+        self.store = Store(
+            on_targets_changed=self.targets_changed, on_label_keys_added=self._list_missing_labels
+        )
         self.events = Events(kube, self.store)
         self.gating = NodeGating(settings, kube, self.store, self.events)
         self.status = StatusWriter(
@@ -162,12 +164,18 @@ class OperatorRuntime:
             self.events.queue(name, "Warning", "PeerPortConflict", message)
 
     def _list_missing_labels(self) -> None:
+        """Started as soon as a validation references a new key (from Kopf's handlers, on
+        the loop), or by the next status round (a failed listing's retry)."""
         if not self.store.label_keys_missing or self._label_listing is not None:
             return
         if time.monotonic() < self._label_listing_after:
             return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # not on the loop: the next status round starts it
         keys = set(self.store.label_keys_missing)
-        self._label_listing = asyncio.create_task(self._fill_labels(keys))
+        self._label_listing = loop.create_task(self._fill_labels(keys))
 
     async def _fill_labels(self, keys: set[str]) -> None:
         try:
@@ -180,6 +188,7 @@ class OperatorRuntime:
             log.info("Node labels %s filled in for %d nodes", sorted(keys), len(listed))
         finally:
             self._label_listing = None
+        self._list_missing_labels()  # keys a validation added while this listing ran
 
     # -- what admission and Kueue ask (through the runtime in Kopf's memo) ------------------
 

@@ -97,9 +97,12 @@ class Store:
         on_targets_changed: Callable[[], None] = lambda: None,
         *,
         label_keys: Iterable[str] = (),
+        on_label_keys_added: Callable[[], None] = lambda: None,
     ) -> None:
         # called when a validation's spec or targeted nodes may have changed
         self.on_targets_changed = on_targets_changed
+        # called when a validation references label keys not kept so far (`label_keys_missing`)
+        self.on_label_keys_added = on_label_keys_added
         # the label keys kept of each Node (`state.node_labels`), and those a validation
         # referenced since the Nodes were last listed (filled by `fill_labels`)
         # (`label_keys`: kept from the start, as if a validation referenced them)
@@ -307,6 +310,7 @@ class Store:
             # Nodes seen before know nothing of these keys: a listing fills them in.
             self.label_keys_missing |= added
             self.label_keys |= added
+            self.on_label_keys_added()
 
     def fill_labels(self, listed: Mapping[str, Mapping[str, str]], keys: set[str]) -> None:
         """Fill in the `keys` that known Nodes lack from a listing of their labels (taken
