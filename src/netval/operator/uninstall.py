@@ -48,7 +48,8 @@ from netval.model.keys import (
 )
 from netval.model.manifest import API_GROUP
 from netval.operator.admission.configurations import CONFIGURATION_NAME
-from netval.operator.kube.api import PLURAL, VERSION, load_kube_client, paged_items
+from netval.operator.kube.api import PLURAL, VERSION, load_kube_client
+from netval.operator.kube.paging import paged_items
 
 log = logging.getLogger("netval.uninstall")
 
