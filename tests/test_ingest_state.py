@@ -29,7 +29,7 @@ SPEC = NetworkValidationSpec.model_validate({"nodeSelector": GPU, "interval": "6
 
 
 def fresh_store() -> Store:
-    store = Store()
+    store = Store(label_keys=GPU)
     for node in NODES:
         store.on_node(node, GPU)
     return store

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 RUNTIME_KEY: Final = "runtime"  # Kopf memo: the started OperatorRuntime
 SIGNALS_KEY: Final = "install_signals"  # Kopf memo: the process's signal handlers, if any
+LIST_CHUNK: Final = 500  # objects per page of the initial lists of Kopf's watches
 
 
 class OperatorStartError(RuntimeError):
@@ -81,6 +82,9 @@ def configure_kopf(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
     # peering would pause its watches, not our loops.
     settings.peering.standalone = True
     settings.watching.server_timeout = memo.get("watch_timeout", settings.watching.server_timeout)
+    # Initial lists in pages (Kopf keeps one in memory): 10,000 Nodes in one response would
+    # be over 100 MiB of JSON at every start and watch restart.
+    settings.watching.chunk_size = LIST_CHUNK
 
 
 def build_runtime(memo: kopf.Memo) -> OperatorRuntime:

@@ -33,7 +33,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -49,6 +49,7 @@ from netval.model.keys import (
 from netval.model.manifest import API_GROUP
 from netval.operator.admission.configurations import CONFIGURATION_NAME
 from netval.operator.kube.api import PLURAL, VERSION, load_kube_client
+from netval.operator.kube.paging import paged_items
 
 log = logging.getLogger("netval.uninstall")
 
@@ -164,15 +165,7 @@ class Cleanup:
 
     def _pages(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
         """Every item of a list call, page by page, as plain dicts."""
-        token: str | None = None
-        while True:
-            extra = {"_continue": token} if token else {}
-            response = fn(*args, limit=PAGE, _preload_content=False, **extra, **kwargs, **self._t)
-            body = json.loads(cast(Any, response).data)
-            yield from body.get("items") or []
-            token = (body.get("metadata") or {}).get("continue")
-            if not token:
-                return
+        return paged_items(fn, *args, page=PAGE, **kwargs, **self._t)
 
     def _rewrite(
         self,

@@ -25,6 +25,7 @@ from netval.operator.admission.mutate import (
 )
 from netval.operator.gating.capacity import judge, min_healthy_nodes
 from netval.operator.kube.api import error_text
+from netval.operator.kube.paging import paged_items
 from netval.operator.runtime import OperatorRuntime, ValidationView
 
 log = logging.getLogger("netval.operator.admission")
@@ -32,6 +33,8 @@ log = logging.getLogger("netval.operator.admission")
 RELEASER_MEMO_KEY: Final = "gate_releaser"
 RUNTIME_MEMO_KEY: Final = "runtime"
 WARN_EVERY: Final = 30.0  # seconds between warnings about the same repeated failure
+# Gated Pods per list page: a release after an outage may find thousands gated at once.
+PAGE: Final = 500
 
 
 def _admits(view: ValidationView, pod: Mapping[str, Any]) -> bool:
@@ -167,11 +170,11 @@ class GateReleaser:
     def _release_all(
         self, core: client.CoreV1Api, validation: str, admits: Callable[[dict[str, Any]], bool]
     ) -> int:
-        response = core.list_pod_for_all_namespaces(
+        pods = paged_items(
+            core.list_pod_for_all_namespaces,
             label_selector=f"{LabelKey.GATED_BY}={validation_label(validation)}",
-            _preload_content=False,
+            page=PAGE,
         )
-        pods = json.loads(cast(Any, response).data).get("items") or []
         released = 0
         for pod in pods:
             meta = pod.get("metadata") or {}
@@ -189,10 +192,9 @@ class GateReleaser:
     def _mark_orphans(core: client.CoreV1Api, known: set[str]) -> int:
         """Annotate (or, once the validation is back, un-annotate) Pods gated for a validation
         not in `known`; the number newly annotated."""
-        response = core.list_pod_for_all_namespaces(
-            label_selector=LabelKey.GATED_BY.value, _preload_content=False
+        pods = paged_items(
+            core.list_pod_for_all_namespaces, label_selector=LabelKey.GATED_BY.value, page=PAGE
         )
-        pods = json.loads(cast(Any, response).data).get("items") or []
         marked = 0
         for pod in pods:
             meta = pod.get("metadata") or {}

@@ -9,9 +9,12 @@ Pure functions: no I/O, no clock, no environment. `agents.rollout` applies what 
 - The DaemonSet runs `netval agent` on every node the spec selects, on the host network, as a
   non-root user with no capabilities and a read-only root filesystem; the agent never talks to
   the Kubernetes API, so its ServiceAccount has no token and no bindings.
-- The pod template carries `netval.io/config-hash`, the hash of the config document, so any
-  spec change (which bumps the generation) rolls the agents; status writes and node label
-  changes never do (docs/architecture.md "MQTT": the domain travels in the assignment topic).
+- The pod template carries `netval.io/restart-hash`, the hash of what the agent reads only
+  at start (`restart_document`), so a spec edit rolls the agents only when what the pod runs
+  changes (that, or the image, env, mounts, ports, selector in the template itself); check
+  thresholds, gating, the interval reach the running agents through the ConfigMap, which
+  they reload live (`netval.agent.config_watch`). Status writes and node label changes
+  never roll them (docs/architecture.md "MQTT": the domain travels in the assignment topic).
 """
 
 from __future__ import annotations
@@ -241,6 +244,24 @@ def config_hash(doc: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
+def restart_document(name: str, spec: NetworkValidationSpec) -> dict[str, Any]:
+    """What a running agent cannot take from a reloaded config: its validation (its MQTT
+    identity; `ConfigWatcher` refuses a new one) and the peer responder it starts once (it
+    exists only with `peers.enabled` and binds `peers.port` on `peers.interface`'s address).
+    Everything else in the spec applies live, so it stays out: a threshold edit must not
+    restart 10,000 agents."""
+    peers = spec.checks.peers
+    return {
+        "validation": name,
+        "peers": {"enabled": peers.enabled, "port": peers.port, "interface": peers.interface},
+    }
+
+
+def restart_hash(name: str, spec: NetworkValidationSpec) -> str:
+    """`config_hash` of `restart_document`: the pod template annotation that rolls agents."""
+    return config_hash(restart_document(name, spec))
+
+
 def _agent_object(
     api_version: str,
     kind: str,
@@ -466,7 +487,7 @@ def render_daemonset(
     owner: Mapping[str, Any],
     image: str,
     mqtt: AgentMqttWiring,
-    config_hash: str,
+    restart_hash: str,
     metrics_port: int = METRICS_PORT,
     resources: Mapping[str, Any] | None = None,
     extra_tolerations: Sequence[Mapping[str, Any]] = (),
@@ -474,11 +495,11 @@ def render_daemonset(
 ) -> dict[str, Any]:
     """The agent DaemonSet of validation `name`.
 
-    `config_hash` is `config_hash(agent_config_document(name, generation, spec))`; it goes on
-    the pod template so that a new config rolls the agents. `metrics_port` is a host port
-    (hostNetwork): two validations whose agents share a node need different ones.
-    `generation` is annotated on the DaemonSet (not on its pods: the hash rolls them), so
-    the operator can tell which generation the agents run.
+    `restart_hash` is `restart_hash(name, spec)`; it goes on the pod template so that a
+    change the agents cannot reload rolls them (and nothing else does). `metrics_port` is a
+    host port (hostNetwork): two validations whose agents share a node need different ones.
+    `generation` is annotated on the DaemonSet, not on its pods (a new generation alone must
+    not roll them: the agents read it from the reloaded ConfigMap).
     """
     pod_spec: dict[str, Any] = {
         "serviceAccountName": AGENT_SERVICE_ACCOUNT,
@@ -543,7 +564,7 @@ def render_daemonset(
                 "metadata": {
                     "labels": agent_labels(name),
                     "annotations": {
-                        AnnotationKey.CONFIG_HASH.value: config_hash,
+                        AnnotationKey.RESTART_HASH.value: restart_hash,
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(metrics_port),
                         "prometheus.io/path": "/metrics",
