@@ -1,0 +1,213 @@
+"""The operator's parts for one leadership term, wired in one place (start-up and stop:
+`netval.operator.term_startup`; a new term builds a new runtime from fresh state).
+
+- `store` (`state.store.Store`): what Kopf handlers and MQTT tell the operator.
+- `ingest` (`ingest.subscriber.ReportIngest`): the MQTT subscription; reports go to the store.
+- `status` (`status.writer.StatusWriter`): one status patch per validation per window.
+- `gating` (`gating.node_writer.NodeGating`): node labels and taints, the Gating condition.
+- `events` (`status.events.Events`): the Events all of them post.
+- targets: when a spec or the targeted nodes changed, the agent assignments and the
+  peers-port check are redone once in the next status window, not per Node event (a
+  start-up delivers one event per node, each would redo all targeted nodes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from netval.infra.supervised import supervised_task
+from netval.infra.task_stop import cancel_and_wait
+from netval.model.results import Report
+from netval.model.spec import NetworkValidationSpec
+from netval.model.status import EventReason
+from netval.operator.gating.node_writer import NodeGating
+from netval.operator.ingest.assignments import assignments, leftover_topics
+from netval.operator.ingest.subscriber import ReportIngest
+from netval.operator.kube.api import KubeApi, error_text
+from netval.operator.settings import OperatorSettings
+from netval.operator.state.peer_ports import PeerPortCheck
+from netval.operator.state.store import Store, ValidationView, utcnow
+from netval.operator.state.validation import IngestResult, ValidationState
+from netval.operator.status.events import Events
+from netval.operator.status.writer import StatusWriter
+
+__all__ = ["OperatorRuntime", "ValidationView"]
+
+log = logging.getLogger("netval.operator")
+
+LABEL_LISTING_BACKOFF: Final = 30.0  # seconds before another Node label listing after a failure
+
+
+class OperatorRuntime:
+    def __init__(
+        self, settings: OperatorSettings, kube: KubeApi, tracer_provider: TracerProvider
+    ) -> None:
+        self.settings = settings
+        self.kube = kube
+        self.tracer_provider = tracer_provider
+        self.tracer = tracer_provider.get_tracer("netval.operator")
+        self.store = Store(
+            on_targets_changed=self.targets_changed, on_label_keys_added=self._list_missing_labels
+        )
+        self.events = Events(kube, self.store)
+        self.gating = NodeGating(settings, kube, self.store, self.events)
+        self.status = StatusWriter(
+            settings,
+            kube,
+            self.store,
+            self.events,
+            self.tracer,
+            gating_conditions=self.gating.conditions,
+            before_round=self.refresh_targets,
+        )
+        self.ingest = ReportIngest(
+            settings.mqtt,
+            on_report=self.on_report,
+            on_state=self.store.on_state,
+            on_replayed=self.store.note_replay,
+            deleted=self.store.is_deleted,
+            tracer=self.tracer,
+        )
+        self.peer_ports = PeerPortCheck()
+        self.metrics_server: asyncio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._targets_dirty = False
+        self._label_listing: asyncio.Task[None] | None = None
+        self._label_listing_after = 0.0  # monotonic: no listing before (after a failure)
+        self._started = False
+        self._stopped = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Idempotent: a second call starts nothing (one MQTT session per runtime, ever)."""
+        if self._started:
+            return
+        self._started = True
+        synced = self.ingest.synced
+        self._tasks = [
+            supervised_task("netval-ingest", self.ingest.run),
+            supervised_task("netval-status-writer", lambda: self.status.loop(synced)),
+            supervised_task("netval-node-gating", lambda: self.gating.loop(synced)),
+        ]
+
+    async def stop(self) -> None:
+        """Idempotent; after it returns nothing of this runtime runs (a retry of start-up or
+        the next leadership term builds a new one)."""
+        listing = [self._label_listing] if self._label_listing is not None else []
+        await cancel_and_wait([*self._tasks, *listing])
+        if not self._stopped:
+            self._stopped = True
+            # Each term builds its own client: its thread pools go with it (a hung call in
+            # one of them must not outlive the term that made it).
+            self.kube.close()
+            self.tracer_provider.shutdown()
+
+    # -- MQTT -------------------------------------------------------------------------------
+
+    def on_report(self, report: Report, retained: bool) -> None:
+        parent = None
+        if report.traceparent:
+            parent = TraceContextTextMapPropagator().extract({"traceparent": report.traceparent})
+        with self.tracer.start_as_current_span(
+            "netval.ingest",
+            context=parent,
+            attributes={
+                "netval.validation": report.validation,
+                "netval.node": report.node,
+                "netval.status": report.status.value,
+                "netval.retained": retained,
+            },
+        ) as span:
+            result = self.store.ingest_report(report, retained)
+            span.set_attribute(
+                "netval.ingest_result", "pending" if result is None else result.value
+            )
+            if result is IngestResult.ACCEPTED:
+                self.status.link(report.validation, span)
+
+    # -- what Kopf tells us -----------------------------------------------------------------
+
+    async def invalid_spec(
+        self, name: str, *, generation: int, message: str, body: Mapping[str, Any]
+    ) -> None:
+        """Ready=False InvalidSpec, written at once."""
+        self.store.invalid_spec(name, generation=generation, message=message, body=body)
+        status = self.status.compute(name, utcnow())
+        await self.status.write(name, status, self.store.previous.get(name))
+
+    def remove_validation(self, name: str) -> None:
+        self.gating.forget(name)
+        self.status.forget(name)
+        nodes = self.store.remove_validation(name)
+        self.ingest.clear_retained(leftover_topics(name, nodes))
+
+    # -- targets ----------------------------------------------------------------------------
+
+    def targets_changed(self) -> None:
+        self._targets_dirty = True
+
+    def refresh_targets(self) -> None:
+        """Agent assignments and the peers-port check, if targets or a spec changed; a
+        listing of the Nodes' labels if a validation references keys not kept yet."""
+        self._list_missing_labels()
+        if not self._targets_dirty:
+            return
+        self._targets_dirty = False
+        self.ingest.set_retained(assignments(self.store))
+        for name, message in self.peer_ports.update(self.store):
+            self.events.queue(name, "Warning", EventReason.PEER_PORT_CONFLICT, message)
+
+    def _list_missing_labels(self) -> None:
+        """Started as soon as a validation references a new key (from Kopf's handlers, on
+        the loop), or by the next status round (a failed listing's retry)."""
+        if not self.store.label_keys_missing or self._label_listing is not None:
+            return
+        if time.monotonic() < self._label_listing_after:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # not on the loop: the next status round starts it
+        keys = set(self.store.label_keys_missing)
+        self._label_listing = loop.create_task(self._fill_labels(keys))
+
+    async def _fill_labels(self, keys: set[str]) -> None:
+        try:
+            listed = await self.kube.list_node_labels(frozenset(keys))
+        except Exception as exc:
+            self._label_listing_after = time.monotonic() + LABEL_LISTING_BACKOFF
+            log.warning("cannot list the Nodes' labels %s: %s", sorted(keys), error_text(exc))
+        else:
+            self.store.fill_labels(listed, keys)
+            log.info("Node labels %s filled in for %d nodes", sorted(keys), len(listed))
+        finally:
+            self._label_listing = None
+        self._list_missing_labels()  # keys a validation added while this listing ran
+
+    # -- what admission and Kueue ask (through the runtime in Kopf's memo) ------------------
+
+    @property
+    def states(self) -> dict[str, ValidationState]:
+        return self.store.states
+
+    @property
+    def specs(self) -> dict[str, NetworkValidationSpec]:
+        return self.store.specs
+
+    @property
+    def node_labels(self) -> dict[str, dict[str, str]]:
+        return self.store.node_labels
+
+    def validation_view(self, name: str) -> ValidationView | None:
+        return self.store.validation_view(name)
+
+    async def validations_loaded(self) -> bool:
+        return await self.gating.validations_loaded()
