@@ -49,7 +49,7 @@ from netval.operator.admission.options import (
     webhook_options,
 )
 from netval.operator.admission.reviewer import Reviewer
-from netval.operator.runtime import OperatorRuntime
+from netval.operator.term_runtime import OperatorRuntime
 from operator_env import NODES, NS, NV, publish, report, report_msg, settings_for, validation
 
 ADMISSIONREG = "admissionregistration.k8s.io/v1"

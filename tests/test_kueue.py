@@ -26,7 +26,7 @@ from netval.model import Status
 from netval.operator.kueue import decisions, topology
 from netval.operator.kueue.admission_checks import CONTROLLER_NAME
 from netval.operator.kueue.controller import KueueController
-from netval.operator.runtime import OperatorRuntime, ValidationView
+from netval.operator.term_runtime import OperatorRuntime, ValidationView
 from operator_env import NODES, publish, report, report_msg, settings_for, validation
 
 MODULES = [

@@ -26,7 +26,7 @@ from netval.operator.admission.mutate import (
 from netval.operator.gating.capacity import judge, min_healthy_nodes
 from netval.operator.kube.api import error_text
 from netval.operator.kube.paging import paged_items
-from netval.operator.runtime import OperatorRuntime, ValidationView
+from netval.operator.term_runtime import OperatorRuntime, ValidationView
 
 log = logging.getLogger("netval.operator.admission")
 

@@ -21,7 +21,7 @@ from netval.operator.kueue.decisions import (
     updated_checks,
 )
 from netval.operator.kueue.topology import admission_pods, assigned_nodes
-from netval.operator.runtime import OperatorRuntime, ValidationView
+from netval.operator.term_runtime import OperatorRuntime, ValidationView
 
 log = logging.getLogger("netval.operator.kueue")
 
