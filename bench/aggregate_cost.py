@@ -24,7 +24,6 @@ from netval.infra.mqtt_settings import MqttSettings
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult, Report
 from netval.model.spec import NetworkValidationSpec
-from netval.operator.runtime import OperatorRuntime
 from netval.operator.settings import OperatorSettings
 from netval.operator.state.aggregation import compute_status
 from netval.operator.state.validation import (
@@ -35,6 +34,7 @@ from netval.operator.state.validation import (
     set_spec,
     set_targeted,
 )
+from netval.operator.term_runtime import OperatorRuntime
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
 CHECKS = list(CheckId)

@@ -131,9 +131,9 @@ async def run(n: int, restarts: int, workdir: Path) -> list[dict[str, float]]:
     from netval.infra.telemetry import make_tracer_provider
     from netval.model.spec import NetworkValidationSpec
     from netval.operator.ingest import subscriber
-    from netval.operator.runtime import OperatorRuntime
     from netval.operator.settings import OperatorSettings
     from netval.operator.state.store import utcnow
+    from netval.operator.term_runtime import OperatorRuntime
 
     broker = mosquitto.MosquittoBroker(
         workdir,

@@ -528,8 +528,8 @@ class GcClock:
 
 def make_runtime(cfg: dict[str, Any], probe: Probe, workdir: Path) -> Any:
     from netval.infra.telemetry import make_tracer_provider
-    from netval.operator.runtime import OperatorRuntime
     from netval.operator.settings import operator_settings_from_env
+    from netval.operator.term_runtime import OperatorRuntime
 
     def observe(runtime: OperatorRuntime) -> OperatorRuntime:
         """The real runtime; the wrappers only observe (timing and publish times)."""

@@ -218,7 +218,7 @@ def main() -> None:
         ).stdout.strip()
     )
     sys.path.insert(0, str(ROOT / "src"))
-    from netval.operator.main import LIST_CHUNK
+    from netval.operator.term_startup import LIST_CHUNK
 
     with tempfile.TemporaryDirectory() as tmp:
         helper = Path(tmp) / "helper"

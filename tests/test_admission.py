@@ -49,7 +49,7 @@ from netval.operator.admission.options import (
     webhook_options,
 )
 from netval.operator.admission.reviewer import Reviewer
-from netval.operator.runtime import OperatorRuntime
+from netval.operator.term_runtime import OperatorRuntime
 from operator_env import NODES, NS, NV, publish, report, report_msg, settings_for, validation
 
 ADMISSIONREG = "admissionregistration.k8s.io/v1"
@@ -616,6 +616,28 @@ def test_gate_release_lists_gated_pods_by_selector_in_pages(
     assert lists and all("labelSelector=netval.io/gated-by" in p for p in lists)
     assert all("limit=2" in p for p in lists)
     assert any("continue=" in p for p in lists), "5 gated pods take 3 pages of 2"
+
+
+def test_gate_release_retries_a_conflict_on_fresh_data(
+    webhook: Webhook, mosquitto_broker: MosquittoBroker
+) -> None:
+    """A release patch that meets another writer (409) re-reads the Pod and patches again
+    with its new resourceVersion (kube.read_modify_write), instead of giving up on it."""
+    kube = webhook.kube
+    kube.create(validation())
+    webhook.wait_known()
+    obj = pod("contended")
+    kube.create(patched(obj, webhook.review(MUTATE_PODS, obj)))
+    conflict = kube.inject("PATCH", r"/namespaces/default/pods/contended$", status=409, times=1)
+    before = len(kube.requests())
+    healthy_reports(mosquitto_broker)
+
+    def gated() -> bool:
+        return bool(kube.get("v1", "pods", "contended", "default")["spec"].get("schedulingGates"))
+
+    wait_for(lambda: not gated(), timeout=30, what="the contended pod released")
+    assert conflict.hits == 1
+    assert ("GET", "/api/v1/namespaces/default/pods/contended") in kube.requests()[before:]
 
 
 # -- what is not judged ---------------------------------------------------------------------------

@@ -8,8 +8,8 @@ from __future__ import annotations
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from kube import KubeCluster, wait_for
-from netval.operator.runtime import OperatorRuntime
 from netval.operator.state.node_labels import kept_labels, referenced_keys
+from netval.operator.term_runtime import OperatorRuntime
 from operator_env import GPU, NODES, NV, validation, wait_status
 
 NFD = {f"feature.node.kubernetes.io/cpu-cpuid.F{i:03d}": "true" for i in range(150)}

@@ -23,7 +23,7 @@ from mosquitto import MosquittoBroker
 from netval.model import Status
 from netval.model.keys import AnnotationKey
 from netval.operator.agents import manifests
-from netval.operator.runtime import OperatorRuntime
+from netval.operator.term_runtime import OperatorRuntime
 from operator_env import (
     GPU,
     NODES,

@@ -11,8 +11,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from kube import KubeCluster, wait_for
 from mosquitto import MosquittoBroker
 from netval.model import CheckId, CheckResult, Report, Status
-from netval.operator.runtime import OperatorRuntime
 from netval.operator.status.writer import needs_write, status_patch
+from netval.operator.term_runtime import OperatorRuntime
 from operator_env import NODES, publish, report, report_msg, validation, wait_status
 from test_operator import scrape
 

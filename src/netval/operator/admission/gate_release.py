@@ -26,7 +26,8 @@ from netval.operator.admission.mutate import (
 from netval.operator.gating.capacity import judge, min_healthy_nodes
 from netval.operator.kube.api import error_text
 from netval.operator.kube.paging import paged_items
-from netval.operator.runtime import OperatorRuntime, ValidationView
+from netval.operator.kube.read_modify_write import StillConflicting, Written, read_modify_write
+from netval.operator.term_runtime import OperatorRuntime, ValidationView
 
 log = logging.getLogger("netval.operator.admission")
 
@@ -183,9 +184,9 @@ class GateReleaser:
             try:
                 if self._release_pod(core, meta["namespace"], meta["name"], pod):
                     released += 1
-            except ApiException as exc:
+            except (ApiException, StillConflicting) as exc:
                 log.warning("could not release pod %s/%s: %s", meta.get("namespace"),
-                            meta.get("name"), exc.reason)  # fmt: skip
+                            meta.get("name"), error_text(exc))  # fmt: skip
         return released
 
     @staticmethod
@@ -224,29 +225,35 @@ class GateReleaser:
     def _release_pod(
         core: client.CoreV1Api, namespace: str, name: str, pod: dict[str, Any]
     ) -> bool:
-        for _ in range(5):
-            gated = has_fabric_gate(pod.get("spec"))
-            patch: dict[str, Any] = {
-                "metadata": {
-                    "resourceVersion": pod["metadata"]["resourceVersion"],
-                    "labels": {LabelKey.GATED_BY.value: None},
-                    "annotations": {AnnotationKey.GATE_MESSAGE.value: None},
-                }
-            }
-            if gated:
-                spec = copy.deepcopy(pod.get("spec") or {})
-                set_fabric_gate(spec, False)
-                patch["spec"] = {"schedulingGates": spec.get("schedulingGates")}
-            try:
-                core.patch_namespaced_pod(
-                    name, namespace, patch, _content_type="application/merge-patch+json"
-                )
-                return gated
-            except ApiException as exc:
-                if exc.status == 404:
-                    return False
-                if exc.status != 409:
-                    raise
+        """Release `pod` (as listed); True when it had netval's scheduling gate."""
+
+        def read() -> dict[str, Any]:
             response = core.read_namespaced_pod(name, namespace, _preload_content=False)
-            pod = json.loads(cast(Any, response).data)
-        raise ApiException(status=409, reason="Conflict: the pod kept changing")
+            return cast(dict[str, Any], json.loads(cast(Any, response).data))
+
+        def write(patch: dict[str, Any]) -> bool:
+            core.patch_namespaced_pod(
+                name, namespace, patch, _content_type="application/merge-patch+json"
+            )
+            return "spec" in patch  # it removed the gate
+
+        done = read_modify_write(
+            f"pod {namespace}/{name}", read, _release_patch, write, current=pod
+        )
+        return isinstance(done, Written) and done.value
+
+
+def _release_patch(pod: dict[str, Any]) -> dict[str, Any]:
+    """Labels, annotation and (if gated) the scheduling gate off, as of `pod`'s version."""
+    patch: dict[str, Any] = {
+        "metadata": {
+            "resourceVersion": pod["metadata"]["resourceVersion"],
+            "labels": {LabelKey.GATED_BY.value: None},
+            "annotations": {AnnotationKey.GATE_MESSAGE.value: None},
+        }
+    }
+    if has_fabric_gate(pod.get("spec")):
+        spec = copy.deepcopy(pod.get("spec") or {})
+        set_fabric_gate(spec, False)
+        patch["spec"] = {"schedulingGates": spec.get("schedulingGates")}
+    return patch

@@ -1,4 +1,5 @@
-"""The operator's parts, wired in one place (start-up: `netval.operator.main`).
+"""The operator's parts for one leadership term, wired in one place (start-up and stop:
+`netval.operator.term_startup`; a new term builds a new runtime from fresh state).
 
 - `store` (`state.store.Store`): what Kopf handlers and MQTT tell the operator.
 - `ingest` (`ingest.subscriber.ReportIngest`): the MQTT subscription; reports go to the store.
