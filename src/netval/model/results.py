@@ -19,6 +19,7 @@ from pydantic import (
     field_validator,
 )
 
+from netval.model.facts import MAX_FACTS, Facts
 from netval.model.ids import CheckId, Status, worst
 from netval.model.redaction import redact_message
 
@@ -100,6 +101,9 @@ class Report(BaseModel):
     status: Status
     results: Annotated[list[CheckResult], Field(max_length=MAX_RESULTS_PER_REPORT)]
     traceparent: Annotated[str, Field(max_length=256)] | None = None
+    # The node's configuration fingerprint (issue 22): bounded, printable ASCII; the operator
+    # judges it against the node's cohort (check fleet.consistency). None: an older agent.
+    facts: Annotated[Facts, Field(max_length=MAX_FACTS)] | None = None
 
     @field_validator("started_at")
     @classmethod

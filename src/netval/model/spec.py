@@ -6,6 +6,7 @@ unknown fields and bounds its values; defaults are documented in docs/checks.md.
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final
 
@@ -266,6 +267,45 @@ class Gating(_Spec):
     admission_policy: AdmissionPolicy = AdmissionPolicy.CAPACITY
 
 
+class FindingSeverity(StrEnum):
+    WARN = "warn"
+    FAIL = "fail"
+
+
+FactKeyName = Annotated[str, Field(min_length=1, max_length=48, pattern=r"^[a-z][a-z0-9_]*$")]
+FactAllowed = Annotated[
+    list[Annotated[str, Field(max_length=256)]], Field(min_length=1, max_length=32)
+]
+
+
+class ConsistencyRollout(_Spec):
+    """A staged rollout: these values are Transitioning, not Outliers, until `until`."""
+
+    allowed: FactAllowed
+    until: datetime
+
+
+class Consistency(_Spec):
+    """`spec.consistency` (issue 22): every node judged against the declared intent and
+    against its cohort (same NIC model, and same `cohortLabel` value when set). On by
+    default; the defaults are in docs/checks.md ("Fleet consistency")."""
+
+    enabled: bool = True
+    cohort_label: Annotated[str | None, Field(min_length=1, max_length=317)] = None
+    # An Outlier needs a majority of at least this share of a cohort of at least minCohort.
+    majority_percent: Annotated[float, Field(gt=50, le=100)] = 80.0
+    min_cohort: Annotated[int, Field(ge=2, le=100_000)] = 5
+    outlier_severity: FindingSeverity = FindingSeverity.WARN
+    violation_severity: FindingSeverity = FindingSeverity.FAIL
+    expect: Annotated[dict[FactKeyName, FactAllowed], Field(max_length=64)] = Field(
+        default_factory=dict
+    )
+    rollout: Annotated[dict[FactKeyName, ConsistencyRollout], Field(max_length=64)] = Field(
+        default_factory=dict
+    )
+    max_outliers_per_key: Annotated[int, Field(ge=1, le=100)] = 10
+
+
 class Telemetry(_Spec):
     otlp_endpoint: Annotated[str | None, Field(max_length=1024)] = None
 
@@ -277,6 +317,7 @@ class NetworkValidationSpec(_Spec):
     checks: Checks = Field(default_factory=Checks)
     gating: Gating = Field(default_factory=Gating)
     telemetry: Telemetry = Field(default_factory=Telemetry)
+    consistency: Consistency = Field(default_factory=Consistency)
 
     @model_validator(mode="after")
     def _interval_floor(self) -> NetworkValidationSpec:

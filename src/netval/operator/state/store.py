@@ -16,6 +16,7 @@ from netval.model.keys import LabelKey
 from netval.model.results import Report
 from netval.model.spec import AdmissionMode, AdmissionPolicy, NetworkValidationSpec
 from netval.model.status import ConditionType, NetworkValidationStatus
+from netval.operator.consistency.ingest import apply_changes, configure_spec, fold_report
 from netval.operator.gating.decisions import has_fabric_taint
 from netval.operator.ingest.decode import StateChange
 from netval.operator.state import validation as vs
@@ -129,7 +130,11 @@ class Store:
             else:
                 self.dropped["pending"] += 1
             return None
-        return vs.ingest_report(state, report, utcnow(), retained=retained)
+        now = utcnow()
+        result = vs.ingest_report(state, report, now, retained=retained)
+        if result.stored:
+            fold_report(state, report, self.specs.get(report.validation), self.node_labels, now)
+        return result
 
     def on_state(self, change: StateChange) -> None:
         state = self.states.get(change.validation)
@@ -170,12 +175,18 @@ class Store:
         self.specs[name] = spec
         self.bodies[name] = body
         self._retarget(name, now)
+        configure_spec(state, spec, now)
         # Parked reports count from when they arrived (a live one) or from their own end
         # time (a retained one, see `ingest_report`), never from now: a node silent since
         # before a failover must turn stale on time.
         for key in [k for k in self.pending if k[0] == name]:
             pending = self.pending.pop(key)
-            vs.ingest_report(state, pending.report, pending.received_at, retained=pending.retained)
+            result = vs.ingest_report(
+                state, pending.report, pending.received_at, retained=pending.retained
+            )
+            if result.stored:
+                fold_report(state, pending.report, spec, self.node_labels, now)
+        apply_changes(state, now)  # targeting changes above re-judge the cohorts concerned
         for key in [k for k in self.offline_pending if k[0] == name]:
             online, at = self.offline_pending.pop(key)
             (vs.node_online if online else vs.node_offline)(state, key[1], at)
@@ -274,6 +285,7 @@ class Store:
             for state in self.states.values():
                 vs.forget_node(state, name)
                 vs.set_node_targeted(state, name, False, now)
+                apply_changes(state, now)
             return
         self.node_fabric[name] = (labels.get(LabelKey.FABRIC), has_fabric_taint(taints))
         # Our own label writes and kubelet status updates come back as Node events: only a
@@ -286,6 +298,7 @@ class Store:
             vs.set_node_targeted(
                 self.states[validation], name, selector_matches(selector, selectable), now
             )
+            apply_changes(self.states[validation], now)
         self.on_targets_changed()
 
     def _retarget(self, name: str, now: datetime) -> None:
