@@ -6,6 +6,7 @@ unknown fields and bounds its values; defaults are documented in docs/checks.md.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final
@@ -272,7 +273,21 @@ class FindingSeverity(StrEnum):
     FAIL = "fail"
 
 
-FactKeyName = Annotated[str, Field(min_length=1, max_length=48, pattern=r"^[a-z][a-z0-9_]*$")]
+MAX_FACT_MAP: Final = 64
+_FACT_KEY: Final = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+
+
+def _fact_map(value: dict[str, Any]) -> dict[str, Any]:
+    """A map keyed by fact names (`netval.model.facts.FactKey`): bounded, names well-formed
+    (the CRD bounds it with maxProperties; a structural schema cannot check key names)."""
+    if len(value) > MAX_FACT_MAP:
+        raise ValueError(f"at most {MAX_FACT_MAP} fact keys, got {len(value)}")
+    bad = [k for k in value if not _FACT_KEY.match(k)]
+    if bad:
+        raise ValueError(f"not a fact key (lower_snake_case, at most 48 chars): {bad[0]!r}")
+    return value
+
+
 FactAllowed = Annotated[
     list[Annotated[str, Field(max_length=256)]], Field(min_length=1, max_length=32)
 ]
@@ -297,10 +312,10 @@ class Consistency(_Spec):
     min_cohort: Annotated[int, Field(ge=2, le=100_000)] = 5
     outlier_severity: FindingSeverity = FindingSeverity.WARN
     violation_severity: FindingSeverity = FindingSeverity.FAIL
-    expect: Annotated[dict[FactKeyName, FactAllowed], Field(max_length=64)] = Field(
+    expect: Annotated[dict[str, FactAllowed], AfterValidator(_fact_map)] = Field(
         default_factory=dict
     )
-    rollout: Annotated[dict[FactKeyName, ConsistencyRollout], Field(max_length=64)] = Field(
+    rollout: Annotated[dict[str, ConsistencyRollout], AfterValidator(_fact_map)] = Field(
         default_factory=dict
     )
     max_outliers_per_key: Annotated[int, Field(ge=1, le=100)] = 10
