@@ -80,6 +80,10 @@ def _device_facts(device: RdmaDevice, add: _Add) -> None:
 
 
 def _netdev_facts(netdev: Netdev, add: _Add) -> None:
+    # the RDMA device's own PCI function: its uevent names the model when the device's
+    # does not (format 1.0 snapshots record only the netdevs' uevents)
+    add(FactKey.NIC_MODEL, netdev.pci_id)
+    add(FactKey.NIC_SUBSYSTEM, netdev.pci_subsys_id)
     add(FactKey.NETDEV_DRIVER, netdev.driver)
     add(FactKey.NETDEV_SPEED_MBPS, netdev.speed_mbps)
     add(FactKey.MTU, netdev.mtu)
