@@ -105,7 +105,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 )
             if args.matrix:
                 out.append(render_matrix(obj))
-            if args.consistency:
+            if getattr(args, "consistency", False):  # absent from hand-built Namespaces
                 out.append(render_consistency(obj))
         sys.stdout.write("\n".join(out))
         sys.stdout.flush()
