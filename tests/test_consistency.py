@@ -204,6 +204,8 @@ def test_rollout_end_needs_no_spec_change() -> None:
         report = _report(node, {"nic_model": MODEL, "fw_ver": "new" if i == 0 else "old"})
         vs.ingest_report(state, report, NOW)
         fold_report(state, report, spec, {}, NOW)
+    assert state.fleet_verdicts == {}  # judged when health is next read, once per burst
+    apply_changes(state, NOW)
     assert state.fleet_verdicts["n00"].status is Status.PASS
     assert "Transitioning" in state.fleet_verdicts["n00"].message
     assert vs.next_deadline(state, NOW) is not None

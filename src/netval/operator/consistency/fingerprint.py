@@ -53,10 +53,9 @@ def cohort_of(facts: Mapping[str, str], label_value: str | None) -> str:
 
 
 def fingerprint(facts: Mapping[str, str], cohort: str) -> bytes:
-    digest = hashlib.blake2b(cohort.encode(), digest_size=16)
-    for key, value in sorted(facts.items()):
-        digest.update(b"\0" + key.encode() + b"=" + value.encode())
-    return digest.digest()
+    # NUL cannot occur in a key or a value (printable ASCII only): the encoding is unambiguous
+    text = "\0".join([cohort, *(f"{k}={v}" for k, v in sorted(facts.items()))])
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
 def observe(

@@ -16,7 +16,7 @@ from netval.model.keys import LabelKey
 from netval.model.results import Report
 from netval.model.spec import AdmissionMode, AdmissionPolicy, NetworkValidationSpec
 from netval.model.status import ConditionType, NetworkValidationStatus
-from netval.operator.consistency.ingest import apply_changes, configure_spec, fold_report
+from netval.operator.consistency.ingest import configure_spec, fold_report
 from netval.operator.gating.decisions import has_fabric_taint
 from netval.operator.ingest.decode import StateChange
 from netval.operator.state import validation as vs
@@ -186,7 +186,6 @@ class Store:
             )
             if result.stored:
                 fold_report(state, pending.report, spec, self.node_labels, now)
-        apply_changes(state, now)  # targeting changes above re-judge the cohorts concerned
         for key in [k for k in self.offline_pending if k[0] == name]:
             online, at = self.offline_pending.pop(key)
             (vs.node_online if online else vs.node_offline)(state, key[1], at)
@@ -285,7 +284,6 @@ class Store:
             for state in self.states.values():
                 vs.forget_node(state, name)
                 vs.set_node_targeted(state, name, False, now)
-                apply_changes(state, now)
             return
         self.node_fabric[name] = (labels.get(LabelKey.FABRIC), has_fabric_taint(taints))
         # Our own label writes and kubelet status updates come back as Node events: only a
@@ -298,7 +296,6 @@ class Store:
             vs.set_node_targeted(
                 self.states[validation], name, selector_matches(selector, selectable), now
             )
-            apply_changes(self.states[validation], now)
         self.on_targets_changed()
 
     def _retarget(self, name: str, now: datetime) -> None:

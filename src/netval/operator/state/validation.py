@@ -66,6 +66,7 @@ from netval.operator.consistency.fingerprint import Fleet
 from netval.operator.consistency.fingerprint import forget as fleet_forget
 from netval.operator.consistency.fingerprint import touch as fleet_touch
 from netval.operator.consistency.fold import NodeVerdict
+from netval.operator.consistency.fold import refresh as fleet_refresh
 
 STALE_AFTER_INTERVALS: Final = 3
 MAX_FAILURE_MESSAGE: Final = 256
@@ -320,6 +321,14 @@ def forget_node(state: ValidationState, node: str) -> None:
         state.dirty = True
 
 
+def settle_fleet(state: ValidationState, now: datetime) -> None:
+    """Re-judge the cohorts whose fingerprints or members changed since the last read (all
+    of them once a rollout's `until` passed). Every reader of node health calls it first, so
+    a burst of changes (10,000 first reports) costs one judgement per cohort, not one each."""
+    for node, verdict in fleet_refresh(state.fleet, state.targeted, now).items():
+        set_fleet_verdict(state, node, verdict, now)
+
+
 def set_fleet_verdict(
     state: ValidationState, node: str, verdict: NodeVerdict | None, now: datetime
 ) -> None:
@@ -358,6 +367,8 @@ def node_health(state: ValidationState, node: str, now: datetime) -> NodeHealth:
     """The node's fabric label value for this validation: from its fresh report; ``unknown``
     when it is stale, never reported or not targeted by this validation."""
     require_aware(now)
+    if state.fleet.dirty or state.fleet.expires_at is not None:
+        settle_fleet(state, now)
     rec = state.nodes.get(node)
     if node not in state.targeted or rec is None or not _fresh(state, node, rec, now):
         return "unknown"
