@@ -34,6 +34,7 @@ from netval.model.topics import DropReason, TopicKind, topic
 from netval.operator.consistency.fingerprint import Fleet, observe
 from netval.operator.consistency.fold import refresh
 from netval.operator.ingest.decode import Dropped, decode_message
+from test_ingest_fuzz import POOL, assert_patch_is_json, counted, world
 
 SNAPSHOTS = Path(__file__).resolve().parent.parent / "examples" / "snapshots"
 ALL = set(FactKey)
@@ -164,3 +165,36 @@ def test_garbage_facts_are_refused_with_a_clear_error(facts: object) -> None:
     assert isinstance(decoded, Dropped)
     assert decoded.reason is DropReason.INVALID_REPORT
     assert "facts" in decoded.detail
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.dictionaries(fact_names, fact_values, max_size=MAX_FACTS),
+            garbage,
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_hostile_facts_through_the_whole_ingest_path(sections: list[object]) -> None:
+    """Through the operator's ingest (decode, store, fold) and a status computation: every
+    message counted, accepted or dropped as invalid, never an internal error."""
+    store, ingest = world()
+    node = "gpu-c"
+    for facts in sections:
+        body = {**_report(facts), "validation": POOL, "node": node,
+                "startedAt": datetime.now(UTC).isoformat()}  # fmt: skip
+        ingest.handle(f"netval/v1/{POOL}/{node}/report", json.dumps(body).encode(), retained=False)
+    assert counted(ingest) == len(sections)
+    assert set(ingest.stats.dropped) <= {DropReason.INVALID_REPORT}
+    assert_patch_is_json(store)
+
+
+def test_an_agent_cannot_report_the_fleet_verdict_itself() -> None:
+    body = _report({})
+    body["results"] = [{"check": "fleet.consistency", "subject": "n1", "status": "pass",
+                        "message": "I am consistent"}]  # fmt: skip
+    decoded = decode_message(TOPIC, json.dumps(body).encode(), now=NOW)
+    assert isinstance(decoded, Dropped) and "judged by the operator" in decoded.detail
