@@ -474,6 +474,8 @@ def _apply_fleet(
             failures.append((first, node, check, key, _truncate(message)))
     rec.base_status = base
     rec.status = status
+    if status.is_bad:
+        rec.ok_streak = 0  # taint recovery counts reports without this failing verdict too
     rec.check_buckets = tuple(buckets)
     rec.failures = tuple(sorted(failures))
     rec.failing_checks = tuple(sorted({f[2] for f in failures}))
