@@ -263,3 +263,26 @@ def _report(node: str, facts: dict[str, str], at: datetime = NOW) -> Report:
         ],
         facts=facts,
     )
+
+
+def test_cohort_label_splits_cohorts_through_the_store() -> None:
+    """Five nodes per pool: in pool-a one node is odd; pool-b's other firmware is its own
+    cohort's majority, not an outlier of pool-a."""
+    from netval.operator.state.store import Store
+
+    store = Store()
+    nodes = {f"a{i}": "pool-a" for i in range(5)} | {f"b{i}": "pool-b" for i in range(5)}
+    for node, pool in nodes.items():
+        store.on_node(node, {"gpu": "true", "pool": pool})
+    spec = NetworkValidationSpec.model_validate(
+        {"nodeSelector": {"gpu": "true"}, "consistency": {"cohortLabel": "pool"}}
+    )
+    store.upsert_validation("v", generation=1, spec=spec, body={}, status=None)
+    now = datetime.now(UTC)
+    for node, pool in nodes.items():
+        fw = "old" if node == "a4" or pool == "pool-b" else "new"
+        store.ingest_report(_report(node, {"nic_model": MODEL, "fw_ver": fw}, now), False)
+    state = store.states["v"]
+    assert vs.node_health(state, "a4", now) == "degraded"
+    assert {vs.node_health(state, n, now) for n in nodes if n != "a4"} == {"healthy"}
+    assert sorted(state.fleet.cohorts) == [f"{MODEL} / pool-a", f"{MODEL} / pool-b"]
