@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from opentelemetry.sdk.trace import TracerProvider
 
 from netval.infra.mqtt_settings import MqttSettings
-from netval.model.ids import CheckId, Status
+from netval.model.ids import CheckGroup, CheckId, Status
 from netval.model.results import CheckResult, Report
 from netval.model.spec import NetworkValidationSpec
 from netval.operator.settings import OperatorSettings
@@ -37,7 +37,7 @@ from netval.operator.state.validation import (
 from netval.operator.term_runtime import OperatorRuntime
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
-CHECKS = list(CheckId)
+CHECKS = [c for c in CheckId if c.group is not CheckGroup.FLEET]  # fleet.*: the operator's
 
 
 def make_report(node: str, index: int, cycle: int, n_results: int) -> Report:

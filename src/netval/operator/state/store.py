@@ -16,6 +16,7 @@ from netval.model.keys import LabelKey
 from netval.model.results import Report
 from netval.model.spec import AdmissionMode, AdmissionPolicy, NetworkValidationSpec
 from netval.model.status import ConditionType, NetworkValidationStatus
+from netval.operator.consistency.ingest import configure_spec, fold_report
 from netval.operator.gating.decisions import has_fabric_taint
 from netval.operator.ingest.decode import StateChange
 from netval.operator.state import validation as vs
@@ -143,7 +144,11 @@ class Store:
             else:
                 self.dropped["pending"] += 1
             return None
-        return vs.ingest_report(state, report, utcnow(), retained=retained)
+        now = utcnow()
+        result = vs.ingest_report(state, report, now, retained=retained)
+        if result.stored:
+            fold_report(state, report, self.specs.get(report.validation), self.node_labels, now)
+        return result
 
     def on_state(self, change: StateChange) -> None:
         state = self.states.get(change.validation)
@@ -185,12 +190,17 @@ class Store:
         self.bodies[name] = body
         self._note_label_keys()
         self._retarget(name, now)
+        configure_spec(state, spec, now)
         # Parked reports count from when they arrived (a live one) or from their own end
         # time (a retained one, see `ingest_report`), never from now: a node silent since
         # before a failover must turn stale on time.
         for key in [k for k in self.pending if k[0] == name]:
             pending = self.pending.pop(key)
-            vs.ingest_report(state, pending.report, pending.received_at, retained=pending.retained)
+            result = vs.ingest_report(
+                state, pending.report, pending.received_at, retained=pending.retained
+            )
+            if result.stored:
+                fold_report(state, pending.report, spec, self.node_labels, now)
         for key in [k for k in self.offline_pending if k[0] == name]:
             online, at = self.offline_pending.pop(key)
             (vs.node_online if online else vs.node_offline)(state, key[1], at)
