@@ -12,7 +12,7 @@ from kube import KubeCluster, wait_for
 from mosquitto import MosquittoBroker
 from netval.model.keys import LabelKey
 from netval.model.results import Report
-from netval.operator.runtime import OperatorRuntime
+from netval.operator.term_runtime import OperatorRuntime
 from operator_env import (
     GPU,
     NODES,
