@@ -272,12 +272,14 @@ def test_cohort_label_splits_cohorts_through_the_store() -> None:
 
     store = Store()
     nodes = {f"a{i}": "pool-a" for i in range(5)} | {f"b{i}": "pool-b" for i in range(5)}
-    for node, pool in nodes.items():
-        store.on_node(node, {"gpu": "true", "pool": pool})
     spec = NetworkValidationSpec.model_validate(
         {"nodeSelector": {"gpu": "true"}, "consistency": {"cohortLabel": "pool"}}
     )
+    # the validation first: the Node events then keep its cohortLabel (a key referenced
+    # later is filled in by a metadata listing, test_node_labels)
     store.upsert_validation("v", generation=1, spec=spec, body={}, status=None)
+    for node, pool in nodes.items():
+        store.on_node(node, {"gpu": "true", "pool": pool})
     now = datetime.now(UTC)
     for node, pool in nodes.items():
         fw = "old" if node == "a4" or pool == "pool-b" else "new"

@@ -71,3 +71,12 @@ def test_kept_label_keys() -> None:
               "cloud.example.com/topology-block": "b1", "other": "v"}  # fmt: skip
     assert kept_labels(labels, keys) == {**GPU, "x/rack": "r1",
                                          "cloud.example.com/topology-block": "b1"}  # fmt: skip
+
+
+def test_a_cohort_label_is_kept() -> None:
+    from netval.model.spec import NetworkValidationSpec
+
+    spec = NetworkValidationSpec.model_validate(
+        {"nodeSelector": GPU, "consistency": {"cohortLabel": "example.com/pool"}}
+    )
+    assert "example.com/pool" in referenced_keys([spec])
