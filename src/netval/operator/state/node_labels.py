@@ -2,7 +2,8 @@
 
 A GPU node carries ~200 labels (node-feature-discovery, GPU feature discovery, the cloud's);
 10,000 of them held whole are hundreds of MiB of strings. The operator reads only the keys
-a validation references (its `nodeSelector` keys and `checks.peers.topologyKey`) and those a
+a validation references (its `nodeSelector` keys, `checks.peers.topologyKey` and
+`consistency.cohortLabel`) and those a
 Kueue topology level may name (`kubernetes.io/hostname` and every key with `topology` in
 it: Kueue's levels are conventionally `*/topology-block`, `*/topology-rack`,
 `topology.kubernetes.io/zone`...), so the rest of each Node event is dropped at once.
