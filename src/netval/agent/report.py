@@ -15,6 +15,7 @@ from netval.agent.checks import run_node_checks
 from netval.model.results import CheckResult, Report, node_status
 from netval.model.snapshot import NodeSnapshot
 from netval.model.spec import Checks
+from netval.model.topology import TopologyReport
 
 
 def make_report(
@@ -26,6 +27,7 @@ def make_report(
     duration_ms: float,
     results: list[CheckResult],
     traceparent: str | None = None,
+    topology: TopologyReport | None = None,
 ) -> Report:
     """The report of one probe: `results` as given, the node's status the worst of them."""
     return Report(
@@ -37,6 +39,7 @@ def make_report(
         status=node_status(results),
         results=results,
         traceparent=traceparent,
+        topology=topology,
     )
 
 

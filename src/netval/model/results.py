@@ -21,6 +21,7 @@ from pydantic import (
 
 from netval.model.ids import CheckId, Status, worst
 from netval.model.redaction import redact_message
+from netval.model.topology import TopologyReport
 
 REPORT_SCHEMA: Final = "netval.io/report/v1"
 
@@ -100,6 +101,8 @@ class Report(BaseModel):
     status: Status
     results: Annotated[list[CheckResult], Field(max_length=MAX_RESULTS_PER_REPORT)]
     traceparent: Annotated[str, Field(max_length=256)] | None = None
+    # issue 21: LLDP neighbours of the judged fabric netdevs (spec.topology.lldp), else absent
+    topology: TopologyReport | None = None
 
     @field_validator("started_at")
     @classmethod
@@ -115,10 +118,15 @@ class Report(BaseModel):
         return value
 
     def to_json(self) -> str:
-        return self.model_dump_json(by_alias=True)
+        return self.model_dump_json(by_alias=True, exclude=self._absent())
 
     def to_dict(self) -> dict[str, JsonValue]:
-        return self.model_dump(mode="json", by_alias=True)
+        return self.model_dump(mode="json", by_alias=True, exclude=self._absent())
+
+    def _absent(self) -> set[str] | None:
+        # Optional sections added after v1 are left out when absent, so a report without
+        # them is byte for byte what it was.
+        return {"topology"} if self.topology is None else None
 
 
 def node_status(results: list[CheckResult]) -> Status:

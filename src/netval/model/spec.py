@@ -365,6 +365,34 @@ class Telemetry(_Spec):
     otlp_endpoint: Annotated[str | None, Field(max_length=1024)] = None
 
 
+class TopologyVerdict(StrEnum):
+    """The status `topology.agreement` gives a node whose fabric disagrees with its labels."""
+
+    WARN = "warn"
+    FAIL = "fail"
+
+
+# A node-label key ("prefix/name", Kubernetes' qualified-name length bounds)
+LabelKeyName = Annotated[str, Field(min_length=1, max_length=317, pattern=r"^[^\s=,]+$")]
+
+
+class TopologySpec(_Spec):
+    """`spec.topology` (issue 21; docs/topology.md): discovery and verification."""
+
+    # Read LLDP frames on the judged fabric netdevs (needs CAP_NET_RAW, or a local lldpd)
+    lldp: bool = False
+    # The node-label keys of the declared topology, top level first; empty: auto-detected
+    # from the common schemes (netval.model.topology.LEVEL_SCHEMES)
+    levels: Annotated[list[LabelKeyName], Field(max_length=8)] = Field(default_factory=list)
+    agreement: TopologyVerdict = TopologyVerdict.WARN
+
+    @model_validator(mode="after")
+    def _unique_levels(self) -> TopologySpec:
+        if len(set(self.levels)) != len(self.levels):
+            raise ValueError(f"topology levels must be unique, got {self.levels}")
+        return self
+
+
 class NetworkValidationSpec(_Spec):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
@@ -372,6 +400,7 @@ class NetworkValidationSpec(_Spec):
     checks: Checks = Field(default_factory=Checks)
     gating: Gating = Field(default_factory=Gating)
     telemetry: Telemetry = Field(default_factory=Telemetry)
+    topology: TopologySpec = Field(default_factory=TopologySpec)
 
     @model_validator(mode="before")
     @classmethod
@@ -400,3 +429,12 @@ class NetworkValidationSpec(_Spec):
     @property
     def interval_seconds(self) -> float:
         return parse_duration(self.interval)
+
+    def referenced_label_keys(self) -> frozenset[str]:
+        """Every node-label key this spec reads: the node selector, the peers' domain key and
+        the topology levels (with none declared, every key the auto-detection looks for).
+        A metadata-only Node cache may keep just these."""
+        from netval.model.topology import auto_level_keys  # the model's own, no cycle at import
+
+        levels = self.topology.levels or auto_level_keys()
+        return frozenset([*self.node_selector, self.checks.peers.topology_key, *levels])

@@ -1,0 +1,140 @@
+"""Fabric topology as a node sees it (the report's `topology` section) and as the operator
+folds it (`status.topology`); docs/topology.md states the schema and its bounds.
+
+A report crosses a trust boundary: every text here comes from a switch's LLDP frames or a
+local lldpd, so it is sanitised (printable characters only, cut to a bound) wherever the
+model is built or parsed, the agent and the operator alike.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Final
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+MAX_TOPOLOGY_INTERFACES: Final = 64  # judged fabric netdevs per node (8 rails x bonds fit)
+MAX_NEIGHBOURS_PER_INTERFACE: Final = 4  # one is normal; more means a hub or a leak
+MAX_TEXT: Final = 255  # an LLDP string TLV carries at most 255 octets
+MAX_REASON: Final = 512
+REPLACEMENT: Final = "?"
+
+
+def sanitise(text: str, limit: int = MAX_TEXT) -> str:
+    """`text` with every non-printable character replaced and cut to `limit` characters:
+    switch-supplied strings reach status, terminals and HTML."""
+    return "".join(ch if ch.isprintable() else REPLACEMENT for ch in text[:limit])
+
+
+def _clean(limit: int) -> AfterValidator:
+    return AfterValidator(lambda text: sanitise(text, limit))
+
+
+SwitchText = Annotated[str, Field(max_length=4 * MAX_TEXT), _clean(MAX_TEXT)]
+Reason = Annotated[str, Field(max_length=4 * MAX_REASON), _clean(MAX_REASON)]
+
+
+class NetvalTopologyLabel(StrEnum):
+    """netval's own level keys, written from discovery (docs/topology.md, "Publication")."""
+
+    SPINE = "topology.netval.io/spine"
+    LEAF = "topology.netval.io/leaf"
+
+
+# The node-label schemes auto-detection knows, each top level first; the first scheme any
+# targeted node carries a key of is used (docs/topology.md, "Levels").
+LEVEL_SCHEMES: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
+    # NVIDIA Topograph: tier-1 is the switch nearest the node
+    (
+        "topograph",
+        tuple(f"fabric.topograph.run/tier-{n}" for n in (4, 3, 2, 1)),
+    ),
+    # GKE (compact placement / TAS): block, sub-block, host
+    (
+        "gke",
+        (
+            "cloud.google.com/gce-topology-block",
+            "cloud.google.com/gce-topology-subblock",
+            "cloud.google.com/gce-topology-host",
+        ),
+    ),
+    # AWS EC2 instance topology: layer 1 is farthest from the instance
+    (
+        "aws",
+        tuple(f"topology.k8s.aws/network-node-layer-{n}" for n in (1, 2, 3, 4)),
+    ),
+    ("netval", (NetvalTopologyLabel.SPINE.value, NetvalTopologyLabel.LEAF.value)),
+)
+
+
+def auto_level_keys() -> tuple[str, ...]:
+    """Every key auto-detection may choose (what a Node cache must keep to detect levels)."""
+    return tuple(key for _, keys in LEVEL_SCHEMES for key in keys)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
+    )
+
+
+class NeighbourSource(StrEnum):
+    FRAMES = "frames"  # LLDP frames the agent received itself (AF_PACKET)
+    LLDPD = "lldpd"  # the node's own lldpd (lldpcli -f json show neighbors)
+
+
+class LldpNeighbour(_Model):
+    """One LLDP neighbour of one netdev: the switch and the switch port it is cabled to."""
+
+    chassis_id: SwitchText
+    port_id: SwitchText
+    system_name: SwitchText | None = None
+    port_description: SwitchText | None = None
+    ttl_seconds: Annotated[int, Field(ge=0, le=65535)] = 0
+    source: NeighbourSource = NeighbourSource.FRAMES
+
+    @property
+    def switch(self) -> str:
+        """What identifies the switch: its system name, else its chassis id."""
+        return self.system_name or self.chassis_id
+
+
+class InterfaceTopology(_Model):
+    """What one judged fabric netdev sees: its LLDP neighbour(s), or why none."""
+
+    interface: Annotated[str, Field(min_length=1, max_length=15), _clean(15)]
+    neighbours: Annotated[list[LldpNeighbour], Field(max_length=MAX_NEIGHBOURS_PER_INTERFACE)] = (
+        Field(default_factory=list)
+    )
+    # set exactly when `neighbours` is empty: why nothing was seen (and what commonly causes it)
+    none_reason: Reason | None = None
+
+    @property
+    def switch(self) -> str | None:
+        return self.neighbours[0].switch if self.neighbours else None
+
+
+class TopologyReport(_Model):
+    """The report's `topology` section: one entry per judged fabric netdev."""
+
+    interfaces: Annotated[list[InterfaceTopology], Field(max_length=MAX_TOPOLOGY_INTERFACES)] = (
+        Field(default_factory=list)
+    )
+    # why LLDP is not read at all on this node (no CAP_NET_RAW and no lldpd), if so
+    unavailable: Reason | None = None
+
+
+__all__ = [
+    "LEVEL_SCHEMES",
+    "MAX_NEIGHBOURS_PER_INTERFACE",
+    "MAX_TEXT",
+    "MAX_TOPOLOGY_INTERFACES",
+    "InterfaceTopology",
+    "LldpNeighbour",
+    "NeighbourSource",
+    "NetvalTopologyLabel",
+    "TopologyReport",
+    "auto_level_keys",
+    "sanitise",
+]
