@@ -18,6 +18,7 @@ class CheckGroup(StrEnum):
     IB = "ib"
     STORAGE = "storage"
     PEER = "peer"
+    TOPOLOGY = "topology"  # operator-side: a node's fabric against its declared labels
 
 
 class CheckId(StrEnum):
@@ -53,6 +54,8 @@ class CheckId(StrEnum):
     # -- driver counters (issue 11) --
     LINK_PHY_ERRORS = "link.phy_errors"
     PFC_GLOBAL_PAUSE = "pfc.global_pause"
+    # -- topology (issue 21), judged by the operator --
+    TOPOLOGY_AGREEMENT = "topology.agreement"
 
     @property
     def group(self) -> CheckGroup:

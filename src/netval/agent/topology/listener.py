@@ -45,7 +45,7 @@ class LldpListener:
         self._clock = clock
         self._sock: socket.socket | None = None
         self._watched: set[str] = set()
-        self._joined: set[str] = set()
+        self._joined: dict[str, int] = {}  # netdev -> the ifindex it joined with
         # netdev -> (chassis id, port id) -> (neighbour, expires at)
         self._seen: dict[str, dict[tuple[str, str], tuple[LldpNeighbour, float]]] = {}
         self.started_at: float | None = None
@@ -84,18 +84,21 @@ class LldpListener:
         for gone in set(self._seen) - wanted:
             del self._seen[gone]
         self._watched = wanted
-        self._join(wanted - self._joined)
+        self._join(wanted)
 
     def _join(self, netdevs: Iterable[str]) -> None:
         if self._sock is None:
             return
         for name in netdevs:
             try:
-                mreq = struct.pack(
-                    "iHH8s", socket.if_nametoindex(name), PACKET_MR_MULTICAST, 6, LLDP_MULTICAST
-                )
+                # a netdev re-created under the same name (recabled, driver reload) is a new
+                # ifindex with no membership
+                index = socket.if_nametoindex(name)
+                if self._joined.get(name) == index:
+                    continue
+                mreq = struct.pack("iHH8s", index, PACKET_MR_MULTICAST, 6, LLDP_MULTICAST)
                 self._sock.setsockopt(SOL_PACKET, PACKET_ADD_MEMBERSHIP, mreq)
-                self._joined.add(name)
+                self._joined[name] = index
             except OSError as exc:
                 # A netdev that is gone or renamed: its neighbour reads "none seen".
                 log.debug("cannot join the LLDP group on %s: %s", name, exc)

@@ -1,0 +1,250 @@
+"""Topology pieces without namespaces: LLDP frame and lldpcli parsing (fuzzed: both read
+whatever a switch or a daemon sends), the listener's table, levels and agreement."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from netval.agent.topology.discovery import none_reason, topology_section
+from netval.agent.topology.listener import PACKET_OUTGOING, LldpListener
+from netval.agent.topology.lldp_frames import parse_lldpdu, tlv, tlvs
+from netval.agent.topology.lldpd import parse_lldpcli
+from netval.model.ids import Status
+from netval.model.results import Report
+from netval.model.spec import NetworkValidationSpec, TopologySpec
+from netval.model.topology import (
+    MAX_TEXT,
+    InterfaceTopology,
+    LldpNeighbour,
+    NeighbourSource,
+    TopologyReport,
+    auto_level_keys,
+)
+from netval.operator.topology.agreement import detect_levels, judge_agreement, levels_in_use
+
+
+def frame(
+    system: bytes = b"leaf-1", port: bytes = b"Ethernet12", ttl: int = 120, descr: bytes = b""
+) -> bytes:
+    parts = [
+        tlv(1, bytes([4]) + bytes.fromhex("02aabbccddee")),
+        tlv(2, bytes([5]) + port),
+        tlv(3, ttl.to_bytes(2, "big")),
+        tlv(5, system),
+    ]
+    if descr:
+        parts.append(tlv(4, descr))
+    return b"".join(parts) + tlv(0, b"")
+
+
+def test_a_switch_frame_gives_chassis_port_name_and_ttl() -> None:
+    n = parse_lldpdu(frame(descr=b"to gpu-001 eth0"))
+    assert n == LldpNeighbour(
+        chassis_id="02:aa:bb:cc:dd:ee",
+        port_id="Ethernet12",
+        system_name="leaf-1",
+        port_description="to gpu-001 eth0",
+        ttl_seconds=120,
+        source=NeighbourSource.FRAMES,
+    )
+    assert n.switch == "leaf-1"
+
+
+def test_a_frame_without_the_mandatory_tlvs_in_order_is_no_neighbour() -> None:
+    assert parse_lldpdu(tlv(2, b"\x05p") + tlv(1, b"\x07c") + tlv(3, b"\x00\x10")) is None
+    assert parse_lldpdu(b"") is None
+    assert parse_lldpdu(frame()[:-9]) is not None  # cut after the TTL: still valid
+
+
+def test_control_characters_from_a_switch_are_replaced_and_text_is_bounded() -> None:
+    n = parse_lldpdu(frame(system=b"leaf\x1b[31m\n" + b"x" * 400))
+    assert n is not None and n.system_name is not None
+    assert "\x1b" not in n.system_name and "\n" not in n.system_name
+    assert len(n.system_name) == MAX_TEXT
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=600))
+def test_any_bytes_parse_to_a_neighbour_or_none_never_an_error(payload: bytes) -> None:
+    n = parse_lldpdu(payload)
+    if n is not None:
+        assert all(ch.isprintable() for ch in n.chassis_id + n.port_id)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 127), st.binary(max_size=40)), max_size=8))
+def test_tlvs_read_back_what_was_written(items: list[tuple[int, bytes]]) -> None:
+    assert tlvs(b"".join(tlv(k, v) for k, v in items)) == items
+
+
+def test_the_listener_keeps_watched_netdevs_expires_by_ttl_and_ignores_its_own_frames() -> None:
+    now = [100.0]
+    listener = LldpListener(clock=lambda: now[0])
+    listener.watch(["f0"])
+    listener.on_frame("f1", frame())  # not watched
+    listener.on_frame("f0", frame(system=b"self"), pkttype=PACKET_OUTGOING)
+    listener.on_frame("f0", frame(ttl=4))
+    assert [n.switch for n in listener.neighbours("f0")] == ["leaf-1"]
+    assert listener.neighbours("f1") == []
+    now[0] += 5
+    assert listener.neighbours("f0") == []
+    listener.on_frame("f0", frame(ttl=4))
+    listener.on_frame("f0", frame(ttl=0))  # shutdown LLDPDU
+    assert listener.neighbours("f0") == []
+    for i in range(10):  # a hub leaking many neighbours stays bounded
+        listener.on_frame("f0", frame(port=f"p{i}".encode(), ttl=100 + i))
+    assert len(listener.neighbours("f0")) == 4
+
+
+LLDPCLI = Path(__file__).parent / "data" / "lldpcli-neighbors.json"
+
+
+def test_lldpcli_json_of_one_and_of_several_interfaces() -> None:
+    one = parse_lldpcli(LLDPCLI.read_text())
+    assert list(one) == ["f0"]
+    (n,) = one["f0"]
+    assert (n.system_name, n.port_id, n.port_description, n.ttl_seconds, n.source) == (
+        "leaf-1",
+        "82:c2:a2:f2:1a:ab",
+        "swp1",
+        4,
+        NeighbourSource.LLDPD,
+    )
+    doc = json.loads(LLDPCLI.read_text())
+    body = doc["lldp"]["interface"]["f0"]
+    doc["lldp"]["interface"] = [{"f0": body}, {"f1": body}]
+    assert sorted(parse_lldpcli(json.dumps(doc))) == ["f0", "f1"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+        lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+        max_leaves=30,
+    )
+)
+def test_any_lldpcli_output_parses_without_error(doc: object) -> None:
+    parse_lldpcli(json.dumps({"lldp": {"interface": doc}}))
+    parse_lldpcli(json.dumps(doc))
+
+
+def test_none_seen_names_the_firmware_knob_of_the_driver() -> None:
+    ice = none_reason("ens1f0", listened=120.0, lldpd=None, driver="ice")
+    assert "no LLDP frame in 120s" in ice
+    assert "ethtool --set-priv-flags ens1f0 fw-lldp-agent off" in ice
+    early = none_reason("f0", listened=3.0, lldpd=None, driver=None)
+    assert "yet after 3s" in early
+    assert "no LLDP frames are read" in none_reason("f0", listened=None, lldpd="x", driver=None)
+
+
+def test_the_section_prefers_frames_then_lldpd_and_survives_a_report_round_trip() -> None:
+    frames_n = parse_lldpdu(frame())
+    assert frames_n is not None
+    lldpd_n = frames_n.model_copy(update={"system_name": "leaf-9", "source": NeighbourSource.LLDPD})
+    section = topology_section(
+        ["f0", "f1", "f2"],
+        {"f0": [frames_n]},
+        {"f0": [lldpd_n], "f1": [lldpd_n]},
+        listened=60.0,
+        lldpd_error=None,
+        drivers={},
+    )
+    assert [i.switch for i in section.interfaces] == ["leaf-1", "leaf-9", None]
+    assert section.interfaces[2].none_reason is not None
+    report = Report(
+        validation="v",
+        generation=1,
+        node="n",
+        started_at="2026-01-01T00:00:00Z",  # type: ignore[arg-type]
+        duration_ms=1.0,
+        status=Status.PASS,
+        results=[],
+        topology=section,
+    )
+    assert Report.model_validate_json(report.to_json()) == report
+    bare = report.model_copy(update={"topology": None})
+    assert "topology" not in bare.to_dict()
+
+
+def test_a_report_sanitises_switch_text_at_the_operator() -> None:
+    hostile = {
+        "interfaces": [
+            {
+                "interface": "f0",
+                "neighbours": [
+                    {"chassisId": "c", "portId": "p\u0007", "systemName": "<b>\x1b]0;x\x07"}
+                ],
+            }
+        ]
+    }
+    parsed = TopologyReport.model_validate(hostile)
+    n = parsed.interfaces[0].neighbours[0]
+    assert n.port_id == "p?" and n.system_name is not None and "\x1b" not in n.system_name
+
+
+def test_levels_are_declared_or_detected_from_the_first_scheme_present() -> None:
+    topograph = {"fabric.topograph.run/tier-1": "l1", "fabric.topograph.run/tier-2": "s1"}
+    aws = {"topology.k8s.aws/network-node-layer-3": "nn3"}
+    assert detect_levels([aws, topograph]) == (
+        "fabric.topograph.run/tier-2",
+        "fabric.topograph.run/tier-1",
+    )
+    assert detect_levels([aws]) == ("topology.k8s.aws/network-node-layer-3",)
+    assert detect_levels([{"kubernetes.io/hostname": "x"}]) == ()
+    assert levels_in_use(TopologySpec(levels=["a/b"]), [topograph]) == ("a/b",)
+
+
+def test_referenced_label_keys_include_the_topology_levels() -> None:
+    spec = NetworkValidationSpec.model_validate(
+        {"nodeSelector": {"gpu": "true"}, "topology": {"levels": ["x/rack", "x/leaf"]}}
+    )
+    assert spec.referenced_label_keys() == {
+        "gpu",
+        "topology.kubernetes.io/zone",
+        "x/rack",
+        "x/leaf",
+    }
+    auto = NetworkValidationSpec().referenced_label_keys()
+    assert set(auto_level_keys()) <= auto
+
+
+def section(*switches: str | None) -> TopologyReport:
+    return TopologyReport(
+        interfaces=[
+            InterfaceTopology(
+                interface=f"r{i}",
+                neighbours=[LldpNeighbour(chassis_id=s, port_id="p", system_name=s)] if s else [],
+                none_reason=None if s else "no LLDP frame",
+            )
+            for i, s in enumerate(switches)
+        ]
+    )
+
+
+def test_agreement_is_per_rail_and_a_two_two_tie_names_every_node() -> None:
+    labels = {n: {"k": "blk"} for n in ("a", "b", "c", "d")}
+    seen = {
+        "a": section("r0-1", "r1-1"),
+        "b": section("r0-1", "r1-1"),
+        "c": section("r0-1", "r1-2"),
+        "d": section("r0-1", "r1-2"),
+    }
+    result = judge_agreement(labels, seen, "k")
+    assert all(r[0].status is Status.PASS for r in result.results.values())
+    assert {n for n, rs in result.results.items() if rs[1].status is Status.WARN} == set("abcd")
+    (conflict,) = result.conflicts
+    assert conflict.interface == "r1" and dict(conflict.switches) == {"r1-1": 2, "r1-2": 2}
+
+
+def test_agreement_skips_unlabelled_nodes_and_unseen_netdevs() -> None:
+    result = judge_agreement({"a": {}}, {"a": section("s", None)}, "k")
+    assert [r.status for r in result.results["a"]] == [Status.SKIP, Status.SKIP]
+    assert "no label k" in result.results["a"][0].message
+    result = judge_agreement({"a": {"k": "d"}}, {"a": section(None)}, "k")
+    assert "no neighbour seen: no LLDP frame" in result.results["a"][0].message
+    assert judge_agreement({}, {"a": section("s")}, None).results["a"][0].status is Status.SKIP
