@@ -24,7 +24,12 @@ from netval.model.topology import (
     TopologyReport,
     auto_level_keys,
 )
-from netval.operator.topology.agreement import detect_levels, judge_agreement, levels_in_use
+from netval.operator.topology.agreement import (
+    detect_levels,
+    judge_agreement,
+    levels_in_use,
+    netdev_views,
+)
 
 
 def frame(
@@ -213,16 +218,20 @@ def test_referenced_label_keys_include_the_topology_levels() -> None:
     assert set(auto_level_keys()) <= auto
 
 
-def section(*switches: str | None) -> TopologyReport:
-    return TopologyReport(
-        interfaces=[
-            InterfaceTopology(
-                interface=f"r{i}",
-                neighbours=[LldpNeighbour(chassis_id=s, port_id="p", system_name=s)] if s else [],
-                none_reason=None if s else "no LLDP frame",
-            )
-            for i, s in enumerate(switches)
-        ]
+def section(*switches: str | None) -> tuple[tuple[str, str | None, str, str | None], ...]:
+    return netdev_views(
+        TopologyReport(
+            interfaces=[
+                InterfaceTopology(
+                    interface=f"r{i}",
+                    neighbours=[LldpNeighbour(chassis_id=s, port_id="p", system_name=s)]
+                    if s
+                    else [],
+                    none_reason=None if s else "no LLDP frame",
+                )
+                for i, s in enumerate(switches)
+            ]
+        )
     )
 
 
@@ -248,3 +257,58 @@ def test_agreement_skips_unlabelled_nodes_and_unseen_netdevs() -> None:
     result = judge_agreement({"a": {"k": "d"}}, {"a": section(None)}, "k")
     assert "no neighbour seen: no LLDP frame" in result.results["a"][0].message
     assert judge_agreement({}, {"a": section("s")}, None).results["a"][0].status is Status.SKIP
+
+
+def test_status_carries_the_topology_aggregate_and_counts_agreement_per_node() -> None:
+    from datetime import UTC, datetime
+
+    from netval.operator.state.validation import (
+        ValidationState,
+        ingest_report,
+        set_agents_ready,
+        set_targeted,
+    )
+    from netval.operator.status.compute import validation_status
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    spec = NetworkValidationSpec.model_validate({"topology": {"lldp": True, "levels": ["x/leaf"]}})
+    state = ValidationState(name="v", generation=1)
+    set_targeted(state, ["a", "b", "c", "d"], now)
+    set_agents_ready(state, True, now)
+    views = {"a": "leaf-1", "b": "leaf-1", "c": "leaf-2", "d": None}
+    for node, switch in views.items():
+        neighbours = [LldpNeighbour(chassis_id="c", port_id="p", system_name=switch)]
+        section_ = TopologyReport(
+            interfaces=[
+                InterfaceTopology(
+                    interface="f0",
+                    neighbours=neighbours if switch else [],
+                    none_reason=None if switch else "no LLDP frame in 60s of listening",
+                )
+            ]
+        )
+        report = Report(
+            validation="v", generation=1, node=node, started_at=now, duration_ms=1.0,
+            status=Status.PASS, results=[], topology=section_,
+        )  # fmt: skip
+        ingest_report(state, report, now)
+    labels = {n: {"x/leaf": "blk-1"} for n in views}
+    status = validation_status(state, spec, node_labels=labels, previous=None, gate=None, now=now)
+    topo = status.topology
+    assert topo is not None and topo.levels_source == "declared"
+    assert [(lv.key, lv.domains, lv.max_nodes) for lv in topo.levels] == [("x/leaf", 1, 4)]
+    assert (topo.discovered, topo.undiscovered.count, topo.undiscovered.nodes) == (3, 1, ["d"])
+    assert topo.undiscovered.example == "no LLDP frame in 60s of listening"
+    assert [(d.node, d.declared, d.seen, d.expected) for d in topo.listed_disagreements] == [
+        ("c", "blk-1", "leaf-2", "leaf-1")
+    ]
+    assert topo.listed_conflicts[0].switches == {"leaf-1": 2, "leaf-2": 1}
+    counts = status.checks["topology.agreement"]
+    assert (counts.pass_, counts.warn, counts.fail) == (2, 1, 0)
+    patch = status.to_patch()
+    assert len(json.dumps(patch["topology"])) < 2048
+    # a validation without spec.topology writes no section (null deletes an old one)
+    plain = validation_status(
+        state, NetworkValidationSpec(), node_labels=labels, previous=None, gate=None, now=now
+    )
+    assert plain.topology is None and "topology.agreement" not in plain.checks

@@ -31,7 +31,7 @@ from netval.model.ids import Status
 from netval.model.results import Report
 from netval.model.spec import TopologyVerdict
 from netval.model.topology import NeighbourSource
-from netval.operator.topology.agreement import judge_agreement
+from netval.operator.topology.agreement import judge_agreement, netdev_views
 from test_peers_netns import (
     MGMT_ADDR,
     MQTT_TOOL,
@@ -250,7 +250,7 @@ def test_agents_see_their_switch_and_port_and_a_recabled_node_is_flagged(
     assert "no LLDP frame" in silent.none_reason and "fw-lldp-agent off" in silent.none_reason
 
     agreement = judge_agreement(
-        LABELS, {n: r.topology for n, r in latest.items() if r.topology}, LEVEL
+        LABELS, {n: netdev_views(r.topology) for n, r in latest.items() if r.topology}, LEVEL
     )
     statuses = {n: [(r.subject, r.status) for r in rs] for n, rs in agreement.results.items()}
     assert statuses == {
@@ -280,7 +280,7 @@ def test_agents_see_their_switch_and_port_and_a_recabled_node_is_flagged(
     relabelled = {**LABELS, "n3": {LEVEL: "leaf-2"}}
     after = judge_agreement(
         relabelled,
-        {n: r.topology for n, r in latest.items() if r.topology and n != "n4"},
+        {n: netdev_views(r.topology) for n, r in latest.items() if r.topology and n != "n4"},
         LEVEL,
         TopologyVerdict.FAIL,
     )

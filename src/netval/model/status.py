@@ -16,6 +16,7 @@ from pydantic.alias_generators import to_camel
 
 from netval.model.east_west import EastWest
 from netval.model.redaction import redact, redact_message
+from netval.model.topology import TopologyStatus
 
 MAX_FAILURES: Final = 50
 
@@ -117,6 +118,7 @@ class NetworkValidationStatus(_Status):
     failures: Annotated[list[Failure], Field(max_length=MAX_FAILURES)] = Field(default_factory=list)
     last_report_time: datetime | None = None
     east_west: EastWest | None = None  # peers.enabled: domain matrix, oversubscription, suspects
+    topology: TopologyStatus | None = None  # issue 21: levels, discovery, disagreements
 
     @classmethod
     def from_api(

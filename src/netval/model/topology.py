@@ -125,16 +125,92 @@ class TopologyReport(_Model):
     unavailable: Reason | None = None
 
 
+# -- status.topology: the operator's aggregate (bounded: aggregates only, never per node pair) --
+
+MAX_DOMAINS_PER_LEVEL: Final = 96
+MAX_NAMED_NODES: Final = 10
+MAX_LISTED_DISAGREEMENTS: Final = 20
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class LevelDomain(_Out):
+    name: str
+    nodes: Annotated[int, Field(ge=0)]
+
+
+class LevelSummary(_Out):
+    """One level: how many domains, their sizes, and the first domains by name."""
+
+    key: str
+    domains: Annotated[int, Field(ge=0)]
+    min_nodes: Annotated[int, Field(ge=0)] = 0
+    max_nodes: Annotated[int, Field(ge=0)] = 0
+    unlabelled: Annotated[int, Field(ge=0)] = 0  # targeted nodes without this label
+    listed: Annotated[list[LevelDomain], Field(max_length=MAX_DOMAINS_PER_LEVEL)] = Field(
+        default_factory=list
+    )
+
+
+class Undiscovered(_Out):
+    """Nodes reporting a topology section with no neighbour on some judged netdev."""
+
+    count: Annotated[int, Field(ge=0)] = 0
+    nodes: Annotated[list[str], Field(max_length=MAX_NAMED_NODES)] = Field(default_factory=list)
+    example: str | None = None  # one node's reason, e.g. the firmware LLDP agent hint
+
+
+class DisagreementEntry(_Out):
+    node: str
+    interface: str
+    declared: str
+    seen: str
+    expected: str | None = None
+
+
+class ConflictEntry(_Out):
+    """A domain whose nodes see more than one switch on one netdev."""
+
+    domain: str
+    interface: str
+    switches: dict[str, int]  # at most 8 (the fold cuts it; the CRD says maxProperties)
+
+
+class TopologyStatus(_Out):
+    levels: Annotated[list[LevelSummary], Field(max_length=8)] = Field(default_factory=list)
+    levels_source: str = "none"  # "declared" (spec.topology.levels), "detected" or "none"
+    discovered: Annotated[int, Field(ge=0)] = 0  # nodes with a neighbour on every netdev
+    undiscovered: Undiscovered = Field(default_factory=Undiscovered)
+    disagreements: Annotated[int, Field(ge=0)] = 0
+    listed_disagreements: Annotated[
+        list[DisagreementEntry], Field(max_length=MAX_LISTED_DISAGREEMENTS)
+    ] = Field(default_factory=list)
+    conflicts: Annotated[int, Field(ge=0)] = 0
+    listed_conflicts: Annotated[list[ConflictEntry], Field(max_length=MAX_LISTED_DISAGREEMENTS)] = (
+        Field(default_factory=list)
+    )
+
+
 __all__ = [
     "LEVEL_SCHEMES",
     "MAX_NEIGHBOURS_PER_INTERFACE",
     "MAX_TEXT",
     "MAX_TOPOLOGY_INTERFACES",
+    "ConflictEntry",
+    "DisagreementEntry",
     "InterfaceTopology",
+    "LevelDomain",
+    "LevelSummary",
     "LldpNeighbour",
     "NeighbourSource",
     "NetvalTopologyLabel",
     "TopologyReport",
+    "TopologyStatus",
+    "Undiscovered",
     "auto_level_keys",
     "sanitise",
 ]

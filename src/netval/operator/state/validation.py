@@ -62,6 +62,7 @@ from typing import Final, Literal
 from netval.model.ids import CheckGroup, Status, worst
 from netval.model.results import CheckResult, Report
 from netval.model.status import NetworkValidationStatus
+from netval.operator.topology.agreement import NetdevView, netdev_views
 
 STALE_AFTER_INTERVALS: Final = 3
 MAX_FAILURE_MESSAGE: Final = 256
@@ -118,6 +119,9 @@ class NodeRecord:
     failing_checks: tuple[str, ...]  # sorted, unique
     failing_since: dict[tuple[str, str], datetime]  # (check, subject) -> first seen failing
     ok_streak: int  # consecutive accepted reports without fail/error (for taint recovery)
+    # the report's LLDP section (spec.topology.lldp) as plain tuples, judged against the
+    # node labels at status time (netval.operator.topology)
+    topology: tuple[NetdevView, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -397,6 +401,7 @@ def _digest(
         failing_checks=tuple(sorted({check for check, _ in bad})),
         failing_since=since,
         ok_streak=(previous.ok_streak + 1 if previous is not None else 1) if ok else 0,
+        topology=netdev_views(report.topology) if report.topology is not None else None,
     )
 
 
