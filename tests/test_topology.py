@@ -312,3 +312,19 @@ def test_status_carries_the_topology_aggregate_and_counts_agreement_per_node() -
         state, NetworkValidationSpec(), node_labels=labels, previous=None, gate=None, now=now
     )
     assert plain.topology is None and "topology.agreement" not in plain.checks
+
+
+def test_the_peer_domain_key_defaults_to_the_lowest_level_in_use() -> None:
+    from netval.operator.topology.agreement import peer_topology_key
+
+    topograph = [{"fabric.topograph.run/tier-2": "s", "fabric.topograph.run/tier-1": "l"}]
+    spec = NetworkValidationSpec()
+    assert spec.checks.peers.topology_key is None
+    assert peer_topology_key(spec, topograph) == "fabric.topograph.run/tier-1"
+    assert peer_topology_key(spec, [{}]) == "topology.kubernetes.io/zone"
+    declared = NetworkValidationSpec.model_validate({"topology": {"levels": ["x/rack"]}})
+    assert peer_topology_key(declared, topograph) == "x/rack"
+    explicit = NetworkValidationSpec.model_validate(
+        {"checks": {"peers": {"topologyKey": "netval.io/rack"}}}
+    )
+    assert peer_topology_key(explicit, topograph) == "netval.io/rack"

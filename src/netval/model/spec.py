@@ -316,13 +316,16 @@ class StorageChecks(_Spec):
         return self
 
 
+DEFAULT_PEER_TOPOLOGY_KEY: Final = "topology.kubernetes.io/zone"
+
+
 class PeerChecks(_Spec):
     enabled: bool = False
     interface: IfName | None = None
     port: Annotated[int, Field(ge=1, le=65535)] = 7471
-    topology_key: Annotated[str, Field(min_length=1, max_length=317)] = (
-        "topology.kubernetes.io/zone"
-    )
+    # null: the lowest level of spec.topology (declared, else auto-detected), else
+    # DEFAULT_PEER_TOPOLOGY_KEY (netval.operator.topology.agreement.peer_topology_key)
+    topology_key: Annotated[str | None, Field(min_length=1, max_length=317)] = None
     samples_per_domain: Annotated[int, Field(ge=1, le=64)] = 2
     max_latency_ms: Annotated[float, Field(gt=0)] = 1.0
     max_loss_percent: Annotated[float, Field(ge=0, le=100)] = 0.1
@@ -437,4 +440,5 @@ class NetworkValidationSpec(_Spec):
         from netval.model.topology import auto_level_keys  # the model's own, no cycle at import
 
         levels = self.topology.levels or auto_level_keys()
-        return frozenset([*self.node_selector, self.checks.peers.topology_key, *levels])
+        peer_key = self.checks.peers.topology_key or DEFAULT_PEER_TOPOLOGY_KEY
+        return frozenset([*self.node_selector, peer_key, *levels])

@@ -23,6 +23,7 @@ from netval.operator.state import validation as vs
 from netval.operator.state.aggregation import compute_status
 from netval.operator.state.east_west_matrix import east_west
 from netval.operator.state.validation import ValidationState
+from netval.operator.topology.agreement import peer_topology_key
 from netval.operator.topology.summary import fold_topology
 
 
@@ -37,7 +38,7 @@ def validation_status(
 ) -> NetworkValidationStatus:
     status = compute_status(state, now, previous=previous)
     if spec is not None and spec.checks.peers.enabled:
-        key = spec.checks.peers.topology_key
+        key = peer_topology_key(spec, (node_labels.get(n, {}) for n in state.targeted))
         fresh = {
             n: rec.peer_results
             for n, rec in state.nodes.items()

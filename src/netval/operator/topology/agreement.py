@@ -19,7 +19,12 @@ from pydantic import JsonValue
 
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
-from netval.model.spec import TopologySpec, TopologyVerdict
+from netval.model.spec import (
+    DEFAULT_PEER_TOPOLOGY_KEY,
+    NetworkValidationSpec,
+    TopologySpec,
+    TopologyVerdict,
+)
 from netval.model.topology import LEVEL_SCHEMES, InterfaceTopology, TopologyReport
 
 
@@ -40,6 +45,16 @@ def detect_levels(label_sets: Iterable[Mapping[str, str]]) -> tuple[str, ...]:
 def levels_in_use(spec: TopologySpec, label_sets: Iterable[Mapping[str, str]]) -> tuple[str, ...]:
     """The declared levels, else the auto-detected ones."""
     return tuple(spec.levels) or detect_levels(label_sets)
+
+
+def peer_topology_key(spec: NetworkValidationSpec, label_sets: Iterable[Mapping[str, str]]) -> str:
+    """The label whose value is a node's east-west domain: peers.topologyKey when set, else
+    the lowest level in use (so sampling works on a cluster labelled by a known scheme with
+    no netval configuration), else topology.kubernetes.io/zone."""
+    if spec.checks.peers.topology_key:
+        return spec.checks.peers.topology_key
+    levels = levels_in_use(spec.topology, label_sets)
+    return levels[-1] if levels else DEFAULT_PEER_TOPOLOGY_KEY
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,4 +200,5 @@ __all__ = [
     "judge_agreement",
     "levels_in_use",
     "netdev_views",
+    "peer_topology_key",
 ]
