@@ -292,3 +292,84 @@ def test_agents_see_their_switch_and_port_and_a_recabled_node_is_flagged(
     assert [(d.node, d.declared, d.seen, d.expected) for d in after.disagreements] == [
         ("n2", "leaf-1", "leaf-2", "leaf-1")
     ]
+
+
+# -- the other source: the node's own lldpd, and an agent without CAP_NET_RAW ----------------
+
+NO_CAP_NET_RAW = """
+import asyncio
+from netval.agent.topology.listener import LldpListener
+
+async def main():
+    listener = LldpListener()
+    print(listener.start(), listener.error)
+
+asyncio.run(main())
+"""
+
+
+def test_without_cap_net_raw_the_node_lldpd_answers_instead(tmp_path: Path) -> None:
+    if shutil.which("lldpd") is None or shutil.which("lldpcli") is None:
+        pytest.skip("lldpd is not installed (Debian package lldpd)")
+    import asyncio
+
+    from netns import unprivileged_argv
+    from netval.agent.topology.discovery import TopologyDiscovery
+    from netval.model.snapshot import Netdev, Sample
+    from netval.model.spec import Checks
+
+    lldp_dir = Path(tempfile.mkdtemp(prefix="nvt-lldpd-"))
+    lldp_dir.chmod(0o755)
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, lldp_dir, True)
+        node = stack.enter_context(namespace())
+        switch = stack.enter_context(namespace())
+        cable(node, switch, "n1", "leaf-1")
+        node_socket = lldp_dir / "node.sock"
+        for ns, argv in (
+            (switch, ["-I", "e*", "-O", str(lldpd_config(lldp_dir, "leaf-1"))]),
+            (node, ["-r", "-I", "f0"]),  # receive-only, as a node's lldpd often is
+        ):
+            sock = node_socket if ns is node else lldp_dir / "switch.sock"
+            proc = subprocess.Popen(
+                ns.argv(["lldpd", "-d", "-u", str(sock), *argv]),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            stack.callback(stop_process, proc)
+
+        # an unprivileged process cannot open the packet socket, and says why
+        done = node.run(unprivileged_argv([sys.executable, "-c", NO_CAP_NET_RAW]), timeout=30)
+        assert done.stdout.split(" ", 1) == [
+            "False",
+            "no CAP_NET_RAW: cannot open an AF_PACKET socket for LLDP frames\n",
+        ], done.stderr
+
+        discovery = TopologyDiscovery(lldpd_socket=str(node_socket))
+        discovery.listener.start = lambda loop=None: False  # type: ignore[method-assign]
+        discovery.listener.error = "no CAP_NET_RAW"
+        sample = Sample(netdevs={"f0": Netdev(name="f0")}, rdma={})
+        checks = Checks.model_validate({"link": {"interfaces": ["f0"]}})
+        deadline = time.monotonic() + 20
+        while True:
+            section = asyncio.run(discovery.section(sample, checks))
+            (iface,) = section.interfaces
+            if iface.neighbours or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert section.unavailable is None
+        (neighbour,) = iface.neighbours
+        assert (neighbour.system_name, neighbour.port_id, neighbour.source) == (
+            "leaf-1",
+            "e1-n1",
+            NeighbourSource.LLDPD,
+        )
+
+        # no lldpd either: the whole section says why
+        gone = TopologyDiscovery(lldpd_socket=str(lldp_dir / "absent.sock"))
+        gone.listener.start = lambda loop=None: False  # type: ignore[method-assign]
+        gone.listener.error = "no CAP_NET_RAW"
+        empty = asyncio.run(gone.section(sample, checks))
+        assert empty.unavailable == f"no CAP_NET_RAW; no lldpd socket at {lldp_dir}/absent.sock"
+        assert "no LLDP frames are read" in (empty.interfaces[0].none_reason or "")
