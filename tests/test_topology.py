@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -259,7 +261,8 @@ def test_agreement_skips_unlabelled_nodes_and_unseen_netdevs() -> None:
     assert judge_agreement({}, {"a": section("s")}, None).results["a"][0].status is Status.SKIP
 
 
-def test_status_carries_the_topology_aggregate_and_counts_agreement_per_node() -> None:
+def topology_status_patch() -> dict[str, Any]:
+    """A status with status.topology, checked on the way (shared with the CLI test)."""
     from datetime import UTC, datetime
 
     from netval.operator.state.validation import (
@@ -312,6 +315,39 @@ def test_status_carries_the_topology_aggregate_and_counts_agreement_per_node() -
         state, NetworkValidationSpec(), node_labels=labels, previous=None, gate=None, now=now
     )
     assert plain.topology is None and "topology.agreement" not in plain.checks
+    return patch
+
+
+def test_status_carries_the_topology_aggregate_and_counts_agreement_per_node() -> None:
+    topology_status_patch()
+
+
+def test_netval_status_topology_shows_levels_undiscovered_and_disagreements(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from netval.cli.main import main
+
+    patch = topology_status_patch()
+    patch["topology"]["listedDisagreements"][0]["seen"] = "leaf-2\x1b[2J"  # type: ignore[index]
+    obj = {
+        "apiVersion": "netval.io/v1alpha1",
+        "kind": "NetworkValidation",
+        "metadata": {"name": "pool", "generation": 1},
+        "spec": {"topology": {"lldp": True, "levels": ["x/leaf"]}},
+        "status": patch,
+    }
+    path = tmp_path / "nv.json"
+    path.write_text(json.dumps(obj))
+    main(["status", "--from", str(path), "--topology"])
+    out = capsys.readouterr().out
+    assert "topology of pool" in out
+    assert "x/leaf: 1 domains, 4-4 nodes each" in out
+    assert "blk-1 (4)" in out
+    assert "undiscovered: 1 nodes (d)" in out
+    assert "e.g. no LLDP frame in 60s of listening" in out
+    assert "c f0: declared blk-1, sees leaf-2?[2J; the domain's nodes see leaf-1" in out
+    assert "blk-1 f0: leaf-1 (2), leaf-2 (1)" in out
+    assert "\x1b" not in out
 
 
 def test_the_peer_domain_key_defaults_to_the_lowest_level_in_use() -> None:

@@ -76,6 +76,7 @@ def _from_cluster(args: argparse.Namespace, *, want_nodes: bool) -> Fetch:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from netval.cli.status_view import is_healthy, render_matrix, render_nodes, render_validation
+    from netval.cli.topology_view import render_topology
 
     if args.failing and not args.nodes:
         raise BadInput("--failing goes with --nodes (netval status NAME --nodes --failing)")
@@ -104,6 +105,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 )
             if args.matrix:
                 out.append(render_matrix(obj))
+            if args.topology:
+                out.append(render_topology(obj))
         sys.stdout.write("\n".join(out))
         sys.stdout.flush()
         return EXIT_OK if all(is_healthy(o) for o in objs) else EXIT_UNHEALTHY

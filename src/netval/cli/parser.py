@@ -161,6 +161,12 @@ def _cluster_parsers(sub: argparse._SubParsersAction[NetvalParser]) -> None:
         action="store_true",
         help="east-west view: domain x domain matrix, oversubscribed pairs, suspect nodes",
     )
+    st.add_argument(
+        "--topology",
+        action="store_true",
+        help="fabric topology: levels and domains, undiscovered nodes, disagreements with the "
+        "node labels (status.topology)",
+    )
     _add_kube(st)
 
     rep = sub.add_parser(
