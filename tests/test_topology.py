@@ -364,3 +364,32 @@ def test_the_peer_domain_key_defaults_to_the_lowest_level_in_use() -> None:
         {"checks": {"peers": {"topologyKey": "netval.io/rack"}}}
     )
     assert peer_topology_key(explicit, topograph) == "netval.io/rack"
+
+
+def test_the_html_report_has_a_topology_section_and_escapes_switch_names(
+    tmp_path: Path,
+) -> None:
+    from netval.cli.report_html import render_html
+    from test_report_html import CHROMIUM, browse, console_problems
+
+    patch = topology_status_patch()
+    patch["topology"]["listedDisagreements"][0]["seen"] = "<script>x()</script>"  # type: ignore[index]
+    obj = {
+        "apiVersion": "netval.io/v1alpha1",
+        "kind": "NetworkValidation",
+        "metadata": {"name": "pool", "generation": 1},
+        "status": patch,
+    }
+    page = render_html(obj)
+    section = page[page.index('<section id="topology">') :]
+    assert "<code>x/leaf</code>: 1 domains, 4-4 nodes each" in section
+    assert "blk-1 <small>(4 nodes)</small>" in section
+    assert "1 nodes saw no LLDP neighbour on some fabric netdev (d)" in section
+    assert "&lt;script&gt;x()&lt;/script&gt;" in section and "<script>" not in section
+    assert "blk-1 f0: leaf-1 (2), leaf-2 (1)" in section
+    without = {**obj, "status": {k: v for k, v in patch.items() if k != "topology"}}
+    assert 'id="topology"' not in render_html(without)
+    if CHROMIUM is not None:
+        dom, log = browse(tmp_path, page)
+        assert console_problems(log) == [], log[-2000:]
+        assert 'id="topology"' in dom
