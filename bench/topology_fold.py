@@ -15,7 +15,10 @@ neighbour on one rail. Reported: the median of --repeat runs, and the size of th
 Agent: the LLDP listener sleeps in the event loop (`add_reader` on one AF_PACKET socket), so
 an idle listener costs no CPU; each frame costs one parse (timed here on a 3-TLV+name
 frame), and each cycle one `TopologyDiscovery.section` build for 8 netdevs (timed here
-without the socket: the per-cycle work is the table lookups and the section model).
+without the socket: the per-cycle work is the table lookups and the section model), and
+one L3 probe (`trace` to loopback: one UDP datagram, its ICMP port-unreachable read from the
+error queue); a path of h routers costs h + 1 probes, and each silent hop 0.5 s of waiting
+on the tracer's own task (no CPU).
 """
 
 from __future__ import annotations
@@ -126,5 +129,23 @@ def main() -> None:
     )
 
 
+def trace_cost(rounds: int = 200) -> None:
+    """One probe answered at once (loopback: port unreachable at TTL 1): the CPU of a probe
+    and its ICMP read; a path of h routers costs h + 1 of them."""
+    from netval.agent.topology.l3path import trace
+
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+    for _ in range(rounds):
+        assert trace("127.0.0.1").reached
+    wall = (time.perf_counter() - t0) / rounds
+    cpu = (time.process_time() - cpu0) / rounds
+    print(
+        f"agent: one answered UDP probe (trace to loopback): {wall * 1e6:.0f} us wall, "
+        f"{cpu * 1e6:.0f} us CPU"
+    )
+
+
 if __name__ == "__main__":
     main()
+    trace_cost()

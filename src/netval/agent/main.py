@@ -100,7 +100,11 @@ async def run_agent(
     collector = LiveCollector(interfaces=spec.checks.named_interfaces)
     sampler: BoundedSampler | None = None
     # opens its socket at the first cycle with spec.topology.lldp set (a reload may set it)
-    topology = TopologyDiscovery()
+    topology = TopologyDiscovery(
+        peer_addresses=(lambda: {n: e.address for n, e in peers.endpoints.items()})
+        if peers is not None
+        else None
+    )
     tasks: list[asyncio.Task[None]] = []
     try:
         await publisher.start()

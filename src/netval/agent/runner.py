@@ -279,12 +279,13 @@ class ProbeRunner:
         )
 
     async def _topology(self, sample: Sample) -> TopologyReport | None:
-        """The LLDP section when spec.topology.lldp asks for it; a failure costs the section,
+        """The section when spec.topology.lldp or .paths asks for it; a failure costs the section,
         never the report."""
-        if self.topology is None or not self.config.spec.topology.lldp:
+        topology = self.config.spec.topology
+        if self.topology is None or not (topology.lldp or topology.paths):
             return None
         try:
-            return await self.topology.section(sample, self.config.spec.checks)
+            return await self.topology.section(sample, self.config.spec.checks, topology)
         except Exception:
             log.exception("topology discovery failed")
             return None

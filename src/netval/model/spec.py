@@ -388,6 +388,8 @@ class TopologySpec(_Spec):
     # from the common schemes (netval.model.topology.LEVEL_SCHEMES)
     levels: Annotated[list[LabelKeyName], Field(max_length=8)] = Field(default_factory=list)
     agreement: TopologyVerdict = TopologyVerdict.WARN
+    # Trace the router hops toward east-west peers (peers.enabled; unprivileged UDP probes)
+    paths: bool = False
 
     @model_validator(mode="after")
     def _unique_levels(self) -> TopologySpec:

@@ -109,10 +109,27 @@ class InterfaceTopology(_Model):
     )
     # set exactly when `neighbours` is empty: why nothing was seen (and what commonly causes it)
     none_reason: Reason | None = None
+    # the IPv4 next-hop router of a route through this netdev (routed fabrics), if any
+    next_hop: Annotated[str, Field(max_length=64), _clean(64)] | None = None
 
     @property
     def switch(self) -> str | None:
         return self.neighbours[0].switch if self.neighbours else None
+
+
+MAX_PATHS: Final = 16
+MAX_HOPS: Final = 16
+
+Hop = Annotated[str, Field(max_length=64), _clean(64)] | None
+
+
+class L3Path(_Model):
+    """The router hops toward one east-west peer (TTL-limited UDP probes, IP_RECVERR)."""
+
+    peer: Annotated[str, Field(min_length=1, max_length=253), _clean(253)]
+    destination: Annotated[str, Field(max_length=64), _clean(64)]
+    hops: Annotated[list[Hop], Field(max_length=MAX_HOPS)] = Field(default_factory=list)
+    reached: bool = False
 
 
 class TopologyReport(_Model):
@@ -123,6 +140,8 @@ class TopologyReport(_Model):
     )
     # why LLDP is not read at all on this node (no CAP_NET_RAW and no lldpd), if so
     unavailable: Reason | None = None
+    # spec.topology.paths: router hops toward a few east-west peers (the latest of each)
+    paths: Annotated[list[L3Path], Field(max_length=MAX_PATHS)] = Field(default_factory=list)
 
 
 # -- status.topology: the operator's aggregate (bounded: aggregates only, never per node pair) --
@@ -203,6 +222,7 @@ __all__ = [
     "ConflictEntry",
     "DisagreementEntry",
     "InterfaceTopology",
+    "L3Path",
     "LevelDomain",
     "LevelSummary",
     "LldpNeighbour",

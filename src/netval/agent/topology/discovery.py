@@ -8,19 +8,23 @@ consumes the frames before the host sees them (docs/topology.md, "None seen").
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from netval.agent.checks.judged import judged_subjects
+from netval.agent.topology.l3path import read_next_hops, trace
 from netval.agent.topology.listener import LldpListener
 from netval.agent.topology.lldpd import DEFAULT_SOCKET, lldpd_unavailable, query_lldpd
 from netval.model.snapshot import Sample
-from netval.model.spec import Checks
+from netval.model.spec import Checks, TopologySpec
 from netval.model.topology import (
+    MAX_PATHS,
     MAX_TOPOLOGY_INTERFACES,
     InterfaceTopology,
+    L3Path,
     LldpNeighbour,
     TopologyReport,
 )
@@ -28,6 +32,9 @@ from netval.model.topology import (
 log = logging.getLogger("netval.agent.topology")
 
 LLDPD_SOCKET_ENV: Final = "NETVAL_LLDPD_SOCKET"
+# Peers traced per round (a round runs on its own task and takes at most 8 hops x 0.5 s per
+# peer when nothing answers); over rounds every peer is traced in turn.
+PEERS_PER_ROUND: Final = 2
 # IEEE 802.1AB's default msgTxInterval: a listener younger than this may simply be early.
 LLDP_TX_INTERVAL: Final = 30.0
 
@@ -86,27 +93,51 @@ def topology_section(
     lldpd_error: str | None,
     drivers: Mapping[str, str | None],
     unavailable: str | None = None,
+    next_hops: Mapping[str, str] | None = None,
+    paths: Sequence[L3Path] = (),
+    lldp: bool = True,
 ) -> TopologyReport:
-    """Pure: the section from what each source saw."""
+    """Pure: the section from what each source saw (`lldp` False: LLDP is not read)."""
     interfaces = []
     for name in netdevs[:MAX_TOPOLOGY_INTERFACES]:
         seen = frames.get(name) or lldpd.get(name) or []
         reason = None
-        if not seen:
+        if not lldp:
+            reason = "LLDP is not read: spec.topology.lldp is off"
+        elif not seen:
             reason = none_reason(
                 name, listened=listened, lldpd=lldpd_error, driver=drivers.get(name)
             )
-        interfaces.append(InterfaceTopology(interface=name, neighbours=seen, none_reason=reason))
-    return TopologyReport(interfaces=interfaces, unavailable=unavailable)
+        interfaces.append(
+            InterfaceTopology(
+                interface=name,
+                neighbours=seen,
+                none_reason=reason,
+                next_hop=(next_hops or {}).get(name),
+            )
+        )
+    return TopologyReport(
+        interfaces=interfaces, unavailable=unavailable, paths=list(paths)[:MAX_PATHS]
+    )
 
 
 class TopologyDiscovery:
-    """Owns the listener across cycles; `section` is called once per probe cycle."""
+    """Owns the listener and the path tracer across cycles; `section` is called once per
+    probe cycle and never waits for a trace (traces run on their own task, the section
+    carries the latest finished ones)."""
 
-    def __init__(self, lldpd_socket: str | None = None) -> None:
+    def __init__(
+        self,
+        lldpd_socket: str | None = None,
+        peer_addresses: Callable[[], Mapping[str, str]] | None = None,
+    ) -> None:
         self.lldpd_socket = lldpd_socket or os.environ.get(LLDPD_SOCKET_ENV, DEFAULT_SOCKET)
         self.listener = LldpListener()
         self._started = False
+        self.peer_addresses = peer_addresses
+        self._paths: dict[str, L3Path] = {}
+        self._tracing: asyncio.Task[None] | None = None
+        self._turn = 0
 
     def start(self) -> None:
         if not self._started:
@@ -114,9 +145,21 @@ class TopologyDiscovery:
             if not self.listener.start():
                 log.warning("LLDP: %s; trying lldpd at %s", self.listener.error, self.lldpd_socket)
 
-    async def section(self, sample: Sample, checks: Checks) -> TopologyReport:
-        self.start()
+    async def section(
+        self, sample: Sample, checks: Checks, topology: TopologySpec | None = None
+    ) -> TopologyReport:
+        topology = topology or TopologySpec(lldp=True)
         netdevs = fabric_netdevs(sample, checks)
+        hops = read_next_hops()
+        if topology.paths:
+            self._trace_some()
+        paths = list(self._paths.values()) if topology.paths else []
+        if not topology.lldp:
+            return topology_section(
+                netdevs, {}, {}, listened=None, lldpd_error=None, drivers={},
+                next_hops=hops, paths=paths, lldp=False,
+            )  # fmt: skip
+        self.start()
         self.listener.watch(netdevs)
         frames = {n: self.listener.neighbours(n) for n in netdevs}
         lldpd: dict[str, list[LldpNeighbour]] = {}
@@ -141,10 +184,42 @@ class TopologyDiscovery:
             lldpd_error=lldpd_error,
             drivers=drivers,
             unavailable=unavailable,
+            next_hops=hops,
+            paths=paths,
         )
+
+    def _trace_some(self) -> None:
+        """Start tracing the next few peers, unless a round is still running."""
+        if self.peer_addresses is None or (self._tracing and not self._tracing.done()):
+            return
+        peers = sorted(self.peer_addresses().items())
+        for gone in set(self._paths) - {n for n, _ in peers}:
+            del self._paths[gone]
+        if not peers:
+            return
+        start = self._turn % len(peers)
+        chosen = (peers[start:] + peers[:start])[:PEERS_PER_ROUND]
+        self._turn += PEERS_PER_ROUND
+        self._tracing = asyncio.create_task(self._trace(chosen), name="netval-topology-paths")
+
+    async def _trace(self, peers: list[tuple[str, str]]) -> None:
+        for node, address in peers:
+            try:
+                found = await asyncio.to_thread(trace, address)
+            except OSError as exc:
+                log.debug("tracing %s (%s) failed: %s", node, address, exc)
+                continue
+            self._paths.pop(node, None)
+            self._paths[node] = L3Path(
+                peer=node, destination=address, hops=list(found.hops), reached=found.reached
+            )
+            while len(self._paths) > MAX_PATHS:
+                del self._paths[next(iter(self._paths))]
 
     def close(self) -> None:
         self.listener.close()
+        if self._tracing is not None:
+            self._tracing.cancel()
 
 
 __all__ = ["TopologyDiscovery", "fabric_netdevs", "none_reason", "topology_section"]
