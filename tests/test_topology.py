@@ -393,3 +393,68 @@ def test_the_html_report_has_a_topology_section_and_escapes_switch_names(
         dom, log = browse(tmp_path, page)
         assert console_problems(log) == [], log[-2000:]
         assert 'id="topology"' in dom
+
+
+KUEUE_DATA = Path(__file__).parent / "data" / "kueue"
+# The CEL rules of Topology spec.levels (Kueue v0.19.2) and their Python equivalents over
+# (new levels, old levels or None); an unknown rule fails the test.
+TOPOLOGY_RULES = {
+    "self == oldSelf": lambda new, old: old is None or new == old,
+    "size(self.filter(i, size(self.filter(j, j == i)) > 1)) == 0": lambda new, old: (
+        len({json.dumps(i, sort_keys=True) for i in new}) == len(new)
+    ),
+    "size(self.filter(i, i.nodeLabel == 'kubernetes.io/hostname')) == 0 || "
+    "self[size(self) - 1].nodeLabel == 'kubernetes.io/hostname'": lambda new, old: (
+        all(i["nodeLabel"] != "kubernetes.io/hostname" for i in new)
+        or new[-1]["nodeLabel"] == "kubernetes.io/hostname"
+    ),
+}
+
+
+def kueue_valid(obj: dict[str, Any], old: dict[str, Any] | None = None) -> None:
+    from jsonschema import Draft4Validator
+
+    version = obj["apiVersion"].split("/")[1]
+    schema = json.loads((KUEUE_DATA / f"topology-spec.{version}.schema.json").read_text())
+    Draft4Validator(schema).validate(obj["spec"])
+    levels = schema["properties"]["levels"]
+    for rule in levels["x-kubernetes-validations"]:
+        text = " ".join(rule["rule"].split())
+        assert text in TOPOLOGY_RULES, f"unknown Kueue CEL rule: {text}"
+        old_levels = old["spec"]["levels"] if old is not None else None
+        assert TOPOLOGY_RULES[text](obj["spec"]["levels"], old_levels), rule["message"]
+
+
+def test_the_kueue_topology_is_valid_in_both_versions_with_hostname_last() -> None:
+    from netval.operator.topology.kueue_topology import (
+        TopologyAction,
+        topology_action,
+        topology_object,
+        topology_version,
+    )
+
+    levels = ["fabric.topograph.run/tier-2", "fabric.topograph.run/tier-1"]
+    assert topology_version(["v1beta1", "v1beta2", "v1alpha1"]) == "v1beta2"
+    assert topology_version(["v1beta1"]) == "v1beta1"
+    assert topology_version(["v1alpha1"]) is None
+    for version in ("v1beta1", "v1beta2"):
+        obj = topology_object("netval-pool", "pool", levels, version)
+        kueue_valid(obj)
+        assert [lv["nodeLabel"] for lv in obj["spec"]["levels"]] == [
+            *levels,
+            "kubernetes.io/hostname",
+        ]
+        # unchanged levels: left alone; changed: replaced (the API refuses an update)
+        assert topology_action(obj, obj) is TopologyAction.NONE
+        changed = topology_object("netval-pool", "pool", ["x/leaf"], version)
+        assert topology_action(obj, changed) is TopologyAction.REPLACE
+        with pytest.raises(AssertionError, match="immutable"):
+            kueue_valid(changed, old=obj)
+        kueue_valid(changed)  # as a new object it is valid
+        assert topology_action(None, changed) is TopologyAction.CREATE
+    # hostname declared in the middle moves last; too many levels keep the lowest ones
+    odd = topology_object("t", "pool", ["kubernetes.io/hostname", "a/b"], "v1beta1")
+    kueue_valid(odd)
+    many = topology_object("t", "pool", [f"x/l{i}" for i in range(12)], "v1beta1")
+    kueue_valid(many)
+    assert many["spec"]["levels"][-2]["nodeLabel"] == "x/l11"
