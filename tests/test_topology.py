@@ -458,3 +458,70 @@ def test_the_kueue_topology_is_valid_in_both_versions_with_hostname_last() -> No
     many = topology_object("t", "pool", [f"x/l{i}" for i in range(12)], "v1beta1")
     kueue_valid(many)
     assert many["spec"]["levels"][-2]["nodeLabel"] == "x/l11"
+
+
+def test_agreement_folds_into_the_node_status_and_fail_lists_a_failure() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from netval.operator.state.validation import (
+        ValidationState,
+        ingest_report,
+        node_health,
+        set_agents_ready,
+        set_targeted,
+    )
+    from netval.operator.status.compute import validation_status
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    spec = NetworkValidationSpec.model_validate(
+        {"topology": {"lldp": True, "levels": ["x/leaf"], "agreement": "fail"}}
+    )
+    state = ValidationState(name="v", generation=1)
+    set_targeted(state, ["a", "b", "c"], now)
+    set_agents_ready(state, True, now)
+
+    def send(node: str, switch: str, at: datetime) -> None:
+        section_ = TopologyReport(
+            interfaces=[
+                InterfaceTopology(
+                    interface="f0",
+                    neighbours=[LldpNeighbour(chassis_id="c", port_id="p", system_name=switch)],
+                )
+            ]
+        )
+        report = Report(
+            validation="v", generation=1, node=node, started_at=at, duration_ms=1.0,
+            status=Status.PASS, results=[], topology=section_,
+        )  # fmt: skip
+        ingest_report(state, report, at)
+
+    for node, switch in {"a": "leaf-1", "b": "leaf-1", "c": "leaf-2"}.items():
+        send(node, switch, now)
+    labels = {n: {"x/leaf": "blk-1"} for n in "abc"}
+    status = validation_status(state, spec, node_labels=labels, previous=None, gate=None, now=now)
+    assert (status.nodes.passing, status.nodes.failing) == (2, 1)
+    assert [(f.node, f.check, f.subject) for f in status.failures] == [
+        ("c", "topology.agreement", "f0")
+    ]
+    assert node_health(state, "c", now) == "unhealthy"
+    # c's next report keeps the verdict until it is judged again: no flicker in between
+    later = now + timedelta(seconds=10)
+    send("c", "leaf-2", later)
+    assert node_health(state, "c", later) == "unhealthy"
+    # recabled to leaf-1: judged again, the failure goes
+    later += timedelta(seconds=1)
+    send("c", "leaf-1", later)
+    status = validation_status(state, spec, node_labels=labels, previous=None, gate=None, now=later)
+    assert status.failures == [] and node_health(state, "c", later) == "healthy"
+    # spec.topology switched off: every verdict is cleared
+    send("c", "leaf-2", later + timedelta(seconds=1))
+    validation_status(
+        state, spec, node_labels=labels, previous=None, gate=None, now=later + timedelta(seconds=1)
+    )
+    assert node_health(state, "c", later + timedelta(seconds=1)) == "unhealthy"
+    off = validation_status(
+        state, NetworkValidationSpec(), node_labels=labels, previous=None, gate=None,
+        now=later + timedelta(seconds=1),
+    )  # fmt: skip
+    assert off.failures == [] and "topology.agreement" not in off.checks
+    assert node_health(state, "c", later + timedelta(seconds=1)) == "healthy"

@@ -122,6 +122,13 @@ class NodeRecord:
     # the report's LLDP section (spec.topology.lldp) as plain tuples, judged against the
     # node labels at status time (netval.operator.topology)
     topology: tuple[NetdevView, ...] | None = None
+    # topology.agreement of this node, folded in at status time (netval.operator.topology.
+    # nodes); `own`: status, buckets, failures, failing checks of the report alone
+    node_name: str = ""
+    topology_verdicts: tuple[tuple[str, Status, str], ...] = ()
+    own: (
+        tuple[Status, tuple[tuple[str, int], ...], tuple[FailureKey, ...], tuple[str, ...]] | None
+    ) = None
 
 
 @dataclass(slots=True)
@@ -390,7 +397,7 @@ def _digest(
     paths = worst(r.status for r in report.results if r.check.group is CheckGroup.PEER)
     status = worst((local, Status.WARN if paths.is_bad else paths))
     ok = not status.is_bad
-    return NodeRecord(
+    rec = NodeRecord(
         generation=report.generation,
         started_at=_aware(report.started_at),
         peer_results=tuple(r for r in report.results if r.check.group is CheckGroup.PEER),
@@ -402,7 +409,12 @@ def _digest(
         failing_since=since,
         ok_streak=(previous.ok_streak + 1 if previous is not None else 1) if ok else 0,
         topology=netdev_views(report.topology) if report.topology is not None else None,
+        node_name=node,
     )
+    from netval.operator.topology.nodes import carry_over  # it imports this module
+
+    carry_over(rec, previous)
+    return rec
 
 
 def _fresh(state: ValidationState, node: str, rec: NodeRecord, now: datetime) -> bool:

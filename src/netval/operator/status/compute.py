@@ -8,10 +8,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Literal
 
-from netval.model.ids import CheckId, Status, worst
 from netval.model.spec import NetworkValidationSpec
 from netval.model.status import (
-    CheckCounts,
     Condition,
     ConditionType,
     NetworkValidationStatus,
@@ -24,7 +22,7 @@ from netval.operator.state.aggregation import compute_status
 from netval.operator.state.east_west_matrix import east_west
 from netval.operator.state.validation import ValidationState
 from netval.operator.topology.agreement import peer_topology_key
-from netval.operator.topology.summary import fold_topology
+from netval.operator.topology.nodes import fold_into_nodes
 
 
 def validation_status(
@@ -36,7 +34,12 @@ def validation_status(
     gate: GatingCondition | None,
     now: datetime,
 ) -> NetworkValidationStatus:
+    # topology.agreement is judged across nodes and folded into their records first, so it
+    # counts in the status like any check
+    topology = fold_into_nodes(state, spec, node_labels, now) if spec is not None else None
     status = compute_status(state, now, previous=previous)
+    if topology is not None:
+        status = status.model_copy(update={"topology": topology})
     if spec is not None and spec.checks.peers.enabled:
         key = peer_topology_key(spec, (node_labels.get(n, {}) for n in state.targeted))
         fresh = {
@@ -50,8 +53,6 @@ def validation_status(
             fresh, domains, min_throughput_ratio=spec.checks.peers.min_throughput_ratio
         )
         status = status.model_copy(update={"east_west": summary})
-    if spec is not None and (spec.topology.lldp or spec.topology.levels):
-        status = _with_topology(status, state, spec, node_labels, now)
     if spec is not None:
         usable = usable_condition(
             status.nodes,
@@ -68,35 +69,6 @@ def validation_status(
         status, ConditionType.GATING, "True" if ok else "False", reason, message, state,
         previous, now,
     )  # fmt: skip
-
-
-def _with_topology(
-    status: NetworkValidationStatus,
-    state: ValidationState,
-    spec: NetworkValidationSpec,
-    node_labels: Mapping[str, Mapping[str, str]],
-    now: datetime,
-) -> NetworkValidationStatus:
-    """status.topology, and topology.agreement counted per node in status.checks."""
-    seen = {
-        n: rec.topology
-        for n, rec in state.nodes.items()
-        if rec.topology is not None and n in state.targeted and vs.is_fresh(state, n, now)
-    }
-    fold = fold_topology(spec.topology, state.targeted, node_labels, seen)
-    counts = CheckCounts()
-    for results in fold.agreement.results.values():
-        worst_status = worst(r.status for r in results)
-        if worst_status is Status.PASS:
-            counts = counts.model_copy(update={"pass_": counts.pass_ + 1})
-        elif worst_status is Status.WARN:
-            counts = counts.model_copy(update={"warn": counts.warn + 1})
-        elif worst_status.is_bad:
-            counts = counts.model_copy(update={"fail": counts.fail + 1})
-    checks = dict(status.checks)
-    if counts != CheckCounts():
-        checks[CheckId.TOPOLOGY_AGREEMENT.value] = counts
-    return status.model_copy(update={"topology": fold.status, "checks": checks})
 
 
 def _with_condition(
