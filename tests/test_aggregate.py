@@ -513,8 +513,9 @@ def test_status_at_1000_nodes_stays_bounded() -> None:
     """Scale is measured in bench/aggregate_cost.py; here: counts right, failures capped."""
     nodes = [f"gpu-{i:04d}" for i in range(1000)]
     s = state(nodes)
-    # fleet.* is the operator's own verdict: reports cannot carry it
-    checks = [c for c in CheckId if c.group not in (CheckGroup.PEER, CheckGroup.FLEET)]
+    # fleet.* and topology.* are the operator's own verdicts: reports cannot carry them
+    operator_side = (CheckGroup.PEER, CheckGroup.FLEET, CheckGroup.TOPOLOGY)
+    checks = [c for c in CheckId if c.group not in operator_side]
     for n, node in enumerate(nodes):
         results: list[Res] = [
             (checks[i % len(checks)], f"s{i}", Status.FAIL if (n + i) % 97 == 0 else Status.PASS)
@@ -550,3 +551,25 @@ def test_agent_pods_detail_says_only_what_explains_missing_reports() -> None:
     assert agent_pods_detail(desired=4, ready=1, targeted=4) == "1 of 4 agent pods ready"
     short = agent_pods_detail(desired=3, ready=3, targeted=4)
     assert "runs on 3 of the 4 targeted nodes" in short and "tolerate" in short
+
+
+def test_operator_verdicts_fold_on_top_of_the_report_and_never_undo_each_other() -> None:
+    """fleet.consistency and topology.agreement are both folded into a node's record; setting,
+    changing or clearing one keeps the other and the report's own values."""
+    from netval.operator.state.validation import fold_verdict
+
+    s = state(["gpu-a"])
+    ingest_report(s, report("gpu-a"), at(1))
+    rec = s.nodes["gpu-a"]
+    fleet, topo = CheckId.FLEET_CONSISTENCY.value, CheckId.TOPOLOGY_AGREEMENT.value
+    failure = (at(1), "gpu-a", topo, "ens1np0", "sees switch sw-2, labelled leaf-1")
+    assert fold_verdict(rec, topo, Status.FAIL, (failure,))
+    assert fold_verdict(rec, fleet, Status.WARN, ())
+    assert rec.status is Status.FAIL and rec.failing_checks == (topo,)
+    assert dict(rec.check_buckets) == {"link.carrier": 0, topo: 2, fleet: 1}
+    assert not fold_verdict(rec, fleet, Status.WARN, ())  # unchanged: nothing to do
+    assert fold_verdict(rec, fleet, None, ())  # fleet verdict gone: topology's stays
+    assert rec.status is Status.FAIL and rec.failures == (failure,)
+    assert fold_verdict(rec, topo, None, ())  # and back to the report alone
+    assert rec.status is Status.PASS and rec.failures == () and rec.failing_checks == ()
+    assert dict(rec.check_buckets) == {"link.carrier": 0}

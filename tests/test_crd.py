@@ -44,6 +44,7 @@ from netval.model.spec import (
     PfcChecks,
     RdmaChecks,
     StorageChecks,
+    TopologySpec,
 )
 from netval.model.status import MAX_FAILURES, Condition, Failure, NetworkValidationStatus
 
@@ -95,6 +96,7 @@ MODEL_VALIDATORS: dict[tuple[type[BaseModel], str], dict[str, dict[str, Any]]] =
     (NetworkValidationSpec, "_deprecated_per_interval"): {},
     (RdmaChecks, "_deprecated_per_interval"): {},
     (PfcChecks, "_deprecated_per_interval"): {},
+    (TopologySpec, "_unique_levels"): {"levels": {"x-kubernetes-list-type": "set"}},
 }
 
 # Field-level validators (Annotated[..., AfterValidator(f)]) and their CRD counterparts.

@@ -198,3 +198,11 @@ def test_an_agent_cannot_report_the_fleet_verdict_itself() -> None:
                         "message": "I am consistent"}]  # fmt: skip
     decoded = decode_message(TOPIC, json.dumps(body).encode(), now=NOW)
     assert isinstance(decoded, Dropped) and "judged by the operator" in decoded.detail
+
+
+def test_an_agent_cannot_report_the_topology_verdict_itself() -> None:
+    body = _report({})
+    body["results"] = [{"check": "topology.agreement", "subject": "ens1np0", "status": "pass",
+                        "message": "my labels are right"}]  # fmt: skip
+    decoded = decode_message(TOPIC, json.dumps(body).encode(), now=NOW)
+    assert isinstance(decoded, Dropped) and "judged by the operator" in decoded.detail

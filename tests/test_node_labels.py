@@ -8,6 +8,7 @@ from __future__ import annotations
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from kube import KubeCluster, wait_for
+from netval.model.topology import auto_level_keys
 from netval.operator.state.node_labels import kept_labels, referenced_keys
 from netval.operator.term_runtime import OperatorRuntime
 from operator_env import GPU, NODES, NV, validation, wait_status
@@ -66,7 +67,8 @@ def test_kept_label_keys() -> None:
         {"nodeSelector": GPU, "checks": {"peers": {"enabled": True, "topologyKey": "x/rack"}}}
     )
     keys = referenced_keys([spec])
-    assert keys == {"kubernetes.io/hostname", "x/rack", *GPU}
+    # no topology.levels declared: every key the level auto-detection looks for is kept too
+    assert keys == {"kubernetes.io/hostname", "x/rack", *GPU, *auto_level_keys()}
     labels = {**GPU, **NFD, "x/rack": "r1", "netval.io/fabric": "healthy",
               "cloud.example.com/topology-block": "b1", "other": "v"}  # fmt: skip
     assert kept_labels(labels, keys) == {**GPU, "x/rack": "r1",
@@ -80,3 +82,15 @@ def test_a_cohort_label_is_kept() -> None:
         {"nodeSelector": GPU, "consistency": {"cohortLabel": "example.com/pool"}}
     )
     assert "example.com/pool" in referenced_keys([spec])
+
+
+def test_declared_topology_levels_are_kept() -> None:
+    from netval.model.spec import NetworkValidationSpec
+
+    levels = ["example.com/spine", "example.com/leaf"]  # no "topology" in their names
+    spec = NetworkValidationSpec.model_validate(
+        {"nodeSelector": GPU, "topology": {"levels": levels}}
+    )
+    keys = referenced_keys([spec])
+    assert set(levels) <= keys
+    assert kept_labels({"example.com/leaf": "l1", "other": "v"}, keys) == {"example.com/leaf": "l1"}

@@ -24,6 +24,7 @@ from netval.agent.runner import ProbeRunner
 from netval.agent.sampling import BoundedSampler
 from netval.agent.storage.probe import StorageProber
 from netval.agent.storage.slots import SlotReader
+from netval.agent.topology.discovery import TopologyDiscovery
 from netval.infra.telemetry import make_tracer_provider
 
 log = logging.getLogger("netval.agent")
@@ -98,6 +99,12 @@ async def run_agent(
     metrics.attach_publisher(publisher.stats)
     collector = LiveCollector(interfaces=spec.checks.named_interfaces)
     sampler: BoundedSampler | None = None
+    # opens its socket at the first cycle with spec.topology.lldp set (a reload may set it)
+    topology = TopologyDiscovery(
+        peer_addresses=(lambda: {n: e.address for n, e in peers.endpoints.items()})
+        if peers is not None
+        else None
+    )
     tasks: list[asyncio.Task[None]] = []
     try:
         await publisher.start()
@@ -112,6 +119,7 @@ async def run_agent(
             metrics=metrics,
             peers=peers,
             storage=storage,
+            topology=topology,
         )
         sampler = runner.sampler
         metrics.attach_sampler(sampler)
@@ -155,6 +163,7 @@ async def run_agent(
         if sampler is not None:
             sampler.close()
         collector.close()
+        topology.close()
         provider.shutdown()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

@@ -17,6 +17,7 @@ from netval.model.facts import Facts
 from netval.model.results import CheckResult, Report, node_status
 from netval.model.snapshot import NodeSnapshot
 from netval.model.spec import Checks
+from netval.model.topology import TopologyReport
 
 
 def make_report(
@@ -29,6 +30,7 @@ def make_report(
     results: list[CheckResult],
     traceparent: str | None = None,
     facts: Facts | None = None,
+    topology: TopologyReport | None = None,
 ) -> Report:
     """The report of one probe: `results` as given, the node's status the worst of them."""
     return Report(
@@ -41,6 +43,7 @@ def make_report(
         results=results,
         traceparent=traceparent,
         facts=facts,
+        topology=topology,
     )
 
 

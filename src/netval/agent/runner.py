@@ -39,10 +39,12 @@ from netval.agent.report import make_report
 from netval.agent.sampling import BoundedSampler, Collector, SampleMissing, default_deadline
 from netval.agent.storage.probe import StorageProber
 from netval.agent.storage.slots import SlotReader
+from netval.agent.topology.discovery import TopologyDiscovery
 from netval.infra.telemetry import traceparent_of
 from netval.model.ids import CheckGroup, CheckId, Status
 from netval.model.results import CheckResult, Report, node_status
 from netval.model.snapshot import NodeSnapshot, Sample
+from netval.model.topology import TopologyReport
 
 _KERNEL_RELEASE: Final = os.uname().release  # uname(2): no read, no fork
 
@@ -81,6 +83,7 @@ class ProbeRunner:
         peers: PeerService | None = None,
         sample_deadline: float | None = None,
         storage: StorageProber | None = None,
+        topology: TopologyDiscovery | None = None,
     ) -> None:
         self.config = config
         self.node = node
@@ -111,6 +114,7 @@ class ProbeRunner:
         self._peer_results: list[CheckResult] = []
         self.reports = 0
         self._last_link_log: dict[str, float] = {}
+        self.topology = topology
 
     def apply_config(self, config: AgentConfig) -> None:
         """Take a reloaded config: new checks at the next cycle, a new interval from now."""
@@ -212,11 +216,13 @@ class ProbeRunner:
                 taken = await self._take_sample()
                 if isinstance(taken, SampleMissing):
                     span.set_status(StatusCode.ERROR, taken.reason)
+            topology = None
             if isinstance(taken, SampleMissing):
                 # The baseline stays: the next sample's deltas span the missed cycles.
                 results = self._not_sampled(taken)
             else:
                 results = self._node_results(taken, started_at, attrs)
+                topology = await self._topology(taken[0])
             fresh = reason == REASON_INTERVAL
             if spec.checks.storage.endpoints:
                 self._storage = await self._network_group(
@@ -252,6 +258,7 @@ class ProbeRunner:
                 facts=None
                 if isinstance(taken, SampleMissing)
                 else node_facts(taken[0], kernel_release=_KERNEL_RELEASE),
+                topology=topology,
             )
             cycle.set_attribute("netval.status", report.status.value)
         if reason == REASON_LINK_EVENT:
@@ -279,6 +286,18 @@ class ProbeRunner:
         return run_node_checks(
             snapshot, self.config.spec.checks, self._group_runner(attrs), on_raise=_log_raised
         )
+
+    async def _topology(self, sample: Sample) -> TopologyReport | None:
+        """The section when spec.topology.lldp or .paths asks for it; a failure costs the section,
+        never the report."""
+        topology = self.config.spec.topology
+        if self.topology is None or not (topology.lldp or topology.paths):
+            return None
+        try:
+            return await self.topology.section(sample, self.config.spec.checks, topology)
+        except Exception:
+            log.exception("topology discovery failed")
+            return None
 
     def _not_sampled(self, missing: SampleMissing) -> list[CheckResult]:
         """One `error` per node check: nothing of this node could be read in time."""

@@ -77,6 +77,7 @@ def _from_cluster(args: argparse.Namespace, *, want_nodes: bool) -> Fetch:
 def cmd_status(args: argparse.Namespace) -> int:
     from netval.cli.consistency_view import render_consistency
     from netval.cli.status_view import is_healthy, render_matrix, render_nodes, render_validation
+    from netval.cli.topology_view import render_topology
 
     if args.failing and not args.nodes:
         raise BadInput("--failing goes with --nodes (netval status NAME --nodes --failing)")
@@ -107,6 +108,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 out.append(render_matrix(obj))
             if getattr(args, "consistency", False):  # absent from hand-built Namespaces
                 out.append(render_consistency(obj))
+            if getattr(args, "topology", False):
+                out.append(render_topology(obj))
         sys.stdout.write("\n".join(out))
         sys.stdout.flush()
         return EXIT_OK if all(is_healthy(o) for o in objs) else EXIT_UNHEALTHY

@@ -166,6 +166,12 @@ def _cluster_parsers(sub: argparse._SubParsersAction[NetvalParser]) -> None:
         action="store_true",
         help="fleet consistency: per cohort and fact key the majority value, share, outliers",
     )
+    st.add_argument(
+        "--topology",
+        action="store_true",
+        help="fabric topology: levels and domains, undiscovered nodes, disagreements with the "
+        "node labels (status.topology)",
+    )
     _add_kube(st)
 
     rep = sub.add_parser(

@@ -24,10 +24,10 @@ _MAX_FAILURES_SHOWN: Final = 20
 
 
 def parse_status(obj: Mapping[str, Any]) -> NetworkValidationStatus | None:
-    # eastWest and consistency are read on their own (render_matrix, render_consistency),
-    # so a bad summary hides nothing else
+    # eastWest, consistency and topology are read on their own (render_matrix,
+    # render_consistency, render_topology), so a bad summary hides nothing else
     return NetworkValidationStatus.from_api(
-        obj.get("status"), exclude=frozenset({"eastWest", "consistency"})
+        obj.get("status"), exclude=frozenset({"eastWest", "consistency", "topology"})
     )
 
 

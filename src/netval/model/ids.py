@@ -19,6 +19,7 @@ class CheckGroup(StrEnum):
     STORAGE = "storage"
     PEER = "peer"
     FLEET = "fleet"  # judged by the operator across nodes (issue 22), never by an agent
+    TOPOLOGY = "topology"  # operator-side: a node's fabric against its declared labels
 
 
 class CheckId(StrEnum):
@@ -56,6 +57,8 @@ class CheckId(StrEnum):
     PFC_GLOBAL_PAUSE = "pfc.global_pause"
     # -- fleet consistency (issue 22): the operator's verdict of a node against its cohort --
     FLEET_CONSISTENCY = "fleet.consistency"
+    # -- topology (issue 21), judged by the operator --
+    TOPOLOGY_AGREEMENT = "topology.agreement"
 
     @property
     def group(self) -> CheckGroup:

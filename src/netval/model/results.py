@@ -22,6 +22,7 @@ from pydantic import (
 from netval.model.facts import MAX_FACTS, Facts
 from netval.model.ids import CheckGroup, CheckId, Status, worst
 from netval.model.redaction import redact_message
+from netval.model.topology import TopologyReport
 
 REPORT_SCHEMA: Final = "netval.io/report/v1"
 
@@ -58,6 +59,9 @@ def check_json_value(value: dict[str, JsonValue] | list[JsonValue], depth: int =
                 raise ValueError("integer outside int64")
         elif kind is dict or kind is list:
             check_json_value(item, depth + 1)  # type: ignore[arg-type]
+
+
+_OPERATOR_GROUPS: Final = frozenset({CheckGroup.FLEET, CheckGroup.TOPOLOGY})
 
 
 class CheckResult(BaseModel):
@@ -108,10 +112,16 @@ class Report(BaseModel):
     @field_validator("results")
     @classmethod
     def _agents_judge_nodes_only(cls, value: list[CheckResult]) -> list[CheckResult]:
-        # fleet.* is the operator's verdict across nodes: an agent cannot vouch for itself
-        if any(r.check.group is CheckGroup.FLEET for r in value):
-            raise ValueError("fleet.* results are judged by the operator, not reported")
+        # fleet.* and topology.* are the operator's verdicts across nodes: an agent cannot
+        # vouch for itself
+        if any(r.check.group in _OPERATOR_GROUPS for r in value):
+            raise ValueError(
+                "fleet.* and topology.* results are judged by the operator, not reported"
+            )
         return value
+
+    # issue 21: LLDP neighbours of the judged fabric netdevs (spec.topology.lldp), else absent
+    topology: TopologyReport | None = None
 
     @field_validator("started_at")
     @classmethod
@@ -127,10 +137,15 @@ class Report(BaseModel):
         return value
 
     def to_json(self) -> str:
-        return self.model_dump_json(by_alias=True)
+        return self.model_dump_json(by_alias=True, exclude=self._absent())
 
     def to_dict(self) -> dict[str, JsonValue]:
-        return self.model_dump(mode="json", by_alias=True)
+        return self.model_dump(mode="json", by_alias=True, exclude=self._absent())
+
+    def _absent(self) -> set[str] | None:
+        # Optional sections added after v1 are left out when absent, so a report without
+        # them is byte for byte what it was.
+        return {"topology"} if self.topology is None else None
 
 
 def node_status(results: list[CheckResult]) -> Status:

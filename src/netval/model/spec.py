@@ -318,13 +318,16 @@ class StorageChecks(_Spec):
         return self
 
 
+DEFAULT_PEER_TOPOLOGY_KEY: Final = "topology.kubernetes.io/zone"
+
+
 class PeerChecks(_Spec):
     enabled: bool = False
     interface: IfName | None = None
     port: Annotated[int, Field(ge=1, le=65535)] = 7471
-    topology_key: Annotated[str, Field(min_length=1, max_length=317)] = (
-        "topology.kubernetes.io/zone"
-    )
+    # null: the lowest level of spec.topology (declared, else auto-detected), else
+    # DEFAULT_PEER_TOPOLOGY_KEY (netval.operator.topology.agreement.peer_topology_key)
+    topology_key: Annotated[str | None, Field(min_length=1, max_length=317)] = None
     samples_per_domain: Annotated[int, Field(ge=1, le=64)] = 2
     max_latency_ms: Annotated[float, Field(gt=0)] = 1.0
     max_loss_percent: Annotated[float, Field(ge=0, le=100)] = 0.1
@@ -420,6 +423,36 @@ class Telemetry(_Spec):
     otlp_endpoint: Annotated[str | None, Field(max_length=1024)] = None
 
 
+class TopologyVerdict(StrEnum):
+    """The status `topology.agreement` gives a node whose fabric disagrees with its labels."""
+
+    WARN = "warn"
+    FAIL = "fail"
+
+
+# A node-label key ("prefix/name", Kubernetes' qualified-name length bounds)
+LabelKeyName = Annotated[str, Field(min_length=1, max_length=317, pattern=r"^[^\s=,]+$")]
+
+
+class TopologySpec(_Spec):
+    """`spec.topology` (issue 21; docs/topology.md): discovery and verification."""
+
+    # Read LLDP frames on the judged fabric netdevs (needs CAP_NET_RAW, or a local lldpd)
+    lldp: bool = False
+    # The node-label keys of the declared topology, top level first; empty: auto-detected
+    # from the common schemes (netval.model.topology.LEVEL_SCHEMES)
+    levels: Annotated[list[LabelKeyName], Field(max_length=8)] = Field(default_factory=list)
+    agreement: TopologyVerdict = TopologyVerdict.WARN
+    # Trace the router hops toward east-west peers (peers.enabled; unprivileged UDP probes)
+    paths: bool = False
+
+    @model_validator(mode="after")
+    def _unique_levels(self) -> TopologySpec:
+        if len(set(self.levels)) != len(self.levels):
+            raise ValueError(f"topology levels must be unique, got {self.levels}")
+        return self
+
+
 class NetworkValidationSpec(_Spec):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
@@ -428,6 +461,7 @@ class NetworkValidationSpec(_Spec):
     gating: Gating = Field(default_factory=Gating)
     telemetry: Telemetry = Field(default_factory=Telemetry)
     consistency: Consistency = Field(default_factory=Consistency)
+    topology: TopologySpec = Field(default_factory=TopologySpec)
 
     @model_validator(mode="before")
     @classmethod
@@ -456,3 +490,15 @@ class NetworkValidationSpec(_Spec):
     @property
     def interval_seconds(self) -> float:
         return parse_duration(self.interval)
+
+    def referenced_label_keys(self) -> frozenset[str]:
+        """Every node-label key this spec reads: the node selector, the peers' domain key, the
+        topology levels (with none declared, every key the auto-detection looks for) and the
+        consistency cohort label.
+        A metadata-only Node cache may keep just these."""
+        from netval.model.topology import auto_level_keys  # the model's own, no cycle at import
+
+        levels = self.topology.levels or auto_level_keys()
+        peer_key = self.checks.peers.topology_key or DEFAULT_PEER_TOPOLOGY_KEY
+        cohort = [self.consistency.cohort_label] if self.consistency.cohort_label else []
+        return frozenset([*self.node_selector, peer_key, *levels, *cohort])

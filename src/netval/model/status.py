@@ -17,6 +17,7 @@ from pydantic.alias_generators import to_camel
 from netval.model.consistency import ConsistencyStatus
 from netval.model.east_west import EastWest
 from netval.model.redaction import redact, redact_message
+from netval.model.topology import TopologyStatus
 
 MAX_FAILURES: Final = 50
 
@@ -119,6 +120,7 @@ class NetworkValidationStatus(_Status):
     last_report_time: datetime | None = None
     east_west: EastWest | None = None  # peers.enabled: domain matrix, oversubscription, suspects
     consistency: ConsistencyStatus | None = None  # spec.consistency.enabled: cohorts and outliers
+    topology: TopologyStatus | None = None  # issue 21: levels, discovery, disagreements
 
     @classmethod
     def from_api(

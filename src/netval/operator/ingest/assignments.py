@@ -17,6 +17,7 @@ from typing import Any
 from netval.model.storage_slots import fleet_positions
 from netval.model.topics import TopicKind, check_topic_level, topic
 from netval.operator.state.store import Store
+from netval.operator.topology.agreement import peer_topology_key
 
 
 def assignments(store: Store) -> dict[str, bytes]:
@@ -28,7 +29,7 @@ def assignments(store: Store) -> dict[str, bytes]:
         storage = any(e.measures_throughput for e in spec.checks.storage.endpoints)
         if state is None or not (peers or storage):
             continue
-        key = spec.checks.peers.topology_key
+        key = peer_topology_key(spec, (store.node_labels.get(n, {}) for n in state.targeted))
         positions = fleet_positions(state.targeted, name) if storage else {}
         for node in state.targeted:
             payload: dict[str, Any] = {}

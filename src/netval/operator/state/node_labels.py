@@ -29,11 +29,7 @@ def referenced_keys(specs: Iterable[NetworkValidationSpec]) -> frozenset[str]:
     """The label keys these specs select on, group peers by or split cohorts by."""
     keys: set[str] = set(ALWAYS_KEPT)
     for spec in specs:
-        keys.update(spec.node_selector)
-        if spec.checks.peers.enabled:
-            keys.add(spec.checks.peers.topology_key)
-        if spec.consistency.cohort_label is not None:
-            keys.add(spec.consistency.cohort_label)
+        keys.update(spec.referenced_label_keys())
     return frozenset(keys)
 
 

@@ -67,6 +67,7 @@ from netval.operator.consistency.fingerprint import forget as fleet_forget
 from netval.operator.consistency.fingerprint import touch as fleet_touch
 from netval.operator.consistency.fold import NodeVerdict
 from netval.operator.consistency.fold import refresh as fleet_refresh
+from netval.operator.topology.agreement import NetdevView, netdev_views
 
 STALE_AFTER_INTERVALS: Final = 3
 MAX_FAILURE_MESSAGE: Final = 256
@@ -123,8 +124,20 @@ class NodeRecord:
     failing_checks: tuple[str, ...]  # sorted, unique
     failing_since: dict[tuple[str, str], datetime]  # (check, subject) -> first seen failing
     ok_streak: int  # consecutive accepted reports without fail/error (for taint recovery)
-    # the status from the report alone, once a fleet.consistency verdict is folded in
-    base_status: Status | None = None
+    # the report's LLDP section (spec.topology.lldp) as plain tuples, judged against the
+    # node labels at status time (netval.operator.topology)
+    topology: tuple[NetdevView, ...] | None = None
+    node_name: str = ""
+    # topology.agreement as last judged: (netdev, status, message), carried to the next report
+    topology_verdicts: tuple[tuple[str, Status, str], ...] = ()
+    # Verdicts the operator judges across nodes (fleet.consistency, topology.agreement) are
+    # folded in on top of the report's own values (`own`: status, buckets, failures, failing
+    # checks), one entry per check id: (status or None, failures). `fold_verdict` recomputes
+    # from both, so each check's fold is idempotent and never undoes another's.
+    own: (
+        tuple[Status, tuple[tuple[str, int], ...], tuple[FailureKey, ...], tuple[str, ...]] | None
+    ) = None
+    folded: dict[str, tuple[Status | None, tuple[FailureKey, ...]]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -436,7 +449,7 @@ def _digest(
     paths = worst(r.status for r in report.results if r.check.group is CheckGroup.PEER)
     status = worst((local, Status.WARN if paths.is_bad else paths))
     ok = not status.is_bad
-    return NodeRecord(
+    rec = NodeRecord(
         generation=report.generation,
         started_at=_aware(report.started_at),
         peer_results=tuple(r for r in report.results if r.check.group is CheckGroup.PEER),
@@ -447,7 +460,46 @@ def _digest(
         failing_checks=tuple(sorted({check for check, _ in bad})),
         failing_since=since,
         ok_streak=(previous.ok_streak + 1 if previous is not None else 1) if ok else 0,
+        topology=netdev_views(report.topology) if report.topology is not None else None,
+        node_name=node,
     )
+    from netval.operator.topology.nodes import carry_over  # it imports this module
+
+    carry_over(rec, previous)
+    return rec
+
+
+def fold_verdict(
+    rec: NodeRecord, check: str, status: Status | None, failures: tuple[FailureKey, ...]
+) -> bool:
+    """Set the operator's verdict `check` on `rec` (None and no failures: remove it) and
+    recompute the record from its own values plus every folded verdict; True on a change."""
+    if rec.own is None:
+        rec.own = (rec.status, rec.check_buckets, rec.failures, rec.failing_checks)
+    if status is None and not failures:
+        if rec.folded.pop(check, None) is None:
+            return False
+    elif rec.folded.get(check) == (status, failures):
+        return False
+    else:
+        rec.folded[check] = (status, failures)
+    own_status, buckets, own_failures, failing = rec.own
+    all_buckets = list(buckets)
+    all_failures = list(own_failures)
+    failing_checks = set(failing)
+    for folded_check, (folded_status, folded_failures) in rec.folded.items():
+        bucket = _BUCKET.get(folded_status) if folded_status is not None else None
+        if bucket is not None and folded_status is not None:
+            own_status = worst((own_status, folded_status))
+            all_buckets.append((folded_check, bucket))
+        if folded_failures:
+            all_failures.extend(folded_failures)
+            failing_checks.add(folded_check)
+    rec.status = own_status
+    rec.check_buckets = tuple(all_buckets)
+    rec.failures = tuple(sorted(all_failures))
+    rec.failing_checks = tuple(sorted(failing_checks))
+    return True
 
 
 def _apply_fleet(
@@ -459,26 +511,17 @@ def _apply_fleet(
 ) -> None:
     """Fold a fleet.consistency verdict into the record as if the report had carried it."""
     check = CheckId.FLEET_CONSISTENCY.value
-    base = rec.base_status if rec.base_status is not None else rec.status
-    buckets = [b for b in rec.check_buckets if b[0] != check]
-    failures = [f for f in rec.failures if f[2] != check]
     since = {k: v for k, v in rec.failing_since.items() if k[0] != check}
-    status = base
+    failures: list[FailureKey] = []
+    status: Status | None = None
     if verdict is not None:
-        bucket = _BUCKET.get(verdict.status)
-        if bucket is not None:
-            buckets.append((check, bucket))
-        status = worst((base, verdict.status))
+        status = verdict.status
         for key, message in verdict.failing:
             first = since[(check, key)] = old_since.get((check, key), now)
             failures.append((first, node, check, key, _truncate(message)))
-    rec.base_status = base
-    rec.status = status
-    if status.is_bad:
+    fold_verdict(rec, check, status, tuple(sorted(failures)))
+    if rec.status.is_bad:
         rec.ok_streak = 0  # taint recovery counts reports without this failing verdict too
-    rec.check_buckets = tuple(buckets)
-    rec.failures = tuple(sorted(failures))
-    rec.failing_checks = tuple(sorted({f[2] for f in failures}))
     rec.failing_since = since
 
 

@@ -18,6 +18,8 @@ from netval.operator.state import validation as vs
 from netval.operator.state.aggregation import compute_status
 from netval.operator.state.east_west_matrix import east_west
 from netval.operator.state.validation import ValidationState
+from netval.operator.topology.agreement import peer_topology_key
+from netval.operator.topology.nodes import fold_into_nodes
 
 
 def validation_status(
@@ -30,12 +32,17 @@ def validation_status(
     now: datetime,
 ) -> NetworkValidationStatus:
     apply_changes(state, now)  # a rollout's `until` passed: its values are Outliers now
+    # topology.agreement is judged across nodes and folded into their records first, so it
+    # counts in the status like any check
+    topology = fold_into_nodes(state, spec, node_labels, now) if spec is not None else None
     status = compute_status(state, now, previous=previous)
     if spec is not None:
         fleet = consistency_status(state.fleet, max_named=spec.consistency.max_outliers_per_key)
         status = status.model_copy(update={"consistency": fleet})
+    if topology is not None:
+        status = status.model_copy(update={"topology": topology})
     if spec is not None and spec.checks.peers.enabled:
-        key = spec.checks.peers.topology_key
+        key = peer_topology_key(spec, (node_labels.get(n, {}) for n in state.targeted))
         fresh = {
             n: rec.peer_results
             for n, rec in state.nodes.items()
