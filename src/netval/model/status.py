@@ -98,7 +98,7 @@ class NetworkValidationStatus(_Status):
     checks: dict[str, CheckCounts] = Field(default_factory=dict)
     failures: Annotated[list[Failure], Field(max_length=MAX_FAILURES)] = Field(default_factory=list)
     last_report_time: datetime | None = None
-    east_west: EastWest | None = None  # peers.enabled: domain matrix, oversubscription, suspects
+    east_west: EastWest | None = None  # peers.enabled: domain matrix, capacity ratios, suspects
 
     @classmethod
     def from_api(
