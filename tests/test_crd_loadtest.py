@@ -27,6 +27,7 @@ from netval.model.loadtest import (
     RunPhase,
     _unique,
     check_cron,
+    check_duration,
 )
 from netval.model.manifest import API_VERSION
 from test_crd import compare_model, kube_errors, structural_problems
@@ -55,13 +56,16 @@ def _duration_rule(value: Any) -> bool:
 # the shape with the field's pattern.
 test_crd.MODEL_VALIDATORS.update(
     {
-        (NetworkLoadTestSpec, "_duration_bounds"): {
-            "duration": {"x-kubernetes-validations": [DURATION_RULE]}
-        },
         (LoadCondition, "_redacted"): {},
     }
 )
-test_crd.FIELD_VALIDATORS.update({_unique: {"x-kubernetes-list-type": "set"}, check_cron: {}})
+test_crd.FIELD_VALIDATORS.update(
+    {
+        _unique: {"x-kubernetes-list-type": "set"},
+        check_cron: {},
+        check_duration: {"x-kubernetes-validations": [DURATION_RULE]},
+    }
+)
 test_crd.CEL_RULES[DURATION_RULE["rule"]] = _duration_rule
 
 

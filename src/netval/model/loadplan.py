@@ -144,7 +144,10 @@ class LoadPlan(_Msg):
                 f"got {span:g}s"
             )
         for i, task in enumerate(self.tasks):
-            if task.start < self.issued_at or task.end > self.deadline:
+            # offsets from issuedAt, not `task.end`: a start near year 9999 would overflow
+            begins = (task.start - self.issued_at).total_seconds()
+            length = task.seconds + getattr(task, "warmup_seconds", 0.0)
+            if begins < 0 or begins + length > span:
                 raise ValueError(f"tasks[{i}] ({task.window}) runs outside issuedAt..deadline")
         return self
 

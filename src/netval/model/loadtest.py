@@ -16,7 +16,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Final, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from netval.model.duration import DURATION_PATTERN, parse_duration
@@ -63,6 +63,13 @@ def check_cron(schedule: str) -> str:
             if step is not None and not 1 <= int(step) <= hi:
                 raise ValueError(f"schedule {name} field {text!r}: step must be 1..{hi}")
     return schedule
+
+
+def check_duration(text: str) -> str:
+    """`text` if a duration of 5s..300s (the CRD's CEL rule says the same)."""
+    if not MIN_DURATION_SECONDS <= parse_duration(text) <= MAX_DURATION_SECONDS:
+        raise ValueError(f"duration must be 5s..300s, got {text!r}")
+    return text
 
 
 def _unique(values: list[_S] | None) -> list[_S] | None:
@@ -119,7 +126,9 @@ class NetworkLoadTestSpec(_Spec):
         str, Field(max_length=100, pattern=CRON_PATTERN), AfterValidator(check_cron)
     ] = ""
     history_limit: Annotated[int, Field(ge=0, le=MAX_HISTORY)] = 5
-    duration: Annotated[str, Field(pattern=DURATION_PATTERN)] = "20s"
+    duration: Annotated[str, Field(pattern=DURATION_PATTERN), AfterValidator(check_duration)] = (
+        "20s"
+    )
     # null: every phase the validation can run
     phases: Annotated[
         list[LoadPhase] | None, Field(min_length=1, max_length=2), AfterValidator(_unique)
@@ -129,13 +138,6 @@ class NetworkLoadTestSpec(_Spec):
     max_rate_mbps: Annotated[float, Field(ge=0)] = 0.0  # per-flow cap; 0: none
     skip_busy_nodes: bool = True
     expect: Expectations = Field(default_factory=Expectations)
-
-    @model_validator(mode="after")
-    def _duration_bounds(self) -> NetworkLoadTestSpec:
-        seconds = parse_duration(self.duration)
-        if not MIN_DURATION_SECONDS <= seconds <= MAX_DURATION_SECONDS:
-            raise ValueError(f"duration must be 5s..300s, got {self.duration!r}")
-        return self
 
     @property
     def duration_seconds(self) -> float:
