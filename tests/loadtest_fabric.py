@@ -84,15 +84,16 @@ def answer(
     offset = clock_offset or {}
     received: list[Received] = []
     for stage in plan.stages:
+        windows = plan.windows_of(stage)
         flows: dict[str, list[FlowResult]] = {}
         latency: dict[str, list[LatencyResult]] = {}
         storage: dict[str, list[StorageResult]] = {}
         load = {
             w.id: fabric.flow_rates(w)
-            for w in stage.windows
+            for w in windows
             if w.kind in (WindowKind.INTRA, WindowKind.CROSS)
         }
-        for w in stage.windows:
+        for w in windows:
             skew = timedelta(0)
             if w.kind is WindowKind.IDLE:
                 for a, b in w.flows:

@@ -4,6 +4,7 @@ rendered from it."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,7 +24,7 @@ from netval.model.loadtest import (
 )
 from netval.model.spec import NetworkValidationSpec
 from netval.operator.loadtest import status as st
-from netval.operator.loadtest.aggregate import Received, aggregate, jain
+from netval.operator.loadtest.aggregate import Aggregator, Received, aggregate, jain
 from netval.operator.loadtest.plan import RunPlan, plan_run
 from netval.operator.loadtest.validate import RunSettings, SpecProblem, settle
 
@@ -316,3 +317,29 @@ def test_status_is_aggregates_only_even_for_many_nodes() -> None:
     size = len(NetworkLoadTestStatus(last_run=result).model_dump_json())
     assert result.east_west is not None and len(result.east_west.cells) == 4 + 6
     assert size < 8_000, size
+
+
+def test_latency_p99_from_the_histogram_is_within_half_a_percent() -> None:
+    from netval.operator.loadtest.aggregate import _Hist
+
+    values = [0.01 * (1.003**i) for i in range(5000)]
+    h = _Hist()
+    h.add(values)
+    exact = sorted(values)[math.ceil(0.99 * len(values)) - 1]
+    got = h.p99()
+    assert got is not None and abs(got / exact - 1) <= 0.005
+    zeros = _Hist()
+    zeros.add([0.0, 0.0])
+    assert zeros.p99() == 0.0 and _Hist().p99() is None
+
+
+def test_folding_stage_by_stage_gives_what_folding_all_at_once_gives() -> None:
+    fabric = leaf_spine(3, 4)
+    plan = make_plan(fabric)
+    received = answer(fabric, plan)
+    agg = Aggregator(plan)
+    for r in sorted(received, key=lambda r: (r.result.stage, r.result.node), reverse=True):
+        assert agg.add(r)
+        assert not agg.add(r)  # a redelivery
+    whole = aggregate(plan, received, expect=NO_EXPECTATIONS, finished_at=NOW)
+    assert agg.finish(expect=NO_EXPECTATIONS, finished_at=NOW) == whole

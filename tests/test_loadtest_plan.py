@@ -249,7 +249,7 @@ def test_times_are_absolute_ahead_and_stages_do_not_overlap() -> None:
     first = plan.stages[0]
     assert first.start == NOW + timedelta(seconds=LEAD_SECONDS) and first.issued_at == NOW
     for stage in plan.stages:
-        idle, load = stage.windows
+        idle, load = plan.windows_of(stage)
         assert idle.kind is WindowKind.IDLE and idle.end < load.start < load.measure_start
         assert load.measured_seconds == 10.0 and load.end < stage.deadline
         assert 0 < (stage.deadline - stage.issued_at).total_seconds() <= MAX_PLAN_SECONDS
@@ -291,14 +291,14 @@ def test_node_plans_carry_their_own_tasks_cap_and_deadline_and_survive_the_wire(
     # storage: every node reads at once; a few read alone afterwards, one at a time
     reads = plan.plans(storage_a)
     assert sorted(reads) == sorted(plan.domain_of)
-    singles = [w for w in storage_a.windows if w.kind is WindowKind.STORAGE_SINGLE]
+    singles = [w for w in plan.windows_of(storage_a) if w.kind is WindowKind.STORAGE_SINGLE]
     assert len(singles) == min(MAX_SINGLE_READS, 6) and all(len(w.flows) == 1 for w in singles)
     for w, nxt in itertools.pairwise(singles):
         assert w.end < nxt.start
     assert all(
         isinstance(t, StorageTask) and t.endpoint == "datasets" for t in reads["node-1-02"].tasks
     )
-    assert storage_b.windows[0].endpoint == "ckpt"
+    assert plan.windows_of(storage_b)[0].endpoint == "ckpt"
 
 
 def test_run_ids_are_safe_tokens() -> None:

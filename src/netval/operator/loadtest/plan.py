@@ -86,34 +86,57 @@ class Window:
 
 @dataclass(frozen=True, slots=True)
 class Stage:
+    """One stage's timing and what it measures; its windows (who sends to whom) are made
+    from the run's seed when asked (`RunPlan.windows_of`), so a plan for 10,000 nodes holds
+    no per-flow state between stages."""
+
     index: int
+    kind: WindowKind  # INTRA, CROSS or STORAGE
     issued_at: datetime  # when its plans go out
     start: datetime
     deadline: datetime
-    windows: tuple[Window, ...]
+    pairs: tuple[tuple[str, str], ...] = ()  # CROSS: the domain pairs of this round
+    endpoint: str | None = None  # STORAGE
 
 
 @dataclass(frozen=True, slots=True)
 class RunPlan:
     run_id: str
     settings: RunSettings
+    seed: int
     domain_of: dict[str, str]  # participants only
+    members: dict[str, tuple[str, ...]]  # domain -> its participants, sorted
     skipped: tuple[tuple[str, SkipReason], ...]
     stages: tuple[Stage, ...]
 
     @property
     def windows(self) -> Iterator[Window]:
         for stage in self.stages:
-            yield from stage.windows
+            yield from self.windows_of(stage)
 
     @property
     def finished_by(self) -> datetime:
         return self.stages[-1].deadline
 
+    def windows_of(self, stage: Stage) -> tuple[Window, ...]:
+        """The stage's windows: the same for the same plan, whenever asked."""
+        rng = random.Random(f"{self.seed}:{stage.index}")  # noqa: S311 - reproducible order
+        duration = self.settings.duration_seconds
+        if stage.kind is WindowKind.INTRA:
+            flows = [f for d in sorted(self.members) for f in _cycle(rng, self.members[d])]
+            return _east_west_windows(stage, WindowKind.INTRA, flows, duration)
+        if stage.kind is WindowKind.CROSS:
+            flows = [
+                f for a, b in stage.pairs for f in _across(rng, self.members[a], self.members[b])
+            ]
+            return _east_west_windows(stage, WindowKind.CROSS, flows, duration)
+        assert stage.endpoint is not None
+        return _storage_windows(stage, stage.endpoint, sorted(self.domain_of), rng, duration)
+
     def plans(self, stage: Stage) -> dict[str, LoadPlan]:
         """Every node's plan for one stage (built when the stage is published)."""
         tasks: dict[str, list[Task]] = {}
-        for w in stage.windows:
+        for w in self.windows_of(stage):
             for node, task in _tasks(w):
                 tasks.setdefault(node, []).append(task)
         return {
@@ -238,49 +261,75 @@ def plan_run(
             f"{len(domain_of)} node(s) of NetworkValidation {settings.validation!r} can take "
             f"part ({len(skipped)} skipped: gated, stale or busy); east-west needs two",
         )
-    rng = random.Random(seed)  # noqa: S311 - a reproducible order, not a secret
-    by_domain: dict[str, list[str]] = {}
+    grouped: dict[str, list[str]] = {}
     for node, domain in domain_of.items():
-        by_domain.setdefault(domain, []).append(node)
+        grouped.setdefault(domain, []).append(node)
+    members = {d: tuple(sorted(nodes)) for d, nodes in sorted(grouped.items())}
+    duration = settings.duration_seconds
     stages: list[Stage] = []
     t = now + timedelta(seconds=LEAD_SECONDS)
     if east_west and len(domain_of) >= 2:
-        intra = [(a, b) for d in sorted(by_domain) for a, b in _cycle(rng, by_domain[d]) if a != b]
-        rounds = [(WindowKind.INTRA, intra)]
-        for pairs in round_robin(sorted(by_domain), settings.pairs):
-            flows = [f for a, b in pairs for f in _across(rng, by_domain[a], by_domain[b])]
-            rounds.append((WindowKind.CROSS, flows))
-        for kind, flows in rounds:
-            if flows:
-                stage = _east_west_stage(len(stages), t, kind, flows, settings.duration_seconds)
-                stages.append(stage)
-                t = stage.deadline
-    participants = sorted(domain_of)
+        rounds: list[tuple[WindowKind, tuple[tuple[str, str], ...]]] = []
+        if any(len(nodes) > 1 for nodes in members.values()):
+            rounds.append((WindowKind.INTRA, ()))
+        rounds += [(WindowKind.CROSS, tuple(r)) for r in round_robin(list(members), settings.pairs)]
+        for kind, pairs in rounds:
+            end = t + timedelta(seconds=IDLE_SECONDS + GAP_SECONDS + WARMUP_SECONDS + duration)
+            stages.append(_stage(len(stages), kind, t, end, pairs=pairs))
+            t = stages[-1].deadline
+    single = min(SINGLE_SECONDS, duration) + SINGLE_WARMUP_SECONDS + GAP_SECONDS
+    singles = min(MAX_SINGLE_READS, len(domain_of))
     for endpoint in settings.endpoints:
-        stage = _storage_stage(len(stages), t, endpoint, participants, rng, settings)
-        stages.append(stage)
-        t = stage.deadline
+        end = t + timedelta(seconds=WARMUP_SECONDS + duration + singles * single)
+        stages.append(_stage(len(stages), WindowKind.STORAGE, t, end, endpoint=endpoint))
+        t = stages[-1].deadline
     if not stages:
         return SpecProblem(LoadReason.NO_PARTICIPANTS, "spec.validation", "nothing to run")
     return RunPlan(
         run_id=run_id,
         settings=settings,
+        seed=seed,
         domain_of=domain_of,
+        members=members,
         skipped=tuple(skipped),
         stages=tuple(stages),
     )
 
 
-def _cycle(rng: random.Random, nodes: list[str]) -> list[tuple[str, str]]:
-    order = sorted(nodes)
+def _stage(
+    index: int,
+    kind: WindowKind,
+    start: datetime,
+    end: datetime,
+    *,
+    pairs: tuple[tuple[str, str], ...] = (),
+    endpoint: str | None = None,
+) -> Stage:
+    return Stage(
+        index=index,
+        kind=kind,
+        issued_at=start - timedelta(seconds=LEAD_SECONDS),
+        start=start,
+        deadline=end + timedelta(seconds=DEADLINE_SLACK_SECONDS),
+        pairs=pairs,
+        endpoint=endpoint,
+    )
+
+
+def _cycle(rng: random.Random, nodes: tuple[str, ...]) -> list[tuple[str, str]]:
+    if len(nodes) < 2:
+        return []
+    order = list(nodes)
     rng.shuffle(order)
     return [(a, order[(i + 1) % len(order)]) for i, a in enumerate(order)]
 
 
-def _across(rng: random.Random, side_a: list[str], side_b: list[str]) -> list[tuple[str, str]]:
+def _across(
+    rng: random.Random, side_a: tuple[str, ...], side_b: tuple[str, ...]
+) -> list[tuple[str, str]]:
     k = min(len(side_a), len(side_b))
-    a = rng.sample(sorted(side_a), k)
-    b = rng.sample(sorted(side_b), k)
+    a = rng.sample(side_a, k)
+    b = rng.sample(side_b, k)
     return [*zip(a, b, strict=True), *zip(b, a, strict=True)]
 
 
@@ -288,64 +337,56 @@ def _at(t: datetime, seconds: float) -> datetime:
     return t + timedelta(seconds=seconds)
 
 
-def _east_west_stage(
-    index: int, t: datetime, kind: WindowKind, flows: list[tuple[str, str]], duration: float
-) -> Stage:
+def _east_west_windows(
+    stage: Stage, kind: WindowKind, flows: list[tuple[str, str]], duration: float
+) -> tuple[Window, ...]:
+    t = stage.start
+    pairs = tuple(flows)
     idle = Window(
-        id=f"r{index}:idle",
+        id=f"r{stage.index}:idle",
         kind=WindowKind.IDLE,
-        stage=index,
+        stage=stage.index,
         start=t,
         measure_start=t,
         end=_at(t, IDLE_SECONDS),
-        flows=tuple(flows),
+        flows=pairs,
     )
     start = _at(idle.end, GAP_SECONDS)
     load = Window(
-        id=f"r{index}:{kind.value}",
+        id=f"r{stage.index}:{kind.value}",
         kind=kind,
-        stage=index,
+        stage=stage.index,
         start=start,
         measure_start=_at(start, WARMUP_SECONDS),
         end=_at(start, WARMUP_SECONDS + duration),
-        flows=tuple(flows),
+        flows=pairs,
     )
-    return Stage(
-        index=index,
-        issued_at=_at(t, -LEAD_SECONDS),
-        start=t,
-        deadline=_at(load.end, DEADLINE_SLACK_SECONDS),
-        windows=(idle, load),
-    )
+    return idle, load
 
 
-def _storage_stage(
-    index: int,
-    t: datetime,
-    endpoint: str,
-    participants: list[str],
-    rng: random.Random,
-    settings: RunSettings,
-) -> Stage:
+def _storage_windows(
+    stage: Stage, endpoint: str, participants: list[str], rng: random.Random, duration: float
+) -> tuple[Window, ...]:
+    t = stage.start
     every = Window(
-        id=f"s{index}:{endpoint}:all",
+        id=f"s{stage.index}:{endpoint}:all",
         kind=WindowKind.STORAGE,
-        stage=index,
+        stage=stage.index,
         start=t,
         measure_start=_at(t, WARMUP_SECONDS),
-        end=_at(t, WARMUP_SECONDS + settings.duration_seconds),
+        end=_at(t, WARMUP_SECONDS + duration),
         flows=tuple((n, endpoint) for n in participants),
         endpoint=endpoint,
     )
     windows = [every]
-    single = min(SINGLE_SECONDS, settings.duration_seconds)
+    single = min(SINGLE_SECONDS, duration)
     s = _at(every.end, GAP_SECONDS)
     for i, node in enumerate(rng.sample(participants, min(MAX_SINGLE_READS, len(participants)))):
         windows.append(
             Window(
-                id=f"s{index}:{endpoint}:single{i}",
+                id=f"s{stage.index}:{endpoint}:single{i}",
                 kind=WindowKind.STORAGE_SINGLE,
-                stage=index,
+                stage=stage.index,
                 start=s,
                 measure_start=_at(s, SINGLE_WARMUP_SECONDS),
                 end=_at(s, SINGLE_WARMUP_SECONDS + single),
@@ -354,10 +395,4 @@ def _storage_stage(
             )
         )
         s = _at(windows[-1].end, GAP_SECONDS)
-    return Stage(
-        index=index,
-        issued_at=_at(t, -LEAD_SECONDS),
-        start=t,
-        deadline=_at(windows[-1].end, DEADLINE_SLACK_SECONDS),
-        windows=tuple(windows),
-    )
+    return tuple(windows)
