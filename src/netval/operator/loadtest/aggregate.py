@@ -151,7 +151,7 @@ class Aggregator:
         self.plan = plan
         self._by_index = {s.index: s for s in plan.stages}
         self._indexes: dict[int, _StageIndex] = {}
-        self._seen: set[tuple[str, int]] = set()
+        self._seen: dict[str, int] = {}  # node -> a bit per stage folded: ~N x stages bits
         self.cells: dict[_Pair, _Cell] = {}
         self.intra: dict[str, array[float]] = {}  # domain -> per-node intra rates
         self.storage_all: dict[str, array[float]] = {}
@@ -188,16 +188,17 @@ class Aggregator:
         plan = self.plan
         if r.run != plan.run_id or r.validation != plan.settings.validation:
             return False
-        if r.node not in plan.domain_of or (r.node, r.stage) in self._seen:
+        seen = self._seen.get(r.node, 0)
+        if r.node not in plan.domain_of or r.stage not in self._by_index or seen >> r.stage & 1:
             return False
-        self._seen.add((r.node, r.stage))
+        self._seen[r.node] = seen | 1 << r.stage
         offset = (r.sent_at - received.received_at).total_seconds()
-        index = self._index(r.stage)
-        if index is None or abs(offset) > CLOCK_TOLERANCE_SECONDS:
-            if index is not None:
-                self.off_clock.add(r.node)
+        if abs(offset) > CLOCK_TOLERANCE_SECONDS:
+            self.off_clock.add(r.node)
             self.refused += len(r.flows) + len(r.storage)
             return True
+        index = self._index(r.stage)
+        assert index is not None  # the stage is the plan's
         self.folded.add(r.node)
         self._fold(r, index)
         return True
