@@ -101,6 +101,8 @@ def test_defaults_run_every_phase_the_validation_can() -> None:
         ({"eastWest": {"pairs": "most"}}, VALIDATION, LoadReason.INVALID_SPEC,
          "spec.eastWest.pairs", "Input should be"),
         ({"surprise": 1}, VALIDATION, LoadReason.INVALID_SPEC, "spec.surprise", "Extra inputs"),
+        ({"maxRateMbps": float("inf")}, VALIDATION, LoadReason.INVALID_SPEC, "spec.maxRateMbps",
+         "finite number"),
     ],
 )  # fmt: skip
 def test_a_bad_spec_names_the_field(

@@ -92,7 +92,11 @@ class PairScope(StrEnum):
 
 class _Spec(BaseModel):
     model_config = ConfigDict(
-        extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        frozen=True,
+        allow_inf_nan=False,
     )
 
 
