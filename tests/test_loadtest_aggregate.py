@@ -343,3 +343,21 @@ def test_folding_stage_by_stage_gives_what_folding_all_at_once_gives() -> None:
         assert not agg.add(r)  # a redelivery
     whole = aggregate(plan, received, expect=NO_EXPECTATIONS, finished_at=NOW)
     assert agg.finish(expect=NO_EXPECTATIONS, finished_at=NOW) == whole
+
+
+def test_a_result_more_than_three_stages_late_is_refused() -> None:
+    fabric = leaf_spine(4, 2)
+    plan = make_plan(fabric)
+    assert len(plan.stages) == 5
+    received = answer(fabric, plan)
+    late = next(r for r in received if r.result.stage == 0 and r.result.node == "node-0-00")
+    agg = Aggregator(plan)
+    for r in received:
+        if r is not late:
+            agg.add(r)
+    assert agg.add(late)  # taken, not folded: stage 0 was sealed when stage 3 came
+    result = agg.finish(expect=NO_EXPECTATIONS, finished_at=NOW)
+    assert result.refused_flows == 1
+    assert result.east_west is not None
+    intra = next(c for c in result.east_west.cells if (c.a, c.b) == ("leaf-0", "leaf-0"))
+    assert intra.flows == 1  # the other node of leaf-0

@@ -1,8 +1,10 @@
 """Per-node load-test results -> the figures of `status.lastRun`. Pure.
 
 Incremental: `Aggregator.add` folds each result message as it arrives (stage by stage) into
-per-cell rate arrays and latency histograms, so a run of 10,000 nodes never holds its
-messages; `Aggregator.finish` derives the figures. `aggregate` does both for a list.
+per-cell rate arrays and latency histograms; when a fourth stage's results arrive the
+oldest stage is sealed (its cells keep their figures only, and a message for it is refused
+as late), so a run of 10,000 nodes never holds its messages nor its flows.
+`Aggregator.finish` derives the figures. `aggregate` does both for a list.
 
 Acceptance. A result counts only if it belongs to the plan (its window exists, its sender
 was told to send to that peer or read that endpoint there) and happened when planned:
@@ -58,7 +60,10 @@ from netval.operator.loadtest.plan import RunPlan, Window, WindowKind
 
 MIN_COVERAGE: Final = 0.8  # of the measured part a counted flow must cover
 _BUCKET: Final = math.log(1.01)  # latency histogram buckets: 1% wide
-_STAGES_KEPT: Final = 2  # stage indexes cached: results of one stage arrive together
+# Stages open at once: a stage's results arrive just after its deadline, while the next one
+# runs. When a fourth stage's results come, the oldest is sealed: its cells keep only their
+# figures and a message for it is refused as late.
+_STAGES_KEPT: Final = 3
 
 _Pair = tuple[str, str]
 
@@ -109,6 +114,29 @@ class _Cell:
 
 
 @dataclass(frozen=True, slots=True)
+class _Sealed:
+    """A cell's figures once its stage is over (each cell is measured in one stage)."""
+
+    flows: int
+    per_node: float | None
+    aggregate: float | None
+    loss: float | None
+    idle_p99: float | None
+    loaded_p99: float | None
+
+
+def _seal(c: _Cell) -> _Sealed:
+    return _Sealed(
+        flows=len(c.rates),
+        per_node=_mid(c.rates) if c.rates else None,
+        aggregate=sum(c.rates) if c.rates else None,
+        loss=100 * (c.sent - c.received) / c.sent if c.sent else None,
+        idle_p99=c.idle.p99(),
+        loaded_p99=c.loaded.p99(),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class _StageIndex:
     windows: dict[str, Window]
     # window -> sender -> its peer (east-west: one flow out per node and window) or endpoint
@@ -152,7 +180,10 @@ class Aggregator:
         self._by_index = {s.index: s for s in plan.stages}
         self._indexes: dict[int, _StageIndex] = {}
         self._seen: dict[str, int] = {}  # node -> a bit per stage folded: ~N x stages bits
-        self.cells: dict[_Pair, _Cell] = {}
+        self.cells: dict[_Pair, _Cell] = {}  # of the open stages
+        self._open: dict[int, set[_Pair]] = {}  # stage -> the cells it touched
+        self.sealed: dict[_Pair, _Sealed] = {}
+        self._sealed_stages: set[int] = set()
         self.intra: dict[str, array[float]] = {}  # domain -> per-node intra rates
         self.storage_all: dict[str, array[float]] = {}
         self.storage_single: dict[str, array[float]] = {}
@@ -169,17 +200,26 @@ class Aggregator:
             windows = {w.id: w for w in self.plan.windows_of(spec)}
             planned = {wid: dict(w.flows) for wid, w in windows.items()}
             if len(self._indexes) >= _STAGES_KEPT:
-                self._indexes.pop(next(iter(self._indexes)))
+                self._seal_stage(next(iter(self._indexes)))
             found = self._indexes[stage] = _StageIndex(windows, planned)
         return found
 
-    def _cell(self, a: str, b: str) -> _Cell:
+    def _seal_stage(self, stage: int) -> None:
+        self._indexes.pop(stage, None)
+        self._sealed_stages.add(stage)
+        for key in self._open.pop(stage, ()):
+            cell = self.cells.pop(key, None)
+            if cell is not None:
+                self.sealed[key] = _seal(cell)
+
+    def _cell(self, a: str, b: str, stage: int) -> _Cell:
         domain_of = self.plan.domain_of
         da, db = domain_of[a], domain_of[b]
         key = (da, db) if da <= db else (db, da)
         found = self.cells.get(key)
         if found is None:
             found = self.cells[key] = _Cell()
+            self._open.setdefault(stage, set()).add(key)
         return found
 
     def add(self, received: Received) -> bool:
@@ -193,8 +233,9 @@ class Aggregator:
             return False
         self._seen[r.node] = seen | 1 << r.stage
         offset = (r.sent_at - received.received_at).total_seconds()
-        if abs(offset) > CLOCK_TOLERANCE_SECONDS:
-            self.off_clock.add(r.node)
+        if abs(offset) > CLOCK_TOLERANCE_SECONDS or r.stage in self._sealed_stages:
+            if r.stage not in self._sealed_stages:
+                self.off_clock.add(r.node)
             self.refused += len(r.flows) + len(r.storage)
             return True
         index = self._index(r.stage)
@@ -217,7 +258,7 @@ class Aggregator:
                 self.refused += 1
                 continue
             rate = f.bytes * 8 / 1e6 / (f.end - f.start).total_seconds()
-            self._cell(node, f.peer).rates.append(rate)
+            self._cell(node, f.peer, r.stage).rates.append(rate)
             if w.kind is WindowKind.INTRA:
                 domain = self.plan.domain_of[node]
                 self.intra.setdefault(domain, array("d")).append(rate)
@@ -227,7 +268,7 @@ class Aggregator:
                 continue
             if lat.loaded is (w.kind is WindowKind.IDLE):
                 continue
-            c = self._cell(node, lat.peer)
+            c = self._cell(node, lat.peer, r.stage)
             if lat.loaded:
                 c.loaded.add(lat.samples_ms)
                 c.sent += lat.sent
@@ -250,6 +291,8 @@ class Aggregator:
 
     def finish(self, *, expect: Expectations, finished_at: datetime) -> LoadRun:
         plan = self.plan
+        for stage in list(self._indexes):
+            self._seal_stage(stage)
         skipped = [
             *plan.skipped,
             *((n, SkipReason.CLOCK_OFFSET) for n in sorted(self.off_clock)),
@@ -285,8 +328,8 @@ class Aggregator:
 
     def _cells(self) -> list[_CellFigures]:
         out: list[_CellFigures] = []
-        for (a, b), c in sorted(self.cells.items()):
-            per_node = _mid(c.rates) if c.rates else None
+        for (a, b), c in sorted(self.sealed.items()):
+            per_node = c.per_node
             if a == b:
                 over = 1.0 if per_node else None
             else:
@@ -296,13 +339,13 @@ class Aggregator:
                 _CellFigures(
                     a=a,
                     b=b,
-                    flows=len(c.rates),
+                    flows=c.flows,
                     per_node_mbps=_r(per_node, 3),
-                    aggregate_mbps=_r(sum(c.rates), 3) if c.rates else None,
+                    aggregate_mbps=_r(c.aggregate, 3),
                     oversubscription=_r(over, 3),
-                    loss_percent=(_r(100 * (c.sent - c.received) / c.sent, 3) if c.sent else None),
-                    idle_latency_p99_ms=_r(c.idle.p99(), 4),
-                    loaded_latency_p99_ms=_r(c.loaded.p99(), 4),
+                    loss_percent=_r(c.loss, 3),
+                    idle_latency_p99_ms=_r(c.idle_p99, 4),
+                    loaded_latency_p99_ms=_r(c.loaded_p99, 4),
                 )
             )
         return out
