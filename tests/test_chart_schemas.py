@@ -28,19 +28,30 @@ from netval.model.spec import NetworkValidationSpec
 # --- CRDs ---------------------------------------------------------------------------------
 
 
-CRD_FILE = "networkvalidations.netval.io.yaml"
+CRD_FILES = ("networkvalidations.netval.io.yaml", "networkloadtests.netval.io.yaml")
+CRD_NAMES = {f.removesuffix(".yaml") for f in CRD_FILES}
 
 
-def test_chart_crd_is_the_crds_file() -> None:
+def test_the_crds_folder_is_these_files() -> None:
+    assert {p.name for p in (ROOT / "crds").glob("*.yaml")} == set(CRD_FILES)
+
+
+@pytest.mark.parametrize("crd_file", CRD_FILES)
+def test_chart_crd_is_the_crds_file(crd_file: str) -> None:
     """The chart ships the repository's CRD file byte for byte (files/crds/, read by
     templates/crds.yaml)."""
-    ours = (ROOT / "crds" / CRD_FILE).read_bytes()
-    assert (CHART / "files" / "crds" / CRD_FILE).read_bytes() == ours
+    ours = (ROOT / "crds" / crd_file).read_bytes()
+    assert (CHART / "files" / "crds" / crd_file).read_bytes() == ours
 
 
-def test_templated_crd_is_the_file_plus_labels_and_keep() -> None:
-    source = yaml.safe_load((ROOT / "crds" / CRD_FILE).read_text())
-    (crd,) = find("default", "CustomResourceDefinition", "networkvalidations.netval.io")
+def _templated(values: dict[str, Any]) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(render(values)["netval/templates/crds.yaml"]) if d]
+
+
+@pytest.mark.parametrize("crd_file", CRD_FILES)
+def test_templated_crd_is_the_file_plus_labels_and_keep(crd_file: str) -> None:
+    source = yaml.safe_load((ROOT / "crds" / crd_file).read_text())
+    (crd,) = find("default", "CustomResourceDefinition", source["metadata"]["name"])
     meta = crd["metadata"]
     assert meta["annotations"] == {"helm.sh/resource-policy": "keep"}
     assert meta["labels"]["app.kubernetes.io/managed-by"] == "Helm"
@@ -51,18 +62,10 @@ def test_templated_crd_is_the_file_plus_labels_and_keep() -> None:
     assert stripped == source
     # crds.keep=false: no keep annotation; crds.install=false: no CRD at all.
     (unkept,) = [
-        d
-        for d in yaml.safe_load_all(render({"crds": {"keep": False}})["netval/templates/crds.yaml"])
-        if d
+        d for d in _templated({"crds": {"keep": False}}) if d["metadata"]["name"] == meta["name"]
     ]
     assert "annotations" not in unkept["metadata"]
-    assert not [
-        d
-        for d in yaml.safe_load_all(
-            render({"crds": {"install": False}})["netval/templates/crds.yaml"]
-        )
-        if d
-    ]
+    assert not _templated({"crds": {"install": False}})
 
 
 def test_crd_is_installed_once() -> None:
@@ -78,8 +81,8 @@ def test_crd_is_installed_once() -> None:
         for d in docs(variant)
         if d["kind"] == "CustomResourceDefinition"
     ]
-    assert set(templated) == {"networkvalidations.netval.io"}
-    assert len(templated) == len(VARIANTS)
+    assert set(templated) == CRD_NAMES
+    assert len(templated) == len(VARIANTS) * len(CRD_NAMES)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -1,4 +1,4 @@
-"""East-west aggregation (pure): matrix, oversubscription, flagged pairs, suspect isolation."""
+"""East-west aggregation (pure): matrix, capacity ratios, flagged pairs, suspect isolation."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def same_rack(a: str, b: str) -> bool:
     return a[0] == b[0]
 
 
-def test_oversubscribed_inter_rack_link_is_flagged_at_4_to_1() -> None:
+def test_a_narrow_inter_rack_link_is_flagged_at_capacity_ratio_4_to_1() -> None:
     def probe(n: str, p: str) -> list[CheckResult]:
         return [*healthy(n, p), throughput(p, 400.0 if same_rack(n, p) else 100.0)]
 
@@ -88,7 +88,7 @@ def test_oversubscribed_inter_rack_link_is_flagged_at_4_to_1() -> None:
     assert cross is not None and not cross.intra
     assert cross.throughput_mbps == 100.0
     assert cross.throughput_ratio == 0.25
-    assert cross.oversubscription == 4.0
+    assert cross.capacity_ratio == 4.0
     assert cross.flagged
     assert cross.pairs == 9
     for rack in ("rack-a", "rack-b"):
@@ -97,7 +97,7 @@ def test_oversubscribed_inter_rack_link_is_flagged_at_4_to_1() -> None:
         assert intra.throughput_mbps == 400.0
         assert intra.throughput_ratio is None and not intra.flagged
         assert intra.pairs == 3
-    assert [(f.a, f.b, f.oversubscription) for f in ew.flagged] == [("rack-a", "rack-b", 4.0)]
+    assert [(f.a, f.b, f.capacity_ratio) for f in ew.flagged] == [("rack-a", "rack-b", 4.0)]
     assert ew.suspects == [] and ew.failing_pairs == 0
     # a 0.2 threshold accepts 4:1
     assert not east_west(mesh(RACK_A + RACK_B, probe), DOMAINS, min_throughput_ratio=0.2).flagged
@@ -258,8 +258,8 @@ def test_the_status_is_bounded_and_keeps_what_matters() -> None:
     cell = ew.cell("rack-03", "rack-17")
     assert cell is not None
     dumped = cell.model_dump(mode="json", by_alias=True, exclude_none=True)
-    assert {"latencyP50Ms", "throughputMbps", "throughputRatio", "oversubscription"} <= set(dumped)
-    assert dumped["oversubscription"] == 10.0
+    assert {"latencyP50Ms", "throughputMbps", "throughputRatio", "capacityRatio"} <= set(dumped)
+    assert dumped["capacityRatio"] == 10.0
 
 
 def test_empty_input() -> None:
@@ -407,7 +407,7 @@ def reference(
                 "throughput_mbps": cross,
                 "throughput_samples": len(samples),
                 "throughput_ratio": ratio,
-                "oversubscription": over,
+                "capacity_ratio": over,
                 "failing": sum(r.check in path and r.status.is_bad for r in rs),
                 "flagged": ratio is not None and ratio < min_ratio,
             }
@@ -472,7 +472,7 @@ def reference(
         "cells": shown,
         "omitted_cells": len(cells) - len(shown),
         "flagged": [
-            {k: c[k] for k in ("a", "b", "throughput_ratio", "oversubscription")}
+            {k: c[k] for k in ("a", "b", "throughput_ratio", "capacity_ratio")}
             for c in flagged[:MAX_FLAGGED]
         ],
         "suspects": suspects,

@@ -490,7 +490,7 @@ def test_east_west_assignments_and_matrix(
                 "gpu-c": {"domain": "rack-2"}, "gpu-d": {"domain": "rack-2"}}  # fmt: skip
     wait_for(lambda: asyncio.run(assignments()) == expected, what=f"assignments {expected}")
 
-    # peer results: intra-rack at 400 Mbit/s, cross-rack at 100: 4:1 oversubscribed
+    # peer results: intra-rack at 400 Mbit/s, cross-rack at 100: a 4:1 capacity ratio
     def peer_report(node: str, peers: dict[str, float]) -> Any:
         r = report(node)
         extra = []
@@ -509,4 +509,4 @@ def test_east_west_assignments_and_matrix(
     assert ew["domains"] == 2 and ew["nodes"] == 4
     (pair,) = ew["flagged"]
     assert {pair["a"], pair["b"]} == {"rack-1", "rack-2"}
-    assert pair["oversubscription"] == pytest.approx(4.0, rel=0.01)
+    assert pair["capacityRatio"] == pytest.approx(4.0, rel=0.01)

@@ -20,7 +20,7 @@ the suspect.
 Scenarios (each restores the fabric afterwards):
 (a) the inter-rack link shaped by htb to a quarter of the node links: the throughput slots
     of `peers.selection` run for two rotations, `east_west` reports rack-a x rack-b
-    oversubscribed ~4:1;
+    at a capacity ratio of ~4:1 (a narrow link: lone flows show it);
 (b) the inter-rack link at MTU 1500 on a 9000 fabric (a bridge drops the jumbo frames
     silently, no ICMP): peer.path_mtu fails for cross-rack pairs only, pathMTU found 1500;
 (c) 10% random drop (nft numgen) on one node's fabric link: peer.loss fails exactly for that
@@ -78,7 +78,7 @@ WORKER_PORT = 7472  # the agents of the end-to-end test use 7471 on the same add
 AGENT_PORT = 7471
 
 NODE_RATE_MBIT = 400  # every node's fabric link ("NIC speed")
-UPLINK_RATE_MBIT = 100  # the shaped inter-rack link: a quarter, i.e. 4:1 oversubscribed
+UPLINK_RATE_MBIT = 100  # the shaped inter-rack link: a quarter: a 4:1 capacity ratio
 
 # Generous latency (2 CPUs run 6 workers); loss at 5% so only injected loss can fail it.
 CHECKS = {"enabled": True, "maxLatencyMs": 50.0, "maxLossPercent": 5.0, "minThroughputRatio": 0.5}
@@ -324,7 +324,7 @@ def summary(results: dict[str, list[CheckResult]]) -> EastWest:
     return east_west(results, dict(DOMAIN), min_throughput_ratio=CHECKS["minThroughputRatio"])
 
 
-# -- (a) oversubscription -----------------------------------------------------------------------
+# -- (a) a narrow inter-rack link: capacity ratio -----------------------------------------------
 
 
 def shape(ns: Namespace, ifname: str, mbit: int) -> None:
@@ -341,7 +341,9 @@ def unshape(ns: Namespace, ifname: str) -> None:
     ns.run(["tc", "qdisc", "del", "dev", ifname, "root"], timeout=10)
 
 
-def test_oversubscribed_inter_rack_link_is_reported_at_about_4_to_1(fabric: Fabric) -> None:
+def test_a_narrow_inter_rack_link_is_reported_at_a_capacity_ratio_of_about_4_to_1(
+    fabric: Fabric,
+) -> None:
     shaped: list[tuple[Namespace, str]] = [(ns, "f0") for ns in fabric.nodes.values()]
     shaped += [(fabric.racks["rack-a"], "up0"), (fabric.racks["rack-b"], "up0")]
     try:
@@ -373,12 +375,12 @@ def test_oversubscribed_inter_rack_link_is_reported_at_about_4_to_1(fabric: Fabr
     print(
         f"\nthroughput samples per slot {concurrent}; intra Mbit/s "
         f"{[c.throughput_mbps for c in intra if c]}, cross {cross and cross.throughput_mbps}, "
-        f"ratio {cross and cross.throughput_ratio}, oversubscription {cross and cross.oversubscription}"
+        f"ratio {cross and cross.throughput_ratio}, capacity ratio {cross and cross.capacity_ratio}"
     )
     assert cross is not None and cross.throughput_samples == 2  # once per rotation
     assert all(c is not None and c.throughput_samples >= 2 for c in intra)
-    assert cross.oversubscription is not None
-    assert 4 * 0.75 <= cross.oversubscription <= 4 * 1.25, cross
+    assert cross.capacity_ratio is not None
+    assert 4 * 0.75 <= cross.capacity_ratio <= 4 * 1.25, cross
     assert cross.flagged and [(f.a, f.b) for f in ew.flagged] == [("rack-a", "rack-b")]
     for c in intra:
         assert c is not None
@@ -852,14 +854,14 @@ class UnixToTcp:
 
 
 @pytest.mark.timeout(240)
-def test_six_agents_and_the_operator_report_oversubscription_and_name_a_dead_node(
+def test_six_agents_and_the_operator_report_a_capacity_ratio_and_name_a_dead_node(
     fabric: Fabric, kube: KubeCluster, tmp_path: Path
 ) -> None:
     """The whole path: the operator (in-process, Kopf) assigns each node its rack from the
     Node label, renders the agent config; six `netval agent` processes (one per namespace
     node) announce, probe each other on the fabric (node links at 400 Mbit/s, the inter-rack
     link at 100) and report over the broker; the operator folds the reports into
-    status.eastWest and flags the rack pair ~4:1 oversubscribed. Then one node's fabric link
+    status.eastWest and flags the rack pair at a ~4:1 capacity ratio. Then one node's fabric link
     goes down and the status names it the suspect."""
     if not mosquitto.available():
         pytest.skip(mosquitto.MISSING_REASON)
@@ -892,7 +894,7 @@ def test_six_agents_and_the_operator_report_oversubscription_and_name_a_dead_nod
         return "\n".join(parts) + f"\n-- broker --\n{broker.log_text()[-3000:]}"
 
     with contextlib.ExitStack() as stack:
-        # shaped before the agents start: every throughput sample sees the oversubscription
+        # shaped before the agents start: every throughput sample sees the narrow link
         for ns in fabric.nodes.values():
             stack.callback(unshape, ns, "f0")
             shape(ns, "f0", NODE_RATE_MBIT)
@@ -955,12 +957,12 @@ def test_six_agents_and_the_operator_report_oversubscription_and_name_a_dead_nod
 
         # 2. throughput samples in their slots (one rotation: 3 slots of 5 s): flagged ~4:1
         ew = east_west_status(
-            lambda ew: bool(ew.get("flagged")), "the rack pair flagged oversubscribed"
+            lambda ew: bool(ew.get("flagged")), "the rack pair flagged (capacity ratio)"
         )
         cross = cells(ew)[("rack-a", "rack-b")]
         print(f"\n(e2e operator) cross {cross}")
         assert [(f["a"], f["b"]) for f in ew["flagged"]] == [("rack-a", "rack-b")]
-        assert 4 * 0.75 <= cross["oversubscription"] <= 4 * 1.25, cross
+        assert 4 * 0.75 <= cross["capacityRatio"] <= 4 * 1.25, cross
         intra = [cells(ew)[(r, r)].get("throughputMbps") for r in RACKS]
         assert any(intra), ew  # the ratio's denominator
         for mbps in filter(None, intra):

@@ -239,14 +239,14 @@ def test_the_aggregation_survives_the_api(api: KubeCluster) -> None:
     assert EastWest.model_validate(raw) == fabric_east_west()
 
 
-def test_matrix_shows_the_4_to_1_oversubscription_between_the_racks(api: KubeCluster) -> None:
+def test_matrix_shows_the_4_to_1_capacity_ratio_between_the_racks(api: KubeCluster) -> None:
     out = render_matrix(stored(api, "fabric"))
     lines = out.splitlines()
     assert lines[0] == "  east-west: 2 domain(s), 7 node(s), minThroughputRatio 0.5"
     assert " " * 17 + "rack-1" + " " * 6 + "rack-2" in lines  # the column headings
     values = matrix_rows(out, ["rack-1", "rack-2"])
-    assert values["rack-1", "oversub"] == ["intra", "4.0:1 FLAG"]
-    assert values["rack-2", "oversub"] == ["4.0:1 FLAG", "intra"]
+    assert values["rack-1", "cap"] == ["intra", "4.0:1 FLAG"]
+    assert values["rack-2", "cap"] == ["4.0:1 FLAG", "intra"]
     assert values["rack-1", "Mbit/s"] == values["rack-2", "Mbit/s"][::-1] == ["400", "100"]
     assert values["rack-1", "p50 ms"] == ["0.050", "0.400"]
     # medians: 6 of 24 cross results involve the lossy node, 6 of 12 inside rack-2
@@ -254,7 +254,7 @@ def test_matrix_shows_the_4_to_1_oversubscription_between_the_racks(api: KubeClu
     assert values["rack-1", "failing"] == ["0", "6"]
     assert values["rack-2", "failing"] == ["6", "6"]
     assert "  flagged pairs (cross/intra throughput ratio below 0.5):" in lines
-    assert "    rack-1 <-> rack-2: ratio 0.25, oversubscribed 4.0:1" in lines
+    assert "    rack-1 <-> rack-2: ratio 0.25, capacity 4.0:1" in lines
     assert "    <script>alert(1)</script> (rack-2): failing with 6 of 6 peer(s): peer.loss" in lines
     assert "  failing node pairs: 6, 0 not explained by a suspect" in lines
 
@@ -284,7 +284,7 @@ def test_many_domains_wrap_into_tables_of_bounded_width() -> None:
     ew = east_west(results, dict(nodes), min_throughput_ratio=0.5)
     out = render_matrix({"spec": PEERS_ON, "status": {"eastWest": ew.to_status()}})
     assert "  domains 1-8 of 11 as columns" in out and "  domains 9-11 of 11 as columns" in out
-    table_lines = [line for line in out.splitlines() if line.startswith("    oversub")]
+    table_lines = [line for line in out.splitlines() if line.startswith("    cap ")]
     assert max(len(line) for line in table_lines) <= 4 + 7 + MATRIX_COLUMNS * 12
     assert "topol~e-00" in out and "topol~e-10" in out  # headings cut to the cell width...
     assert "  topology-zone-00\n" in out  # ...row headings are not
@@ -308,7 +308,7 @@ def test_html_is_well_formed_self_contained_and_has_both_heatmaps(api: KubeClust
     assert {"latency-heatmap", "throughput-heatmap", "conditions", "failures"} <= page.ids
     text = page.text
     # the numbers are on the page, not only in the colours
-    for number in ("50 µs", "400 µs", "8.0x intra median", "400 Mbit/s", "100 Mbit/s", "ratio 0.25 · 4.0:1",
+    for number in ("50 µs", "400 µs", "8.0x intra median", "400 Mbit/s", "100 Mbit/s", "ratio 0.25 · capacity 4.0:1",
                    "FLAGGED", "path MTU 9000", "loss 10.0%"):  # fmt: skip
         assert number in text, number
     assert text.count("FLAGGED") == 2  # the symmetric cells of rack-1 x rack-2
@@ -368,7 +368,7 @@ def test_cli_status_matrix(api: KubeCluster, capsys: pytest.CaptureFixture[str])
     out = capsys.readouterr().out
     assert out.startswith("NetworkValidation fabric (generation 1)\n")
     assert "Healthy  False   ChecksFailing" in out
-    assert "4.0:1 FLAG" in out and "rack-1 <-> rack-2: ratio 0.25, oversubscribed 4.0:1" in out
+    assert "4.0:1 FLAG" in out and "rack-1 <-> rack-2: ratio 0.25, capacity 4.0:1" in out
     assert main(["status", "calm", "--matrix"]) == 0
     assert NOT_ENABLED in capsys.readouterr().out
 

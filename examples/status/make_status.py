@@ -1,7 +1,7 @@
-"""Regenerate the example status: a 32-node, 4-rack RoCE validation with one bad node and an
-oversubscribed rack pair, as `kubectl get netval roce-pool -o yaml` shows it.
+"""Regenerate the example status: a 32-node, 4-rack RoCE validation with one bad node and a
+narrow link between two racks (a 4:1 capacity ratio), as `kubectl get netval roce-pool -o yaml` shows it.
 
-The east-west summary is computed by the operator's own aggregation (netval.operator.east_west)
+The east-west summary is computed by the operator's own aggregation (netval.operator.state.east_west_matrix)
 from peer results as agents publish them, so it is exactly what a cluster would write.
 
     python examples/status/make_status.py     # writes roce-pool.yaml, roce-pool-nodes.yaml, roce-pool.html
@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from netval.operator.east_west import east_west
 
 from netval.cli.report_html import render_html
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
+from netval.operator.state.east_west_matrix import east_west
 
 HERE = Path(__file__).resolve().parent
 NAME = "roce-pool"
@@ -27,7 +27,7 @@ REPORTED = datetime(2025, 6, 12, 8, 30, 0, tzinfo=UTC)
 RACKS = [f"rack-{r}" for r in range(1, 5)]
 NODES = {f"gpu-r{r}-{i:02d}": f"rack-{r}" for r in range(1, 5) for i in range(1, 9)}
 BAD_NODE = "gpu-r3-05"  # PFC off on priority 3 and ECN notification point disabled
-OVERSUBSCRIBED = frozenset({"rack-2", "rack-4"})  # their uplinks give a quarter: 4:1
+NARROW = frozenset({"rack-2", "rack-4"})  # the path between them gives a quarter: 4:1
 INTRA_MBPS, CROSS_MBPS, SLOW_MBPS = 381_000.0, 362_000.0, 94_000.0
 INTRA_MS, CROSS_MS, SLOW_MS = 0.012, 0.036, 0.094
 
@@ -38,7 +38,7 @@ def _iso(when: datetime) -> str:
 
 def peer_results(prober: str, peer: str) -> list[CheckResult]:
     a, b = NODES[prober], NODES[peer]
-    slow = {a, b} == OVERSUBSCRIBED
+    slow = {a, b} == NARROW
     same = a == b
     p50 = INTRA_MS if same else (SLOW_MS if slow else CROSS_MS)
     mbps = INTRA_MBPS if same else (SLOW_MBPS if slow else CROSS_MBPS)
@@ -108,6 +108,11 @@ def validation() -> dict[str, Any]:
                 condition("Healthy", "False", "ChecksFailing",
                           f"1 of {n} nodes failing: {BAD_NODE} (ecn.np_enabled, pfc.priorities)",
                           REPORTED - timedelta(minutes=47)),
+                condition("Usable", "True", "CapacityAvailable",
+                          f"{n - 1} of {n} targeted nodes healthy, 1 failing "
+                          f"(maxUnhealthyPercent 10% allows {n // 10}); workloads are kept off the "
+                          "failing nodes",
+                          REPORTED - timedelta(days=2, hours=5)),
                 condition("Gating", "True", "GatingActive", f"1 node tainted ({BAD_NODE})",
                           REPORTED - timedelta(minutes=46)),
             ],

@@ -159,7 +159,7 @@ def _cluster_parsers(sub: argparse._SubParsersAction[NetvalParser]) -> None:
     st.add_argument(
         "--matrix",
         action="store_true",
-        help="east-west view: domain x domain matrix, oversubscribed pairs, suspect nodes",
+        help="east-west view: domain x domain matrix, flagged (low capacity ratio) pairs, suspects",
     )
     st.add_argument(
         "--consistency",
@@ -179,7 +179,7 @@ def _cluster_parsers(sub: argparse._SubParsersAction[NetvalParser]) -> None:
         help="write one validation as a self-contained HTML page (verdict, failures, heatmaps)",
         description="Write a NetworkValidation as one HTML file: a verdict banner, the "
         "failures, conditions and counts, latency and throughput heatmaps per domain pair, "
-        "oversubscribed pairs and suspects. Reads the cluster or, with --from, a file "
+        "flagged (low capacity ratio) pairs and suspects. Reads the cluster or, with --from, a file "
         "(`kubectl get netval NAME -o yaml`). Exit 0 when it is Healthy, 1 when not (the file "
         "is written either way), 2 on errors.",
     )

@@ -3,7 +3,7 @@
 Read top-down, most actionable first: a verdict banner (Healthy or not, why, which nodes,
 what to do), the failing nodes and checks (`status.failures`), the conditions and counts,
 then the east-west detail: a latency and a throughput heatmap per domain pair (from
-`status.eastWest`), the flagged (oversubscribed) pairs and the suspect nodes.
+`status.eastWest`), the flagged pairs (low capacity ratio) and the suspect nodes.
 
 - Heatmap colours show structure: latency on a log2 scale relative to the intra-domain median
   (1x, 2x, 4x, ... the median), throughput relative to the intra-domain median; each has a
@@ -132,11 +132,11 @@ def _verdict(obj: Mapping[str, Any], status: NetworkValidationStatus | None, nam
     ew, _ = parse_east_west(obj)
     if ew is not None and ew.flagged:
         pairs = ", ".join(
-            f"{escape(f.a)} ↔ {escape(f.b)} ({escape(fmt_ratio(f.oversubscription))})"
+            f"{escape(f.a)} ↔ {escape(f.b)} ({escape(fmt_ratio(f.capacity_ratio))})"
             for f in ew.flagged[:6]
         )
         parts.append(
-            f"<p><strong>Oversubscribed domain pairs ({len(ew.flagged)}):</strong> {pairs}: "
+            f"<p><strong>Low-capacity domain pairs ({len(ew.flagged)}):</strong> {pairs}: "
             "cross-domain throughput below "
             f"{escape(f'{ew.min_throughput_ratio:g}')} of the intra-domain median</p>"
         )
@@ -146,7 +146,7 @@ def _verdict(obj: Mapping[str, Any], status: NetworkValidationStatus | None, nam
     advice: list[str] = []
     if ew is not None and ew.flagged:
         advice.append(
-            "<li><strong>oversubscription</strong>: check the uplinks and spine capacity "
+            "<li><strong>low capacity ratio</strong>: check the uplinks and spine links "
             "between the flagged domains (see the throughput heatmap)</li>"
         )
     families = dict.fromkeys(c.partition(".")[0] for checks in by_node.values() for c in checks)

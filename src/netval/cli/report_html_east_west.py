@@ -1,5 +1,5 @@
 """The east-west part of the HTML report: a latency and a throughput heatmap per domain pair
-(from `status.eastWest`), the flagged (oversubscribed) pairs and the suspect nodes.
+(from `status.eastWest`), the flagged pairs (low capacity ratio) and the suspect nodes.
 
 Latency is coloured on a log2 scale relative to the intra-domain median (1x, 2x, 4x, ...),
 throughput relative to the intra-domain median; each heatmap has a legend with the reference
@@ -105,13 +105,13 @@ def _throughput_cell(cell: Cell | None, reference: float) -> str:
     elif cell.throughput_ratio is not None:
         parts.append(
             f'<span class="s">ratio {escape(f"{cell.throughput_ratio:.2f}")} · '
-            f"{escape(fmt_ratio(cell.oversubscription))}</span>"
+            f"capacity {escape(fmt_ratio(cell.capacity_ratio))}</span>"
         )
     else:
         parts.append('<span class="s">no intra-domain baseline</span>')
     classes = ""
     if cell.flagged:
-        parts.append('<span class="s flag">FLAGGED: oversubscribed</span>')
+        parts.append('<span class="s flag">FLAGGED: low capacity ratio</span>')
         classes = ' class="flagged"'
     style = cell_style(scale_colour(mbps / reference if reference > 0 else 0.0, THROUGHPUT_SCALE))
     return f'<td{classes} style="{style}">{"".join(parts)}</td>'
@@ -192,8 +192,9 @@ def east_west_section(obj: Mapping[str, Any]) -> str:
     out.append(
         "<p>Median of the TCP samples between the two domains, coloured against the "
         f"intra-domain median ({escape(fmt_rate(tp_ref))}); for cross-domain pairs the ratio to it "
-        "and the oversubscription it means (4.0:1: a quarter of the intra-domain "
-        "throughput).</p>"
+        "and the capacity ratio it means (4.0:1: a lone cross-domain flow gets a quarter of the "
+        "intra-domain throughput). Single flows taken one at a time show a narrow path, not "
+        "oversubscription: a NetworkLoadTest measures that, with every node sending at once.</p>"
     )
     ticks = [f"{25 * i}% · {fmt_rate(tp_ref * i / 4)}" for i in range(LEGEND_STEPS)]
     ticks[0] = "0%"
@@ -203,7 +204,7 @@ def east_west_section(obj: Mapping[str, Any]) -> str:
         _heatmap(
             ew,
             domains,
-            "Throughput heatmap: median throughput, cross/intra ratio, oversubscription",
+            "Throughput heatmap: median throughput, cross/intra ratio, capacity ratio",
             "throughput-heatmap",
             lambda c: _throughput_cell(c, tp_ref),
         )
@@ -220,7 +221,7 @@ def east_west_section(obj: Mapping[str, Any]) -> str:
 
 
 def _flagged_table(ew: EastWest) -> str:
-    title = "<h3>Flagged pairs (oversubscription)</h3>"
+    title = "<h3>Flagged pairs (capacity ratio)</h3>"
     if not ew.flagged:
         return f"{title}<p>None.</p>"
     rows = []
@@ -230,12 +231,12 @@ def _flagged_table(ew: EastWest) -> str:
         rows.append(
             f"<tr><td>{escape(f.a)}</td><td>{escape(f.b)}</td><td class='num'>{escape(cross)}</td>"
             f"<td class='num'>{escape(f'{f.throughput_ratio:g}')}</td>"
-            f"<td class='num'>{escape(fmt_ratio(f.oversubscription))}</td></tr>"
+            f"<td class='num'>{escape(fmt_ratio(f.capacity_ratio))}</td></tr>"
         )
     return (
         f"{title}<table><thead><tr><th scope='col'>domain</th><th scope='col'>domain</th>"
         "<th scope='col'>cross throughput</th><th scope='col'>cross/intra ratio</th>"
-        f"<th scope='col'>oversubscription</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        f"<th scope='col'>capacity ratio</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
 
 

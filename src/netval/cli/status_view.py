@@ -3,7 +3,7 @@
 Pure rendering from NetworkValidation objects (as the API returns them) and Nodes; the
 command fetches them with the official client. `render_matrix` is the east-west view
 (`netval status NAME --matrix`): the domain x domain matrix of `status.eastWest`, its
-flagged (oversubscribed) pairs and its suspect nodes.
+flagged pairs (a low cross/intra capacity ratio) and its suspect nodes.
 """
 
 from __future__ import annotations
@@ -264,19 +264,19 @@ def fmt_mbps(value: float | None) -> str:
     return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
 
 
-def fmt_ratio(oversubscription: float | None) -> str:
-    """An oversubscription as people say it: 4.0 -> "4.0:1"."""
-    if oversubscription is None:
+def fmt_ratio(ratio: float | None) -> str:
+    """A capacity ratio (or an oversubscription) as people say it: 4.0 -> "4.0:1"."""
+    if ratio is None:
         return "-"
-    if oversubscription >= 1000:
+    if ratio >= 1000:
         return ">999:1"
-    return f"{oversubscription:.0f}:1" if oversubscription >= 10 else f"{oversubscription:.1f}:1"
+    return f"{ratio:.0f}:1" if ratio >= 10 else f"{ratio:.1f}:1"
 
 
-def _oversub_text(cell: Cell) -> str:
+def _capacity_text(cell: Cell) -> str:
     if cell.intra:
         return "intra"
-    text = fmt_ratio(cell.oversubscription)
+    text = fmt_ratio(cell.capacity_ratio)
     return f"{text} {_FLAG}" if cell.flagged else text
 
 
@@ -284,7 +284,7 @@ _METRICS: Final[tuple[tuple[str, Callable[[Cell], str]], ...]] = (
     ("p50 ms", lambda c: fmt_ms(c.latency_p50_ms)),
     ("loss %", lambda c: fmt_percent(c.loss_percent)),
     ("Mbit/s", lambda c: fmt_mbps(c.throughput_mbps)),
-    ("oversub", _oversub_text),
+    ("cap", _capacity_text),
     ("failing", lambda c: str(c.failing)),
 )
 
@@ -309,7 +309,7 @@ def _matrix_table(ew: EastWest, domains: list[str], columns: list[str]) -> list[
 def render_matrix(obj: Mapping[str, Any]) -> str:
     """The east-west view of one validation: the domain x domain matrix of `status.eastWest`
     (each cell: median p50 latency, loss and throughput of the node pairs between the two
-    domains, the oversubscription of cross-domain cells, FLAG when below minThroughputRatio,
+    domains, the capacity ratio of cross-domain cells, FLAG when below minThroughputRatio,
     failing latency/loss/path-MTU results), then the flagged pairs and the suspects.
     Tables are at most `MATRIX_COLUMNS` domains wide (at most 107 characters); more domains
     wrap into further tables."""
@@ -333,8 +333,9 @@ def render_matrix(obj: Mapping[str, Any]) -> str:
     lines += [
         "  each cell: medians over the node pairs between the two domains",
         "    p50 ms   round trip (50th percentile)   loss %  echoes lost   Mbit/s  TCP throughput",
-        "    oversub  median intra-domain / median cross-domain throughput "
-        f"({_FLAG}: ratio below {ew.min_throughput_ratio:g})",
+        "    cap      capacity ratio: median intra / median cross-domain single-flow throughput",
+        f"             ({_FLAG}: ratio below {ew.min_throughput_ratio:g}; lone flows, not "
+        "oversubscription: see NetworkLoadTest)",
         "    failing  failing peer.latency, peer.loss and peer.path_mtu results",
         "    .        not measured (or left out of the status)",
     ]
@@ -362,7 +363,7 @@ def render_matrix(obj: Mapping[str, Any]) -> str:
         for f in ew.flagged:
             lines.append(
                 f"    {printable(f.a)} <-> {printable(f.b)}: ratio {f.throughput_ratio:g}, "
-                f"oversubscribed {fmt_ratio(f.oversubscription)}"
+                f"capacity {fmt_ratio(f.capacity_ratio)}"
             )
     else:
         lines.append("  flagged pairs: none")

@@ -38,7 +38,9 @@ class Cell(_Out):
     throughput_mbps: float | None = None
     throughput_samples: int = 0
     throughput_ratio: float | None = None  # cross cells only
-    oversubscription: float | None = None  # 1 / throughput_ratio
+    # 1 / throughput_ratio: a path capacity ratio of lone flows (4.0 reads 4:1), not
+    # oversubscription, which needs concurrent flows (NetworkLoadTest measures it)
+    capacity_ratio: float | None = None
     failing: int = 0  # failing latency/loss/path-MTU results
     flagged: bool = False
 
@@ -53,7 +55,7 @@ class FlaggedPair(_Out):
     a: str
     b: str
     throughput_ratio: float
-    oversubscription: float
+    capacity_ratio: float
 
 
 class Suspect(_Out):

@@ -118,7 +118,7 @@ class NetworkValidationStatus(_Status):
     checks: dict[str, CheckCounts] = Field(default_factory=dict)
     failures: Annotated[list[Failure], Field(max_length=MAX_FAILURES)] = Field(default_factory=list)
     last_report_time: datetime | None = None
-    east_west: EastWest | None = None  # peers.enabled: domain matrix, oversubscription, suspects
+    east_west: EastWest | None = None  # peers.enabled: domain matrix, capacity ratios, suspects
     consistency: ConsistencyStatus | None = None  # spec.consistency.enabled: cohorts and outliers
     topology: TopologyStatus | None = None  # issue 21: levels, discovery, disagreements
 

@@ -33,6 +33,18 @@ class TopicKind(StrEnum):
     STATE = "state"  # agent -> operator, retained online/offline (last will)
     ENDPOINT = "endpoint"  # agent -> agents, retained east-west responder announcement
     ASSIGNMENT = "assignment"  # operator -> agent, retained {"domain": ...}
+    # NetworkLoadTest (netval.model.loadplan). Under the node's own level like the others, so
+    # the per-node ACL pattern covers them: a node reads only its own plan, publishes only
+    # its own results.
+    LOAD_PLAN = "loadplan"  # operator -> agent, retained LoadPlan/LoadAbort (QoS 1)
+    LOAD_RESULT = "loadresult"  # agent -> operator, LoadResult (QoS 1, not retained)
+
+
+# What each side of a node's identity may do with the load-test topics (the ACL seam for
+# `netval.operator.identity.acl.node_acls`): the node subscribes to its LOAD_PLAN and
+# publishes its LOAD_RESULT, the operator the other way round.
+NODE_READS_LOAD: Final = TopicKind.LOAD_PLAN
+NODE_WRITES_LOAD: Final = TopicKind.LOAD_RESULT
 
 
 def check_topic_level(value: str, what: str = "topic level") -> str:

@@ -1,4 +1,4 @@
-"""East-west aggregation: the domain x domain matrix, oversubscription, suspect nodes.
+"""East-west aggregation: the domain x domain matrix, capacity ratios, suspect nodes.
 
 Pure and in memory (no I/O, no clock); the output types live in `netval.model.east_west`
 (the status model and `netval status` read them too). Input: the ``peer.*`` results of the latest report of
@@ -11,10 +11,13 @@ so it fits the CR status.
   plus the smallest path MTU and the number of failing results. Latency, loss and path MTU
   are round-trip properties, so both directions share a cell; throughput samples of both
   directions are pooled too.
-- Oversubscription. For a cross-domain cell, ``throughputRatio`` = median cross-domain
+- Capacity ratio. For a cross-domain cell, ``throughputRatio`` = median cross-domain
   throughput / median intra-domain throughput of the two domains (their intra samples
-  pooled), and ``oversubscription`` = its inverse (4.0 reads "4:1"). A cell whose ratio is
-  below `minThroughputRatio` is flagged.
+  pooled), and ``capacityRatio`` = its inverse (4.0 reads "4:1"). A cell whose ratio is
+  below `minThroughputRatio` is flagged. The samples are single flows taken one at a time,
+  so this is the ratio of what one flow gets along each path (a narrow link shows, an
+  oversubscribed uplink does not: a lone flow gets its full rate); oversubscription is what
+  a `NetworkLoadTest` measures, with every node sending at once (`netval.operator.loadtest`).
 - Suspect isolation. Node pairs are edges; an edge is bad when any latency, loss or path-MTU
   result between the two nodes (either direction) failed or errored. A node is a suspect
   when at least ``SUSPECT_MIN_BAD`` of its edges and at least half of them are bad, while
@@ -252,7 +255,7 @@ def east_west(
                 a=c.a,
                 b=c.b,
                 throughput_ratio=c.throughput_ratio or 0.0,
-                oversubscription=c.oversubscription or 0.0,
+                capacity_ratio=c.capacity_ratio or 0.0,
             )
             for c in flagged[:MAX_FLAGGED]
         ],
@@ -285,13 +288,13 @@ def _cells(cells: Mapping[tuple[str, str], _Acc], min_ratio: float) -> list[Cell
     out: list[Cell] = []
     for (a, b), acc in sorted(cells.items()):
         cross = _median(acc.mbps, 3)
-        ratio = over = None
+        ratio = capacity = None
         if a != b and cross is not None:
             pool = intra.get(a, []) + intra.get(b, [])
             base = _mid(pool) if pool else None
             if base:
                 ratio = _ratio(cross, base, 4)
-                over = _ratio(base, cross, 3) if cross > 0 else None
+                capacity = _ratio(base, cross, 3) if cross > 0 else None
         out.append(
             Cell(
                 a=a,
@@ -306,7 +309,7 @@ def _cells(cells: Mapping[tuple[str, str], _Acc], min_ratio: float) -> list[Cell
                 throughput_mbps=cross,
                 throughput_samples=len(acc.mbps),
                 throughput_ratio=ratio,
-                oversubscription=over,
+                capacity_ratio=capacity,
                 failing=acc.failing,
                 flagged=ratio is not None and ratio < min_ratio,
             )

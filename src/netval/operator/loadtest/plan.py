@@ -1,0 +1,400 @@
+"""Who takes part in a load-test run and what each node does when. Pure and deterministic:
+the same candidates, settings, start time and seed give the same plan.
+
+A run is a sequence of *stages*, each a few seconds to a few minutes long; the operator
+publishes a stage's plans `LEAD_SECONDS` before it starts (so a plan's deadline is never
+more than one stage away: an agent that loses the operator stops by itself). Stages, in
+order:
+
+- `r0`, intra: in every domain of two or more nodes, every node sends to the next one of
+  the domain (a seeded cyclic shift), all at once: the reference rate.
+- `r1`.., cross: for every domain pair (A, B), k = min(|A|, |B|) nodes of A each send to a
+  distinct node of B and the same B nodes back, all at once. `crossDomain` runs disjoint
+  domain pairs together (a round-robin: D-1 rounds for even D, D for odd), `all` gives each
+  pair a round of its own (D(D-1)/2 rounds).
+  Each east-west round is an idle window (the echo probe alone between the round's pairs),
+  then the load window: the flows, with the echo probe again during the measured part.
+- `s<i>`, storage, one per endpoint: every participant reads it at once (warm-up, then
+  `duration`), then up to `MAX_SINGLE_READS` seeded nodes read it alone, one at a time, for
+  `SINGLE_SECONDS`.
+
+A `RunPlan` holds participants and each stage's timing only; a stage's windows (who sends
+to whom, the measured interval in the operator's clock: what aggregation needs to accept a
+result) are made from the run's seed when the stage is published or folded, so a run of
+10,000 nodes and 300 stages holds no per-flow state (bench/loadtest_plan.py).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Final
+
+from netval.model.east_west import UNASSIGNED
+from netval.model.loadplan import FlowTask, LatencyTask, LoadPlan, StorageTask, Task
+from netval.model.loadtest import LoadPhase, LoadReason, PairScope, SkipReason
+from netval.operator.loadtest.validate import RunSettings, SpecProblem
+
+LEAD_SECONDS: Final = 5.0  # a stage's plans go out this long before it starts
+IDLE_SECONDS: Final = 3.0  # the echo probe alone, before a round's load
+WARMUP_SECONDS: Final = 2.0  # flows ramp up (TCP slow start) before they are measured
+GAP_SECONDS: Final = 1.0  # between windows: the previous window's flows drain
+DEADLINE_SLACK_SECONDS: Final = 3.0  # a stage's deadline after its last window ends
+SINGLE_SECONDS: Final = 5.0  # each single-node storage read (at most `duration`)
+SINGLE_WARMUP_SECONDS: Final = 1.0
+MAX_SINGLE_READS: Final = 8  # single-node reads per endpoint (seeded sample of nodes)
+ECHO_INTERVAL_MS: Final = 100
+
+
+class WindowKind(StrEnum):
+    IDLE = "idle"  # echo only: the idle latency of the round's pairs
+    INTRA = "intra"
+    CROSS = "cross"
+    STORAGE = "storage"  # every participant reads at once
+    STORAGE_SINGLE = "storage-single"  # one node reads alone
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A node targeted by the validation, as the operator sees it when the run starts."""
+
+    node: str
+    domain: str | None  # its topology label (None: unassigned)
+    fresh: bool  # reporting, not stale
+    busy: bool  # runs pods that request GPUs
+    gated: bool  # failing: being gated
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    id: str
+    kind: WindowKind
+    stage: int
+    start: datetime  # flows (or reads) start: the warm-up begins
+    measure_start: datetime  # the measured part begins
+    end: datetime
+    # east-west: (sender, receiver); storage: (reader, endpoint)
+    flows: tuple[tuple[str, str], ...]
+    endpoint: str | None = None
+
+    @property
+    def measured_seconds(self) -> float:
+        return (self.end - self.measure_start).total_seconds()
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One stage's timing and what it measures; its windows (who sends to whom) are made
+    from the run's seed when asked (`RunPlan.windows_of`), so a plan for 10,000 nodes holds
+    no per-flow state between stages."""
+
+    index: int
+    kind: WindowKind  # INTRA, CROSS or STORAGE
+    issued_at: datetime  # when its plans go out
+    start: datetime
+    deadline: datetime
+    pairs: tuple[tuple[str, str], ...] = ()  # CROSS: the domain pairs of this round
+    endpoint: str | None = None  # STORAGE
+
+
+@dataclass(frozen=True, slots=True)
+class RunPlan:
+    run_id: str
+    settings: RunSettings
+    seed: int
+    domain_of: dict[str, str]  # participants only
+    members: dict[str, tuple[str, ...]]  # domain -> its participants, sorted
+    skipped: tuple[tuple[str, SkipReason], ...]
+    stages: tuple[Stage, ...]
+
+    @property
+    def windows(self) -> Iterator[Window]:
+        for stage in self.stages:
+            yield from self.windows_of(stage)
+
+    @property
+    def finished_by(self) -> datetime:
+        return self.stages[-1].deadline
+
+    def windows_of(self, stage: Stage) -> tuple[Window, ...]:
+        """The stage's windows: the same for the same plan, whenever asked."""
+        rng = random.Random(f"{self.seed}:{stage.index}")  # noqa: S311 - reproducible order
+        duration = self.settings.duration_seconds
+        if stage.kind is WindowKind.INTRA:
+            flows = [f for d in sorted(self.members) for f in _cycle(rng, self.members[d])]
+            return _east_west_windows(stage, WindowKind.INTRA, flows, duration)
+        if stage.kind is WindowKind.CROSS:
+            flows = [
+                f for a, b in stage.pairs for f in _across(rng, self.members[a], self.members[b])
+            ]
+            return _east_west_windows(stage, WindowKind.CROSS, flows, duration)
+        assert stage.endpoint is not None
+        return _storage_windows(stage, stage.endpoint, sorted(self.domain_of), rng, duration)
+
+    def plans(self, stage: Stage) -> dict[str, LoadPlan]:
+        """Every node's plan for one stage (built when the stage is published)."""
+        tasks: dict[str, list[Task]] = {}
+        for w in self.windows_of(stage):
+            for node, task in _tasks(w):
+                tasks.setdefault(node, []).append(task)
+        return {
+            node: LoadPlan(
+                run=self.run_id,
+                stage=stage.index,
+                validation=self.settings.validation,
+                node=node,
+                issued_at=stage.issued_at,
+                deadline=stage.deadline,
+                max_rate_mbps=self.settings.max_rate_mbps,
+                tasks=node_tasks,
+            )
+            for node, node_tasks in tasks.items()
+        }
+
+
+def _tasks(w: Window) -> Iterator[tuple[str, Task]]:
+    measured = w.measured_seconds
+    if w.kind is WindowKind.IDLE:
+        for a, b in w.flows:
+            yield (
+                a,
+                LatencyTask(
+                    window=w.id,
+                    peer=b,
+                    start=w.start,
+                    seconds=measured,
+                    interval_ms=ECHO_INTERVAL_MS,
+                    loaded=False,
+                ),
+            )
+    elif w.kind in (WindowKind.INTRA, WindowKind.CROSS):
+        warmup = (w.measure_start - w.start).total_seconds()
+        for a, b in w.flows:
+            yield (
+                a,
+                FlowTask(
+                    window=w.id, peer=b, start=w.start, warmup_seconds=warmup, seconds=measured
+                ),
+            )
+            yield (
+                a,
+                LatencyTask(
+                    window=w.id,
+                    peer=b,
+                    start=w.measure_start,
+                    seconds=measured,
+                    interval_ms=ECHO_INTERVAL_MS,
+                    loaded=True,
+                ),
+            )
+    else:
+        warmup = (w.measure_start - w.start).total_seconds()
+        for node, endpoint in w.flows:
+            yield (
+                node,
+                StorageTask(
+                    window=w.id,
+                    endpoint=endpoint,
+                    start=w.start,
+                    warmup_seconds=warmup,
+                    seconds=measured,
+                ),
+            )
+
+
+def select_participants(
+    candidates: Iterable[Candidate], *, skip_busy: bool
+) -> tuple[dict[str, str], list[tuple[str, SkipReason]]]:
+    """node -> domain of the participants, and the skipped nodes with why (gated first: a
+    node being gated for failing is never loaded, whatever else is true of it)."""
+    taking: dict[str, str] = {}
+    skipped: list[tuple[str, SkipReason]] = []
+    for c in sorted(candidates, key=lambda c: c.node):
+        if c.gated:
+            skipped.append((c.node, SkipReason.GATED))
+        elif not c.fresh:
+            skipped.append((c.node, SkipReason.STALE))
+        elif skip_busy and c.busy:
+            skipped.append((c.node, SkipReason.BUSY))
+        else:
+            taking[c.node] = c.domain or UNASSIGNED
+    return taking, skipped
+
+
+def make_run_id(test_name: str, at: datetime) -> str:
+    """A run id that is a safe topic-free token (lowercase, digits, '-'), <= 63 characters."""
+    base = re.sub(r"[^a-z0-9-]+", "-", test_name.lower()).strip("-")[:44] or "run"
+    return f"{base}-{at:%Y%m%d-%H%M%S}"
+
+
+def round_robin(domains: list[str], scope: PairScope) -> list[list[tuple[str, str]]]:
+    """Rounds of domain pairs: disjoint pairs per round (circle method) or one pair each."""
+    if scope is PairScope.ALL:
+        return [[(a, b)] for i, a in enumerate(domains) for b in domains[i + 1 :]]
+    ring: list[str | None] = [*domains, None] if len(domains) % 2 else list(domains)
+    n = len(ring)
+    rounds: list[list[tuple[str, str]]] = []
+    for _ in range(n - 1):
+        pairs = [(ring[i], ring[n - 1 - i]) for i in range(n // 2)]
+        rounds.append([(min(a, b), max(a, b)) for a, b in pairs if a is not None and b is not None])
+        ring = [ring[0], ring[-1], *ring[1:-1]]
+    return [r for r in rounds if r]
+
+
+def plan_run(
+    settings: RunSettings,
+    candidates: Iterable[Candidate],
+    *,
+    run_id: str,
+    now: datetime,
+    seed: int,
+) -> RunPlan | SpecProblem:
+    """The whole run, or NoParticipants. `now` is timezone-aware (the operator's clock)."""
+    domain_of, skipped = select_participants(candidates, skip_busy=settings.skip_busy_nodes)
+    east_west = LoadPhase.EAST_WEST in settings.phases
+    if not domain_of or (east_west and len(domain_of) < 2 and not settings.endpoints):
+        return SpecProblem(
+            LoadReason.NO_PARTICIPANTS,
+            "spec.validation",
+            f"{len(domain_of)} node(s) of NetworkValidation {settings.validation!r} can take "
+            f"part ({len(skipped)} skipped: gated, stale or busy); east-west needs two",
+        )
+    grouped: dict[str, list[str]] = {}
+    for node, domain in domain_of.items():
+        grouped.setdefault(domain, []).append(node)
+    members = {d: tuple(sorted(nodes)) for d, nodes in sorted(grouped.items())}
+    duration = settings.duration_seconds
+    stages: list[Stage] = []
+    t = now + timedelta(seconds=LEAD_SECONDS)
+    if east_west and len(domain_of) >= 2:
+        rounds: list[tuple[WindowKind, tuple[tuple[str, str], ...]]] = []
+        if any(len(nodes) > 1 for nodes in members.values()):
+            rounds.append((WindowKind.INTRA, ()))
+        rounds += [(WindowKind.CROSS, tuple(r)) for r in round_robin(list(members), settings.pairs)]
+        for kind, pairs in rounds:
+            end = t + timedelta(seconds=IDLE_SECONDS + GAP_SECONDS + WARMUP_SECONDS + duration)
+            stages.append(_stage(len(stages), kind, t, end, pairs=pairs))
+            t = stages[-1].deadline
+    single = min(SINGLE_SECONDS, duration) + SINGLE_WARMUP_SECONDS + GAP_SECONDS
+    singles = min(MAX_SINGLE_READS, len(domain_of))
+    for endpoint in settings.endpoints:
+        end = t + timedelta(seconds=WARMUP_SECONDS + duration + singles * single)
+        stages.append(_stage(len(stages), WindowKind.STORAGE, t, end, endpoint=endpoint))
+        t = stages[-1].deadline
+    if not stages:
+        return SpecProblem(LoadReason.NO_PARTICIPANTS, "spec.validation", "nothing to run")
+    return RunPlan(
+        run_id=run_id,
+        settings=settings,
+        seed=seed,
+        domain_of=domain_of,
+        members=members,
+        skipped=tuple(skipped),
+        stages=tuple(stages),
+    )
+
+
+def _stage(
+    index: int,
+    kind: WindowKind,
+    start: datetime,
+    end: datetime,
+    *,
+    pairs: tuple[tuple[str, str], ...] = (),
+    endpoint: str | None = None,
+) -> Stage:
+    return Stage(
+        index=index,
+        kind=kind,
+        issued_at=start - timedelta(seconds=LEAD_SECONDS),
+        start=start,
+        deadline=end + timedelta(seconds=DEADLINE_SLACK_SECONDS),
+        pairs=pairs,
+        endpoint=endpoint,
+    )
+
+
+def _cycle(rng: random.Random, nodes: tuple[str, ...]) -> list[tuple[str, str]]:
+    if len(nodes) < 2:
+        return []
+    order = list(nodes)
+    rng.shuffle(order)
+    return [(a, order[(i + 1) % len(order)]) for i, a in enumerate(order)]
+
+
+def _across(
+    rng: random.Random, side_a: tuple[str, ...], side_b: tuple[str, ...]
+) -> list[tuple[str, str]]:
+    k = min(len(side_a), len(side_b))
+    a = rng.sample(side_a, k)
+    b = rng.sample(side_b, k)
+    return [*zip(a, b, strict=True), *zip(b, a, strict=True)]
+
+
+def _at(t: datetime, seconds: float) -> datetime:
+    return t + timedelta(seconds=seconds)
+
+
+def _east_west_windows(
+    stage: Stage, kind: WindowKind, flows: list[tuple[str, str]], duration: float
+) -> tuple[Window, ...]:
+    t = stage.start
+    pairs = tuple(flows)
+    idle = Window(
+        id=f"r{stage.index}:idle",
+        kind=WindowKind.IDLE,
+        stage=stage.index,
+        start=t,
+        measure_start=t,
+        end=_at(t, IDLE_SECONDS),
+        flows=pairs,
+    )
+    start = _at(idle.end, GAP_SECONDS)
+    load = Window(
+        id=f"r{stage.index}:{kind.value}",
+        kind=kind,
+        stage=stage.index,
+        start=start,
+        measure_start=_at(start, WARMUP_SECONDS),
+        end=_at(start, WARMUP_SECONDS + duration),
+        flows=pairs,
+    )
+    return idle, load
+
+
+def _storage_windows(
+    stage: Stage, endpoint: str, participants: list[str], rng: random.Random, duration: float
+) -> tuple[Window, ...]:
+    t = stage.start
+    every = Window(
+        id=f"s{stage.index}:{endpoint}:all",
+        kind=WindowKind.STORAGE,
+        stage=stage.index,
+        start=t,
+        measure_start=_at(t, WARMUP_SECONDS),
+        end=_at(t, WARMUP_SECONDS + duration),
+        flows=tuple((n, endpoint) for n in participants),
+        endpoint=endpoint,
+    )
+    windows = [every]
+    single = min(SINGLE_SECONDS, duration)
+    s = _at(every.end, GAP_SECONDS)
+    for i, node in enumerate(rng.sample(participants, min(MAX_SINGLE_READS, len(participants)))):
+        windows.append(
+            Window(
+                id=f"s{stage.index}:{endpoint}:single{i}",
+                kind=WindowKind.STORAGE_SINGLE,
+                stage=stage.index,
+                start=s,
+                measure_start=_at(s, SINGLE_WARMUP_SECONDS),
+                end=_at(s, SINGLE_WARMUP_SECONDS + single),
+                flows=((node, endpoint),),
+                endpoint=endpoint,
+            )
+        )
+        s = _at(windows[-1].end, GAP_SECONDS)
+    return tuple(windows)
