@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import pytest
 
 import mosquitto as broker_kit
-from chart_kit import NAMESPACE, one, render
-from kube import wait_for
+from chart_kit import CHART, NAMESPACE, RELEASE, one, render
 
 # --- the broker, for real -----------------------------------------------------------------
 
@@ -219,30 +219,33 @@ def chart_broker(tmp_path: Path) -> Iterator[tuple[int, dict[str, str]]]:
         yield broker
 
 
-def test_the_shared_agent_login_may_do_nothing_with_per_node_identity(
+def test_the_shared_agent_login_is_no_broker_user_with_per_node_identity(
     chart_broker: tuple[int, dict[str, str]],
 ) -> None:
     """Default chart (dynamic security on): agents enroll for their own node's client, so the
-    shared agent login, still in its Secret, must not speak for any node."""
+    shared agent login is not in the broker's password file at all: it cannot connect, so it
+    can neither speak for a node nor take over an agent's client id (which would end that
+    agent's session and fire its `offline` will)."""
     port, secrets = chart_broker
+    assert [line.split(":", 1)[0] for line in secrets["passwd"].splitlines()] == ["netval-operator"]
     operator = _Client(port, "netval-operator", secrets["operator"])
     shared = _Client(port, "netval-agent", secrets["agent"])
     try:
-        assert operator.accepted and shared.accepted
-        operator.subscribe("netval/#", wait=0)
-        base = "netval/v1/roce-training-pool/gpu-node-1"
-        operator.publish(f"{base}/assignment", b'{"domain": "zone-a"}')
-        for kind, payload in (("report", b"{}"), ("state", b"offline"), ("endpoint", b"{}")):
-            shared.publish(f"{base}/{kind}", payload)  # each dropped by the ACL
-        got = shared.subscribe("netval/#")
-        # a marker after the refused publishes: once it arrives, they would have too
-        operator.publish(f"{base}/marker", b"x")
-        wait_for(lambda: f"{base}/marker" in operator.messages, 10, what="the marker")
-        assert set(operator.messages) == {f"{base}/assignment", f"{base}/marker"}
-        assert got == {}  # nor may it read anything
+        assert operator.accepted
+        assert shared.reason is not None and shared.reason.is_failure  # refused in the CONNACK
     finally:
         operator.close()
         shared.close()
+
+
+def test_dynamic_security_without_the_webhook_does_not_render() -> None:
+    """Without the webhook nobody could enroll, and the plugin's deny-by-default would drop
+    every report in silence: refused at render time, with what to do."""
+    with (
+        helm.Chart.load(CHART) as chart,
+        pytest.raises(helm.HelmError, match=r"needs webhook.enabled"),
+    ):
+        chart.render({"webhook": {"enabled": False}}, name=RELEASE, namespace=NAMESPACE)
 
 
 def test_broker_configuration_works_in_a_real_mosquitto(tmp_path: Path) -> None:
