@@ -42,6 +42,7 @@ from netval.operator.identity.dynsec import DynsecAdmin, DynsecError
 from netval.operator.identity.enroll_server import MIN_REISSUE_SECONDS, EnrollmentServer
 from netval.operator.identity.metrics import IdentityCollector
 from netval.operator.identity.review import AGENT_POD_LABELS, PodTokenReviewer
+from netval.operator.identity.tls_reload import RELOAD_EVERY, CertReloader
 from netval.operator.kube import certs
 from netval.operator.kube.api import KubeApi, error_text, load_kube_client
 from netval.operator.settings import OperatorConfigError, OperatorSettings
@@ -77,6 +78,7 @@ class IdentitySettings:
     ca_file: Path | None = None  # the CA agents verify the server with (None: the cert's)
     min_reissue_seconds: float = MIN_REISSUE_SECONDS  # per pod (tests: 0)
     departed_every: float = DEPARTED_SWEEP_SECONDS  # (tests: shorter)
+    cert_reload_every: float = RELOAD_EVERY  # seconds between looks at cert_file/key_file
 
 
 def identity_settings_from_env(env: Mapping[str, str] = os.environ) -> IdentitySettings | None:
@@ -158,12 +160,23 @@ class IdentityService:
         self._listers: Listers | None = None
         self.background: set[asyncio.Task[None]] = set()  # one-shot tasks, cancelled at stop
         self.ca_file: Path | None = None
+        self.cert_reloader: CertReloader | None = None
+        self._reload_task: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
         """Serve enrollments (every replica). The port first: a port that cannot be bound
-        leaves nothing running (no broker connection half-open at exit)."""
+        leaves nothing running (no broker connection half-open at exit). A certificate
+        given as files is picked up again when they change (cert-manager renewals)."""
         context, self.ca_file = server_tls(self.settings)
         port = await self.server.start(self.settings.host, self.settings.port, context)
+        cert, key = self.settings.cert_file, self.settings.key_file
+        if cert is not None and key is not None:
+            self.cert_reloader = CertReloader(
+                context, cert, key, every=self.settings.cert_reload_every
+            )
+            self._reload_task = asyncio.create_task(
+                self.cert_reloader.run(), name="netval-enroll-cert-reload"
+            )
         self.admin.start()
         return port
 
@@ -189,6 +202,8 @@ class IdentityService:
 
     async def stop(self) -> None:
         await self.stop_leading()
+        if self._reload_task is not None:
+            await cancel_and_wait([self._reload_task])
         await self.server.stop()
         await self.admin.stop()
 
