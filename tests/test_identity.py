@@ -10,6 +10,7 @@ ones can no longer come.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -330,3 +331,43 @@ def test_a_node_cannot_take_over_another_nodes_session(identity: Identity) -> No
     op.wait_message(f"{base('node-a')}/state", b"online")
     assert not b.disconnects
     assert op.received(f"{base('node-b')}/state") == [b"online"]
+
+
+def test_a_publish_the_broker_refuses_counts_as_refused_and_asks_for_a_new_credential(
+    identity: Identity,
+) -> None:
+    """The agent's publisher over MQTT 5: a report the broker refuses (PUBACK 0x87, here a
+    node's credential publishing for another node, as after its role stopped covering a
+    topic) is counted as refused, never as published, and the credential is reported refused
+    (the enroller enrolls again on it); the same publisher for its own node publishes."""
+    import datetime as dt
+
+    from netval.agent.publish import ReportPublisher
+    from netval.model import Report, Status
+
+    cred = identity.issue("node-a")
+    settings = MqttSettings(host="127.0.0.1", port=identity.port, username=cred.username,
+                            password=cred.password, client_id=cred.client_id)  # fmt: skip
+
+    def report(node: str) -> Report:
+        return Report(validation=V, generation=1, node=node, started_at=dt.datetime.now(dt.UTC),
+                      duration_ms=1.0, status=Status.PASS, results=[])  # fmt: skip
+
+    async def run(node: str) -> tuple[Any, bool]:
+        publisher = ReportPublisher(settings, V, node, backoff_base=0.05, backoff_cap=0.3)
+        await publisher.start()
+        await publisher.publish(report(node))
+        try:
+            async with asyncio.timeout(10):
+                # polls counters, bounded by the timeout
+                while not (publisher.stats().published or publisher.stats().publish_refusals):  # noqa: ASYNC110
+                    await asyncio.sleep(0.02)
+            return publisher.stats(), publisher.refused(cred.username, cred.password)
+        finally:
+            await publisher.stop()
+
+    forged, refused = identity.loop.run(run("node-b"))
+    assert forged.published == 0 and forged.publish_refusals >= 1
+    assert forged.credential_refusals >= 1 and refused
+    own, refused = identity.loop.run(run("node-a"))
+    assert own.published == 1 and own.publish_refusals == 0 and not refused

@@ -34,8 +34,13 @@ class _PublisherCollector(Collector):
             (
                 "netval_mqtt_credential_refusals",
                 s.credential_refusals,
-                "Connects the broker refused for the credential (bad user name or password, not"
-                " authorized)",
+                "Connects or publishes the broker refused for the credential (bad user name or"
+                " password, not authorized)",
+            ),
+            (
+                "netval_publish_refusals",
+                s.publish_refusals,
+                "Publishes the broker answered with a failure reason code (not taken)",
             ),
         ):
             yield CounterMetricFamily(name, doc, value=value)

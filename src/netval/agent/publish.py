@@ -40,8 +40,8 @@ from aiomqtt import MqttError, Will
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
-from netval.agent.refusal import credential_refused
-from netval.infra.mqtt_client import backoff_delay, make_client
+from netval.agent.refusal import V5_REFUSALS, credential_refused
+from netval.infra.mqtt_client import PublishRefused, backoff_delay, make_client
 from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.task_stop import cancel_and_wait
 from netval.infra.telemetry import publish_span, trace_properties
@@ -76,7 +76,8 @@ class PublisherStats:
     reconnects: int  # connection attempts after the first one
     connect_failures: int  # connection attempts that failed (refused, bad credentials, ...)
     connected: bool
-    credential_refusals: int = 0  # connects the broker refused for the credential (CONNACK)
+    credential_refusals: int = 0  # connects (CONNACK) or publishes (PUBACK) refused for it
+    publish_refusals: int = 0  # publishes the broker answered with a failure reason code
 
 
 class ReportPublisher:
@@ -135,6 +136,8 @@ class ReportPublisher:
         self._reconnects = 0
         self._connect_failures = 0
         self._credential_refusals = 0
+        self._publish_refusals = 0
+        self._publish_refused: tuple[str | None, str | None] | None = None  # its login
         # (username, password) of the last connect the broker refused for the credential;
         # None once a connect succeeds (netval.agent.enroll re-enrolls on it, nothing else)
         self._refused: tuple[str | None, str | None] | None = None
@@ -169,8 +172,11 @@ class ReportPublisher:
 
     def refused(self, username: str | None, password: str | None) -> bool:
         """The last connect with this user name and password was refused for the credential
-        (CONNACK 0x86/0x87, v3 rc 4/5) and none succeeded since."""
-        return not self._connected and self._refused == (username, password)
+        (CONNACK 0x86/0x87, v3 rc 4/5) and none succeeded since, or a publish with it was
+        (PUBACK 0x86/0x87) and none succeeded since (a reconnect does not clear that: the
+        broker takes the connection and refuses the publish again)."""
+        login = (username, password)
+        return (not self._connected and self._refused == login) or self._publish_refused == login
 
     @property
     def running(self) -> bool:
@@ -191,6 +197,7 @@ class ReportPublisher:
             connect_failures=self._connect_failures,
             connected=self._connected,
             credential_refusals=self._credential_refusals,
+            publish_refusals=self._publish_refusals,
         )
 
     # ---- public API -----------------------------------------------------------------
@@ -323,7 +330,11 @@ class ReportPublisher:
         """One connection: returns after a clean stop, raises MqttError when it breaks."""
         client = self._client()
         async with client:
-            await client.publish(self.state_topic, ONLINE, qos=1, retain=True)
+            try:
+                await client.publish(self.state_topic, ONLINE, qos=1, retain=True)
+            except PublishRefused as exc:
+                self._refused_publish(exc)
+                raise
             for topic in self._subscriptions:
                 granted = await client.subscribe(topic, qos=1)
                 # MQTT v5 SUBACK carries a reason code per filter; >= 0x80 is a refusal
@@ -390,19 +401,37 @@ class ReportPublisher:
                         retain=True,
                         properties=trace_properties(span),
                     )
-            except MqttError:
+            except MqttError as exc:
                 self._publish_failures += 1
+                if isinstance(exc, PublishRefused):
+                    self._refused_publish(exc)
                 if self._pending is None:
                     self._pending = report  # retry after reconnect
                 else:
                     self._replaced += 1  # a newer one arrived meanwhile
                 raise
             self._published += 1
+            self._publish_refused = None
         while self._retained_dirty:
             suffix = self._retained_dirty.pop()
             payload = self._retained[suffix]
             try:
                 await client.publish(f"{self.prefix}/{suffix}", payload, qos=1, retain=True)
-            except MqttError:
+            except MqttError as exc:
+                if isinstance(exc, PublishRefused):
+                    self._refused_publish(exc)
                 self._retained_dirty.add(suffix)
                 raise
+
+    def _refused_publish(self, exc: PublishRefused) -> None:
+        """The broker did not take a publish (a PUBACK failure code): counted as refused, never
+        as published. Not authorized (0x87) or a bad user name or password (0x86) is the
+        credential's fault, as in a CONNACK: the session ends (raised by the caller) and the
+        enroller sees `refused()` (a node's role no longer covers its topics, a client
+        changed by hand). Other codes (quota, packet too large) end the session too, and
+        are retried with backoff like any lost connection."""
+        self._publish_refusals += 1
+        log.warning("MQTT %s: %s", self.settings.url, exc)
+        if exc.reason in V5_REFUSALS:
+            self._credential_refusals += 1
+            self._publish_refused = (self.settings.username, self.settings.password)
