@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from identity_kit import BrokerRestarts, LoopThread, Mqtt
+from identity_kit import BrokerRestarts, LoopThread, Mqtt, agent_pod
 from kube import KubeCluster, wait_for
 from mosquitto import free_port
 from netval.infra.mqtt_settings import MqttSettings
@@ -31,7 +31,7 @@ from operator_env import GPU, NS, add_node
 from operator_processes import OperatorProc
 from test_agent import LO_CHECKS, agent_config, netval_script, stop_process
 from test_chart_broker import plaintext_listener, run_chart_broker
-from test_enrollment import AGENT_LABELS, Claims, TokenAuthority
+from test_enrollment import Claims, TokenAuthority
 from test_identity_replicas import ChartBrokerLogin
 
 NODES = ("gpu-a", "gpu-b", "gpu-c")
@@ -82,12 +82,7 @@ class Fleet:
         self.tokens: dict[str, Path] = {}
         for node in NODES:
             add_node(kube, node, GPU)
-            pod = kube.create({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": f"agent-{node}", "namespace": NS, "labels": AGENT_LABELS},
-                "spec": {"nodeName": node, "serviceAccountName": "netval-agent",
-                         "containers": [{"name": "agent", "image": "netval"}]},
-            })  # fmt: skip
+            pod = agent_pod(kube, f"agent-{node}", node, NS)
             self.tokens[node] = tmp_path / f"token-{node}"
             self.tokens[node].write_text(
                 authority.mint(Claims(f"agent-{node}", pod["metadata"]["uid"], node))
