@@ -27,9 +27,9 @@ from mosquitto import free_port
 from netval.infra.mqtt_settings import MqttSettings
 from netval.operator.identity.dynsec import DynsecAdmin
 from netval.operator.kube import certs
-from operator_env import GPU, NS, add_node
+from operator_env import GPU, NS, add_node, validation
 from operator_processes import OperatorProc
-from test_agent import LO_CHECKS, agent_config, netval_script, stop_process
+from test_agent import LO_CHECKS, VALIDATION, agent_config, netval_script, stop_process
 from test_chart_broker import plaintext_listener, run_chart_broker
 from test_enrollment import Claims, TokenAuthority
 from test_identity_replicas import ChartBrokerLogin
@@ -79,6 +79,8 @@ class Fleet:
             "NETVAL_ENROLL_CA_FILE": str(tls.ca),
             **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
         }  # fmt: skip
+        # the validation the agents report for: the leader gives each node's role its topics
+        kube.create(validation(VALIDATION))
         self.tokens: dict[str, Path] = {}
         for node in NODES:
             add_node(kube, node, GPU)

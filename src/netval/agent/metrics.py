@@ -34,8 +34,8 @@ class _PublisherCollector(Collector):
             (
                 "netval_mqtt_credential_refusals",
                 s.credential_refusals,
-                "Connects or publishes the broker refused for the credential (bad user name or"
-                " password, not authorized)",
+                "Connects the broker refused for the credential (bad user name or password, not"
+                " authorized), and publishes refused so for 5 min",
             ),
             (
                 "netval_publish_refusals",

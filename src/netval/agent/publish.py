@@ -58,6 +58,9 @@ _STABLE_AFTER: Final = 10.0  # seconds a connection must hold before the backoff
 MessageHandler = Callable[[aiomqtt.Message], None]
 
 
+PUBLISH_REFUSAL_GRACE: Final = 300.0  # seconds of refused publishes before a new credential
+
+
 def topic_prefix(validation: str, node: str) -> str:
     """``netval/v1/<validation>/<node>`` after checking both levels."""
     return (
@@ -76,7 +79,9 @@ class PublisherStats:
     reconnects: int  # connection attempts after the first one
     connect_failures: int  # connection attempts that failed (refused, bad credentials, ...)
     connected: bool
-    credential_refusals: int = 0  # connects (CONNACK) or publishes (PUBACK) refused for it
+    # connects refused for the credential (CONNACK), and publishes (PUBACK 0x86/0x87) once
+    # their refusals lasted the grace (then the agent enrolls again)
+    credential_refusals: int = 0
     publish_refusals: int = 0  # publishes the broker answered with a failure reason code
 
 
@@ -94,6 +99,7 @@ class ReportPublisher:
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
         stop_timeout: float = 5.0,
+        publish_refusal_grace: float = PUBLISH_REFUSAL_GRACE,
         subscriptions: Sequence[str] = (),
         on_message: MessageHandler | None = None,
         rng: random.Random | None = None,
@@ -116,6 +122,7 @@ class ReportPublisher:
         self._backoff_base = backoff_base
         self._backoff_cap = backoff_cap
         self._stop_timeout = stop_timeout
+        self._publish_refusal_grace = publish_refusal_grace
         self._subscriptions = tuple(subscriptions)
         self._on_message = on_message
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
@@ -137,7 +144,12 @@ class ReportPublisher:
         self._connect_failures = 0
         self._credential_refusals = 0
         self._publish_refusals = 0
-        self._publish_refused: tuple[str | None, str | None] | None = None  # its login
+        # a new credential is asked for (the login in _publish_refused) once publishes have
+        # been refused for the credential for `publish_refusal_grace` seconds without one
+        # taken, and once only until one is taken: see _refused_publish
+        self._publish_refused: tuple[str | None, str | None] | None = None
+        self._refused_since: float | None = None  # monotonic, first refusal since a success
+        self._asked_new_credential = False
         # (username, password) of the last connect the broker refused for the credential;
         # None once a connect succeeds (netval.agent.enroll re-enrolls on it, nothing else)
         self._refused: tuple[str | None, str | None] | None = None
@@ -412,6 +424,8 @@ class ReportPublisher:
                 raise
             self._published += 1
             self._publish_refused = None
+            self._refused_since = None
+            self._asked_new_credential = False
         while self._retained_dirty:
             suffix = self._retained_dirty.pop()
             payload = self._retained[suffix]
@@ -424,14 +438,28 @@ class ReportPublisher:
                 raise
 
     def _refused_publish(self, exc: PublishRefused) -> None:
-        """The broker did not take a publish (a PUBACK failure code): counted as refused, never
-        as published. Not authorized (0x87) or a bad user name or password (0x86) is the
-        credential's fault, as in a CONNACK: the session ends (raised by the caller) and the
-        enroller sees `refused()` (a node's role no longer covers its topics, a client
-        changed by hand). Other codes (quota, packet too large) end the session too, and
-        are retried with backoff like any lost connection."""
+        """The broker did not take a publish (a PUBACK failure code): counted as refused,
+        never as published; the session ends (raised by the caller) and is retried with
+        backoff like any lost connection.
+
+        Not authorized (0x87) or a bad user name or password (0x86) counts as a credential
+        refusal (and `refused()` asks the enroller for a new credential) only after
+        `publish_refusal_grace` seconds (default 5 min) of refusals without a publish taken,
+        and once until one is taken: with per-node identity a node's role follows the
+        validations that target it, so a new validation's first reports are refused until
+        the leader updated the role (seconds; minutes for a whole fleet), and a new password
+        would not change that. What it does fix (a client changed by hand) waits 5 min."""
         self._publish_refusals += 1
         log.warning("MQTT %s: %s", self.settings.url, exc)
-        if exc.reason in V5_REFUSALS:
-            self._credential_refusals += 1
+        if exc.reason not in V5_REFUSALS:
+            return
+        now = time.monotonic()
+        if self._refused_since is None:
+            self._refused_since = now
+        if (
+            now - self._refused_since >= self._publish_refusal_grace
+            and not self._asked_new_credential
+        ):
+            self._asked_new_credential = True
+            self._credential_refusals += 1  # from here on it counts as a refused CONNACK
             self._publish_refused = (self.settings.username, self.settings.password)

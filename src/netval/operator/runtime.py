@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -56,7 +56,7 @@ class OperatorRuntime:
             self.events,
             self.tracer,
             gating_conditions=self.gating.conditions,
-            before_round=self.refresh_targets,
+            before_round=self.before_round,
         )
         self.ingest = ReportIngest(
             settings.mqtt,
@@ -70,6 +70,8 @@ class OperatorRuntime:
         self.metrics_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._targets_dirty = False
+        # the leader's identity service: which validations target each node (its MQTT role)
+        self.on_node_targets: Callable[[dict[str, frozenset[str]]], None] | None = None
         self._started = False
         self._stopped = False
 
@@ -142,6 +144,16 @@ class OperatorRuntime:
     def targets_changed(self) -> None:
         self._targets_dirty = True
 
+    def before_round(self) -> None:
+        self.refresh_targets()
+        self.clear_unknown()
+
+    def clear_unknown(self) -> None:
+        """Retained messages of validations that never came (deleted while no operator
+        ran): cleared after a grace, so the broker stops replaying them to every term."""
+        for name, nodes in self.store.take_unknown(utcnow()).items():
+            self.ingest.clear_retained(leftover_topics(name, nodes))
+
     def refresh_targets(self) -> None:
         """Agent assignments and the peers-port check, if targets or a spec changed."""
         if not self._targets_dirty:
@@ -150,6 +162,16 @@ class OperatorRuntime:
         self.ingest.set_retained(assignments(self.store))
         for name, message in self.peer_ports.update(self.store):
             self.events.queue(name, "Warning", EventReason.PEER_PORT_CONFLICT, message)
+        if self.on_node_targets is not None:
+            self.on_node_targets(self.node_targets())
+
+    def node_targets(self) -> dict[str, frozenset[str]]:
+        """node -> the validations that target it."""
+        found: dict[str, set[str]] = {}
+        for name, state in self.store.states.items():
+            for node in state.targeted:
+                found.setdefault(node, set()).add(name)
+        return {node: frozenset(names) for node, names in found.items()}
 
     # -- what admission and Kueue ask (through the runtime in Kopf's memo) ------------------
 

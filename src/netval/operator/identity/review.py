@@ -24,8 +24,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from netval.model.keys import MANAGED_BY_OPERATOR, LabelKey
-from netval.model.topics import check_topic_level
 from netval.model.manifest import API_GROUP
+from netval.model.topics import check_topic_level
 from netval.operator.agents.manifests import (
     AGENT_APP_NAME,
     AGENT_OBJECT_PREFIX,

@@ -41,10 +41,13 @@ from netval.operator.identity.credentials import DEFAULT_LIFETIME, CredentialIss
 from netval.operator.identity.dynsec import DynsecAdmin, DynsecError
 from netval.operator.identity.enroll_server import MIN_REISSUE_SECONDS, EnrollmentServer
 from netval.operator.identity.metrics import IdentityCollector
+from netval.operator.identity.node_roles import NodeRoleSync
 from netval.operator.identity.review import AGENT_POD_LABELS, PodTokenReviewer
 from netval.operator.identity.tls_reload import RELOAD_EVERY, CertReloader
 from netval.operator.kube import certs
 from netval.operator.kube.api import KubeApi, error_text, load_kube_client
+from netval.operator.main import RUNTIME_KEY
+from netval.operator.runtime import OperatorRuntime
 from netval.operator.settings import OperatorConfigError, OperatorSettings
 
 log = logging.getLogger("netval.operator.identity")
@@ -149,7 +152,10 @@ class IdentityService:
         admin_id = f"{mqtt.client_id}-identity" if mqtt.client_id else None
         self.mqtt = mqtt
         self.admin = DynsecAdmin(dataclasses.replace(mqtt, client_id=admin_id))
-        self.issuer = CredentialIssuer(self.admin, lifetime=settings.lifetime)
+        self.roles = NodeRoleSync(self.admin)
+        self.issuer = CredentialIssuer(
+            self.admin, lifetime=settings.lifetime, validations_of=self.roles.validations_of
+        )
         self.server = EnrollmentServer(
             reviewer,
             self.issuer,
@@ -188,6 +194,8 @@ class IdentityService:
             return
         self._listers = listers
         self._tasks.append(asyncio.create_task(self._maintain(), name="netval-identity-sweep"))
+        self.roles.restart()  # read what the broker holds again: another leader wrote since
+        self._tasks.append(asyncio.create_task(self.roles.run(), name="netval-node-roles"))
         self._once(self.check_broker_acl(registry), "netval-broker-acl-check")
 
     def _once(self, work: Coroutine[Any, Any, Any], name: str) -> None:
@@ -231,6 +239,7 @@ class IdentityService:
 
     async def revoke_node(self, node: str) -> None:
         self.server.forget_node(node)
+        self.roles.forget(node)
         try:
             await self.issuer.revoke_node(node)
         except DynsecError as exc:  # an event handler is not retried: the expiry sweep is
@@ -319,6 +328,11 @@ async def start_identity(memo: kopf.Memo, operator: OperatorSettings) -> None:
             registry.register(IdentityCollector(service))
     memo[MEMO_KEY] = service
     service.lead(registry, listers=(_node_names, partial(_agent_pod_names, operator)))
+    runtime = memo.get(RUNTIME_KEY)
+    if isinstance(runtime, OperatorRuntime):
+        # each node's role follows the validations that target it (in the next status window)
+        runtime.on_node_targets = service.roles.update
+        runtime.targets_changed()
     if operator.agent_enroll_ca_configmap and service.ca_file is not None:
         body = ca_configmap(
             operator.agent_namespace,
