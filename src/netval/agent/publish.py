@@ -46,7 +46,14 @@ from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.task_stop import cancel_and_wait
 from netval.infra.telemetry import publish_span, trace_properties
 from netval.model.results import Report
-from netval.model.topics import OFFLINE, ONLINE, TOPIC_ROOT, TopicKind, check_topic_level
+from netval.model.topics import (
+    MAX_REPORT_BYTES,
+    OFFLINE,
+    ONLINE,
+    TOPIC_ROOT,
+    TopicKind,
+    check_topic_level,
+)
 
 log = logging.getLogger(__name__)
 
@@ -398,6 +405,14 @@ class ReportPublisher:
         if report is not None:
             self._pending = None
             payload = report.to_json().encode()
+            if len(payload) > MAX_REPORT_BYTES:
+                # the operator would drop it and the broker ends the session of a packet
+                # this size: sent, it would be retried forever; the next report may fit
+                self._publish_failures += 1
+                log.error("report of %d bytes not sent: the limit is %d (results too many or"
+                          " too large)", len(payload), MAX_REPORT_BYTES)  # fmt: skip
+                report = None
+        if report is not None:
             try:
                 with publish_span(
                     self._tracer,
