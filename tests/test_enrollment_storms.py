@@ -270,3 +270,29 @@ def test_only_a_connack_refusing_the_credential_counts(rc: int, refused: bool) -
     assert credential_refused(error) is refused
     assert not credential_refused(MqttError("[Errno 111] Connection refused"))
     assert not credential_refused(TimeoutError())
+
+
+def test_refused_publishes_ask_for_a_new_credential_after_the_grace_and_once() -> None:
+    from netval.agent.refusal import PublishRefusals
+
+    now = [0.0]
+    rule = PublishRefusals(grace=300.0, clock=lambda: now[0])
+    login = ("netval-node:a:pod", "pw")
+    rule.refused(0x97, login)  # quota exceeded: counted, not the credential's fault
+    rule.refused(0x87, login)
+    now[0] = 299.0
+    rule.refused(0x87, login)
+    assert not rule.asks(login) and rule.credential_refusals == 0  # a role being updated
+    now[0] = 300.0
+    rule.refused(0x86, login)
+    assert rule.asks(login) and not rule.asks(("other", "pw"))
+    assert (rule.refusals, rule.credential_refusals) == (4, 1)
+    new = ("netval-node:a:pod", "pw2")  # the new credential is refused as well: no second ask
+    now[0] = 1000.0
+    rule.refused(0x87, new)
+    assert not rule.asks(new) and rule.credential_refusals == 1
+    rule.taken()  # a publish taken: the next lasting refusal asks again
+    rule.refused(0x87, new)
+    now[0] = 1300.0
+    rule.refused(0x87, new)
+    assert rule.asks(new) and rule.credential_refusals == 2

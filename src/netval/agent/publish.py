@@ -40,7 +40,7 @@ from aiomqtt import MqttError, Will
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
-from netval.agent.refusal import V5_REFUSALS, credential_refused
+from netval.agent.refusal import PUBLISH_REFUSAL_GRACE, PublishRefusals, credential_refused
 from netval.infra.mqtt_client import PublishRefused, backoff_delay, make_client
 from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.task_stop import cancel_and_wait
@@ -63,9 +63,6 @@ _RESERVED_SUFFIXES: Final = frozenset({REPORT, STATE})
 _STABLE_AFTER: Final = 10.0  # seconds a connection must hold before the backoff resets
 
 MessageHandler = Callable[[aiomqtt.Message], None]
-
-
-PUBLISH_REFUSAL_GRACE: Final = 300.0  # seconds of refused publishes before a new credential
 
 
 def topic_prefix(validation: str, node: str) -> str:
@@ -129,7 +126,6 @@ class ReportPublisher:
         self._backoff_base = backoff_base
         self._backoff_cap = backoff_cap
         self._stop_timeout = stop_timeout
-        self._publish_refusal_grace = publish_refusal_grace
         self._subscriptions = tuple(subscriptions)
         self._on_message = on_message
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
@@ -150,13 +146,7 @@ class ReportPublisher:
         self._reconnects = 0
         self._connect_failures = 0
         self._credential_refusals = 0
-        self._publish_refusals = 0
-        # a new credential is asked for (the login in _publish_refused) once publishes have
-        # been refused for the credential for `publish_refusal_grace` seconds without one
-        # taken, and once only until one is taken: see _refused_publish
-        self._publish_refused: tuple[str | None, str | None] | None = None
-        self._refused_since: float | None = None  # monotonic, first refusal since a success
-        self._asked_new_credential = False
+        self._publish_refusals = PublishRefusals(publish_refusal_grace)
         # (username, password) of the last connect the broker refused for the credential;
         # None once a connect succeeds (netval.agent.enroll re-enrolls on it, nothing else)
         self._refused: tuple[str | None, str | None] | None = None
@@ -195,7 +185,9 @@ class ReportPublisher:
         (PUBACK 0x86/0x87) and none succeeded since (a reconnect does not clear that: the
         broker takes the connection and refuses the publish again)."""
         login = (username, password)
-        return (not self._connected and self._refused == login) or self._publish_refused == login
+        return (not self._connected and self._refused == login) or self._publish_refusals.asks(
+            login
+        )
 
     @property
     def running(self) -> bool:
@@ -215,8 +207,9 @@ class ReportPublisher:
             reconnects=self._reconnects,
             connect_failures=self._connect_failures,
             connected=self._connected,
-            credential_refusals=self._credential_refusals,
-            publish_refusals=self._publish_refusals,
+            credential_refusals=self._credential_refusals
+            + self._publish_refusals.credential_refusals,
+            publish_refusals=self._publish_refusals.refusals,
         )
 
     # ---- public API -----------------------------------------------------------------
@@ -438,9 +431,7 @@ class ReportPublisher:
                     self._replaced += 1  # a newer one arrived meanwhile
                 raise
             self._published += 1
-            self._publish_refused = None
-            self._refused_since = None
-            self._asked_new_credential = False
+            self._publish_refusals.taken()
         while self._retained_dirty:
             suffix = self._retained_dirty.pop()
             payload = self._retained[suffix]
@@ -453,28 +444,8 @@ class ReportPublisher:
                 raise
 
     def _refused_publish(self, exc: PublishRefused) -> None:
-        """The broker did not take a publish (a PUBACK failure code): counted as refused,
-        never as published; the session ends (raised by the caller) and is retried with
-        backoff like any lost connection.
-
-        Not authorized (0x87) or a bad user name or password (0x86) counts as a credential
-        refusal (and `refused()` asks the enroller for a new credential) only after
-        `publish_refusal_grace` seconds (default 5 min) of refusals without a publish taken,
-        and once until one is taken: with per-node identity a node's role follows the
-        validations that target it, so a new validation's first reports are refused until
-        the leader updated the role (seconds; minutes for a whole fleet), and a new password
-        would not change that. What it does fix (a client changed by hand) waits 5 min."""
-        self._publish_refusals += 1
+        """The broker did not take a publish: counted as refused, never as published; the
+        session ends (the caller raises) and is retried with backoff. Whether it asks for a
+        new credential: `PublishRefusals`."""
         log.warning("MQTT %s: %s", self.settings.url, exc)
-        if exc.reason not in V5_REFUSALS:
-            return
-        now = time.monotonic()
-        if self._refused_since is None:
-            self._refused_since = now
-        if (
-            now - self._refused_since >= self._publish_refusal_grace
-            and not self._asked_new_credential
-        ):
-            self._asked_new_credential = True
-            self._credential_refusals += 1  # from here on it counts as a refused CONNACK
-            self._publish_refused = (self.settings.username, self.settings.password)
+        self._publish_refusals.refused(exc.reason, (self.settings.username, self.settings.password))
