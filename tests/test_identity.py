@@ -386,7 +386,7 @@ def test_a_node_role_covers_only_the_validations_that_target_it(identity: Identi
     starts targeting it, it can (after one sync), and it cannot once it stopped."""
     from netval.operator.identity.node_roles import NodeRoleSync
 
-    sync = NodeRoleSync(identity.admin, retry=0.2)
+    sync = NodeRoleSync(identity.admin, retry=0.2, hold=0.0)
     identity.issuer.validations_of = sync.validations_of
     task = identity.loop.call(lambda: asyncio.ensure_future(sync.run()))
 
@@ -431,3 +431,25 @@ def test_a_node_role_covers_only_the_validations_that_target_it(identity: Identi
         assert sync.commands == sent
     finally:
         identity.loop.call(task.cancel)
+
+
+def test_roles_gain_a_validation_at_once_and_lose_one_only_after_the_hold() -> None:
+    """A term's first view of targeting may be partial (Nodes still being listed): a role is
+    narrowed only once a validation has not targeted the node for the hold."""
+    from netval.operator.identity.node_roles import role_changes
+
+    since: dict[str, float] = {}
+    applied = {"a": frozenset({"p1"}), "b": frozenset({"p1", "p2"})}
+    desired = {"a": frozenset({"p1", "p2"}), "c": frozenset({"p2"})}  # b not listed yet
+    assert role_changes(desired, applied, since, 0.0, 60.0) == {
+        "a": frozenset({"p1", "p2"}),
+        "c": frozenset({"p2"}),
+    }
+    assert role_changes(desired, applied, since, 59.0, 60.0) == {
+        "a": frozenset({"p1", "p2"}),
+        "c": frozenset({"p2"}),
+    }
+    assert role_changes(desired, applied, since, 60.0, 60.0)["b"] == frozenset()
+    # b came back before the hold ran out: nothing to take away, the clock starts over
+    desired["b"] = frozenset({"p1", "p2"})
+    assert "b" not in role_changes(desired, applied, since, 61.0, 60.0) and "b" not in since

@@ -4,7 +4,8 @@ duty; docs/operations.md "Per-node MQTT identity").
 The runtime hands over which validations target which node whenever targeting changed (once
 per status window, `OperatorRuntime.refresh_targets`); this keeps the broker's roles in step:
 one `modifyRole` per node whose set changed, never per report, sent in requests of
-`BATCH` commands. The plugin rewrites its whole state file after every command, so a change
+`BATCH` commands; a validation is added at once and taken away after `NARROW_AFTER` (see
+`role_changes`); nothing is sent before this term's runtime said what targets what. The plugin rewrites its whole state file after every command, so a change
 that touches every node (a new validation over the whole fleet) costs the broker time
 proportional to nodes x fleet size: measured 18 ms per command at 1,000 nodes
 (bench/enrollment.py), so minutes at 10,000; an ordinary change (a node relabelled, added
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -35,24 +37,48 @@ BATCH: Final = 200  # commands per request: one response message stays well unde
 PAGE: Final = 500  # roles per listRoles answer
 MISSING: Final = ("not found", "does not exist")  # the plugin's words for an unknown role
 RETRY_SECONDS: Final = 5.0
+NARROW_AFTER: Final = 60.0  # seconds a validation no longer targets a node before it goes
 
 NodeValidations = Mapping[str, frozenset[str]]
 
 
-def role_changes(desired: NodeValidations, applied: NodeValidations) -> dict[str, frozenset[str]]:
-    """The nodes whose role must change, with what it must cover. Pure. A node no validation
-    targets any more keeps its role (its agents may still run a while) with no topics."""
-    changes = {n: v for n, v in desired.items() if applied.get(n) != v}
-    for node, validations in applied.items():
-        if node not in desired and validations:
-            changes[node] = frozenset()
+def role_changes(
+    desired: NodeValidations,
+    applied: NodeValidations,
+    narrowing_since: dict[str, float],
+    now: float,
+    hold: float,
+) -> dict[str, frozenset[str]]:
+    """The nodes whose role must change, with what it must cover now. A validation is added
+    at once; one is taken away only after `hold` seconds of not targeting the node (noted
+    in `narrowing_since`, which this updates): a term's first view of targeting may be
+    partial (Nodes still being listed), and narrowing a role on it would refuse healthy
+    agents. A node no validation targets keeps its role (its agents may still run a while)
+    with no topics."""
+    changes: dict[str, frozenset[str]] = {}
+    for node in set(desired) | set(applied):
+        want = desired.get(node, frozenset())
+        have = applied.get(node, frozenset())
+        if have - want:
+            since = narrowing_since.setdefault(node, now)
+            if now - since < hold:
+                want = want | have
+        else:
+            narrowing_since.pop(node, None)
+        if want != have:
+            changes[node] = want
     return changes
 
 
 class NodeRoleSync:
-    def __init__(self, admin: DynsecAdmin, *, retry: float = RETRY_SECONDS) -> None:
+    def __init__(
+        self, admin: DynsecAdmin, *, retry: float = RETRY_SECONDS, hold: float = NARROW_AFTER
+    ) -> None:
         self.admin = admin
         self.retry = retry
+        self.hold = hold
+        self._narrowing: dict[str, float] = {}  # node -> monotonic, see role_changes
+        self._have_targets = False  # this term's runtime said what targets what
         self.desired: dict[str, frozenset[str]] = {}
         self.applied: dict[str, frozenset[str]] = {}
         self._wake = asyncio.Event()
@@ -66,12 +92,14 @@ class NodeRoleSync:
     def update(self, targets: NodeValidations) -> None:
         """The validations that target each node, as the store knows them now."""
         self.desired = {n: frozenset(v) for n, v in targets.items() if v}
+        self._have_targets = True
         self.synced.clear()
         self._wake.set()
 
     def restart(self) -> None:
         """A new term: read the broker's roles again before sending anything."""
         self._read_for = -1
+        self._have_targets = False
         self.synced.clear()
 
     def forget(self, node: str) -> None:
@@ -82,28 +110,32 @@ class NodeRoleSync:
         while True:
             self._wake.clear()
             try:
-                if self.admin.connected or await self.admin.wait_connected(self.retry):
+                if self._have_targets and (
+                    self.admin.connected or await self.admin.wait_connected(self.retry)
+                ):
                     await self.sync_once()
             except DynsecError as exc:
                 log.warning("cannot update the nodes' MQTT roles now (retried): %s", exc)
-            if self.applied_matches() and self._read_for == self.admin.connects:
+            if self._have_targets and self._read_for == self.admin.connects and not self._changes():
                 self.synced.set()
             # the next change, or a look at the connection (a reconnect reads the roles
             # again: a new broker pod has none) and a retry of what failed
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.retry)
 
-    def applied_matches(self) -> bool:
-        return not role_changes(self.desired, self.applied)
+    def _changes(self) -> dict[str, frozenset[str]]:
+        return role_changes(
+            self.desired, self.applied, self._narrowing, time.monotonic(), self.hold
+        )
 
     async def sync_once(self) -> None:
-        if self._read_for == self.admin.connects and self.applied_matches():
+        if self._read_for == self.admin.connects and not self._changes():
             return  # the usual case: a few ms of dict comparison at 10,000 nodes
         if self._read_for != self.admin.connects:
             connects = self.admin.connects
             self.applied = await self._read_roles()
             self._read_for = connects
-        changes = role_changes(self.desired, self.applied)
+        changes = self._changes()
         items = sorted(changes.items())
         for start in range(0, len(items), BATCH):
             batch = items[start : start + BATCH]
