@@ -49,6 +49,7 @@ class RecordingKube:
 
     def __init__(self) -> None:
         self.patches: list[tuple[float, dict[str, Any]]] = []
+        self.nodes: list[str] = []  # the Nodes the API would list
 
     async def patch_status(self, name: str, status: dict[str, Any]) -> None:
         self.patches.append((time.monotonic(), status))
@@ -67,6 +68,10 @@ class RecordingKube:
 
     async def agent_pod_counts(self, *_: Any) -> dict[str, tuple[int, int]]:
         return {}
+
+    async def list_node_labels(self, keys: frozenset[str]) -> dict[str, dict[str, str]]:
+        # the Nodes' metadata listing that fills in the keys the validation references
+        return {name: {k: v for k, v in LABELS.items() if k in keys} for name in self.nodes}
 
     def close(self) -> None:
         pass  # nothing to release: the runtime calls it at the end of its term
@@ -126,9 +131,9 @@ async def run(n: int, restarts: int, workdir: Path) -> list[dict[str, float]]:
     from netval.infra.telemetry import make_tracer_provider
     from netval.model.spec import NetworkValidationSpec
     from netval.operator.ingest import subscriber
-    from netval.operator.runtime import OperatorRuntime
     from netval.operator.settings import OperatorSettings
     from netval.operator.state.store import utcnow
+    from netval.operator.term_runtime import OperatorRuntime
 
     broker = mosquitto.MosquittoBroker(
         workdir,
@@ -157,6 +162,7 @@ async def run(n: int, restarts: int, workdir: Path) -> list[dict[str, float]]:
         kube = RecordingKube()
         provider = make_tracer_provider({}, default_service="netval-operator")
         rt = OperatorRuntime(settings, kube, provider)  # type: ignore[arg-type]
+        kube.nodes = [node(i) for i in range(n)]
         for i in range(n):
             rt.store.on_node(node(i), LABELS)
         spec = NetworkValidationSpec.model_validate({"nodeSelector": LABELS, "interval": "60s"})

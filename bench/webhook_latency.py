@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     from netval.model import Status
     from netval.operator.admission.configurations import MUTATE_PODS, VALIDATE_PODS
     from netval.operator.admission.options import WebhookOptions
-    from netval.operator.runtime import OperatorRuntime
+    from netval.operator.term_runtime import OperatorRuntime
     from operator_env import publish, report, report_msg, settings_for, validation
 
     if not mq.available():

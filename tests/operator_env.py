@@ -20,8 +20,8 @@ from kube import KubeCluster, wait_for
 from mosquitto import MosquittoBroker
 from netval.infra.mqtt_settings import MqttSettings
 from netval.model import CheckId, CheckResult, Report, Status
-from netval.operator.runtime import OperatorRuntime
 from netval.operator.settings import OperatorSettings
+from netval.operator.term_runtime import OperatorRuntime
 
 NS = "netval-system"
 NV = "netval.io/v1alpha1"

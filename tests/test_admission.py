@@ -33,7 +33,7 @@ from kube import KubeCluster, wait_for
 from mosquitto import MosquittoBroker
 from netval.model import Status
 from netval.model.keys import AnnotationKey, LabelKey, SchedulingGate
-from netval.operator.admission import mutate
+from netval.operator.admission import gate_release, mutate
 from netval.operator.admission.configurations import (
     MUTATE_JOBS,
     MUTATE_PODS,
@@ -49,7 +49,7 @@ from netval.operator.admission.options import (
     webhook_options,
 )
 from netval.operator.admission.reviewer import Reviewer
-from netval.operator.runtime import OperatorRuntime
+from netval.operator.term_runtime import OperatorRuntime
 from operator_env import NODES, NS, NV, publish, report, report_msg, settings_for, validation
 
 ADMISSIONREG = "admissionregistration.k8s.io/v1"
@@ -585,6 +585,59 @@ def test_gate_release_follows_capacity(webhook: Webhook, mosquitto_broker: Mosqu
     assert any("the workload needs 4" in w for w in response["warnings"])
     healthy_reports(mosquitto_broker)
     wait_for(lambda: not gated("big"), timeout=30, what="big released with 4 healthy nodes")
+
+
+def test_gate_release_lists_gated_pods_by_selector_in_pages(
+    webhook: Webhook, mosquitto_broker: MosquittoBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The releaser lists only the Pods gated for the validation (a label selector), page by
+    page, and releases the Pods of every page."""
+    monkeypatch.setattr(gate_release, "PAGE", 2)
+    kube = webhook.kube
+    kube.create(validation())
+    webhook.wait_known()
+    names = [f"gated-{i}" for i in range(5)]
+    for name in names:
+        obj = pod(name)
+        kube.create(patched(obj, webhook.review(MUTATE_PODS, obj)))
+    kube.create(pod("plain", None))
+    before = len(kube.requests())
+    healthy_reports(mosquitto_broker)
+
+    def gated(name: str) -> bool:
+        return bool(kube.get("v1", "pods", name, "default")["spec"].get("schedulingGates"))
+
+    wait_for(lambda: not any(gated(n) for n in names), timeout=30, what="all 5 released")
+    lists = [
+        path
+        for method, path in kube.requests()[before:]
+        if method == "GET" and path.startswith("/api/v1/pods?")
+    ]
+    assert lists and all("labelSelector=netval.io/gated-by" in p for p in lists)
+    assert all("limit=2" in p for p in lists)
+    assert any("continue=" in p for p in lists), "5 gated pods take 3 pages of 2"
+
+
+def test_gate_release_retries_a_conflict_on_fresh_data(
+    webhook: Webhook, mosquitto_broker: MosquittoBroker
+) -> None:
+    """A release patch that meets another writer (409) re-reads the Pod and patches again
+    with its new resourceVersion (kube.read_modify_write), instead of giving up on it."""
+    kube = webhook.kube
+    kube.create(validation())
+    webhook.wait_known()
+    obj = pod("contended")
+    kube.create(patched(obj, webhook.review(MUTATE_PODS, obj)))
+    conflict = kube.inject("PATCH", r"/namespaces/default/pods/contended$", status=409, times=1)
+    before = len(kube.requests())
+    healthy_reports(mosquitto_broker)
+
+    def gated() -> bool:
+        return bool(kube.get("v1", "pods", "contended", "default")["spec"].get("schedulingGates"))
+
+    wait_for(lambda: not gated(), timeout=30, what="the contended pod released")
+    assert conflict.hits == 1
+    assert ("GET", "/api/v1/namespaces/default/pods/contended") in kube.requests()[before:]
 
 
 # -- what is not judged ---------------------------------------------------------------------------

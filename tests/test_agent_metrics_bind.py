@@ -57,7 +57,7 @@ def _kubelet_env(port: int) -> dict[str, str]:
         owner=OWNER,
         image="netval:test",
         mqtt=AgentMqttWiring(url="mqtt://broker:1883"),
-        config_hash="0",
+        restart_hash="0",
         metrics_port=port,
     )
     (container,) = ds["spec"]["template"]["spec"]["containers"]

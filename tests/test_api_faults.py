@@ -22,7 +22,7 @@ from netval.model import Status
 from netval.model.keys import LabelKey
 from netval.operator.kube import api as kube_api
 from netval.operator.kube.api import KubeApi
-from netval.operator.runtime import OperatorRuntime
+from netval.operator.term_runtime import OperatorRuntime
 from operator_env import NV, add_node, publish, report, report_msg, validation
 
 TAINT = "netval.io/fabric-unhealthy"

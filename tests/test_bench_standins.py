@@ -17,7 +17,7 @@ CALLERS = [
     "src/netval/operator/status/writer.py",
     "src/netval/operator/status/events.py",
     "src/netval/operator/gating/node_writer.py",
-    "src/netval/operator/runtime.py",
+    "src/netval/operator/term_runtime.py",
     "src/netval/operator/metrics.py",
 ]
 

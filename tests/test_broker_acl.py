@@ -17,7 +17,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 import mosquitto
 from kube import wait_for
-from netval.infra.broker_acl import PROBE_KINDS, Outcome, probe_node_topics
+from netval.infra.broker_acl import (
+    PROBE_KINDS,
+    PROBE_NODE,
+    PROBE_VALIDATION,
+    AclProbe,
+    AclVerdict,
+    Outcome,
+    probe_node_topics,
+)
 from netval.infra.mqtt_settings import MqttSettings
 from netval.operator.broker_check import BrokerAclCheck
 
@@ -87,7 +95,7 @@ def test_an_enforcing_broker_refuses_every_probe(enforcing: mosquitto.MosquittoB
         assert probe.error is None
         assert len(probe.outcomes) == len(PROBE_KINDS)
         assert set(probe.outcomes.values()) == {Outcome.REFUSED}, (who, probe.outcomes)
-        assert probe.violations == []
+        assert probe.violations == [] and probe.verdict is AclVerdict.ENFORCED
     # a control: the probe does see what a node may do on its own topics
     own = probe_node_topics(as_(enforcing, NODE_A), None, node="gpu-a", timeout=5)
     assert set(own.outcomes.values()) == {Outcome.ACCEPTED}
@@ -101,6 +109,7 @@ def test_a_permissive_broker_is_caught(permissive: mosquitto.MosquittoBroker) ->
         probe = probe_node_topics(as_(permissive, who), None, timeout=5)
         assert probe.error is None
         assert sorted(t.rsplit("/", 1)[1] for t in probe.violations) == sorted(PROBE_KINDS)
+        assert probe.verdict is AclVerdict.VIOLATED
 
 
 def test_probe_errors_are_reported_not_raised(enforcing: mosquitto.MosquittoBroker) -> None:
@@ -109,6 +118,20 @@ def test_probe_errors_are_reported_not_raised(enforcing: mosquitto.MosquittoBrok
     port = mosquitto.free_port()
     closed = probe_node_topics(MqttSettings(host="127.0.0.1", port=port), None, timeout=2)
     assert closed.error is not None and "cannot connect" in closed.error
+    assert wrong.verdict is closed.verdict is AclVerdict.UNCHECKED
+
+
+def test_a_probe_without_every_acknowledgement_is_not_called_enforced() -> None:
+    topics = [f"netval/v1/{PROBE_VALIDATION}/{PROBE_NODE}/{k}" for k in PROBE_KINDS]
+    late = AclProbe(
+        "gpu-a", dict(zip(topics, [Outcome.REFUSED, Outcome.UNKNOWN, Outcome.REFUSED], strict=True))
+    )
+    assert late.verdict is AclVerdict.UNCONFIRMED and late.unacknowledged == [topics[1]]
+    taken = AclProbe(
+        "gpu-a",
+        dict(zip(topics, [Outcome.UNKNOWN, Outcome.ACCEPTED, Outcome.REFUSED], strict=True)),
+    )
+    assert taken.verdict is AclVerdict.VIOLATED  # one publish taken outweighs a missing ack
 
 
 def _gauge(registry: CollectorRegistry) -> str:

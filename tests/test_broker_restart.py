@@ -24,9 +24,9 @@ from mosquitto import MosquittoBroker
 from netval.model import Status
 from netval.model.keys import LabelKey
 from netval.operator.ingest.subscriber import ReportIngest
-from netval.operator.runtime import OperatorRuntime
 from netval.operator.state.aggregation import compute_status
 from netval.operator.state.store import utcnow
+from netval.operator.term_runtime import OperatorRuntime
 from operator_env import NODES, publish, report, report_msg, settings_for, validation
 from test_ingest_faults import POOL, store_with_pool, topic, until
 

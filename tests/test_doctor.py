@@ -13,15 +13,15 @@ import yaml
 from kube import KubeCluster
 from mosquitto import MosquittoBroker
 from netval.cli import main
-from netval.cli.doctor import (
+from netval.cli.doctor_broker import connect_packet
+from netval.cli.doctor_cluster import missing_schema_fields
+from netval.cli.doctor_permissions import (
     BASE_PERMISSIONS,
     IDENTITY_PERMISSIONS,
     KUEUE_PERMISSIONS,
     WEBHOOK_PERMISSIONS,
-    missing_schema_fields,
-    verify_webhook_ca,
 )
-from netval.cli.doctor_broker import connect_packet
+from netval.cli.doctor_webhook import verify_webhook_ca
 
 REPO = Path(__file__).resolve().parents[1]
 NS = "netval-system"

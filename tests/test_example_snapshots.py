@@ -120,7 +120,7 @@ def test_json_output_is_the_report_schema(capsys: pytest.CaptureFixture[str]) ->
     assert doc["schema"] == "netval.io/report/v1"
     assert set(doc) == {
         "schema", "validation", "generation", "node", "startedAt", "durationMs", "status",
-        "results", "traceparent",
+        "results", "traceparent", "facts",
     }  # fmt: skip
     mtu = next(r for r in doc["results"] if r["check"] == "mtu.interface" and r["status"] == "fail")
     assert mtu == {

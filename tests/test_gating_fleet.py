@@ -85,7 +85,7 @@ class Fleet:
 
     def __init__(self, failing: list[str], spec: NetworkValidationSpec) -> None:
         self.spec = spec
-        self.store = Store()
+        self.store = Store(label_keys=FLEET)
         for node in FLEET_NODES:
             self.store.on_node(node, FLEET)
         self.state = self.store.upsert_validation(

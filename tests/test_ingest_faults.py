@@ -31,7 +31,7 @@ POOL = "pool-a"
 
 
 def store_with_pool() -> Store:
-    store = Store()
+    store = Store(label_keys=GPU)
     for node in NODES:
         store.on_node(node, GPU)
     spec = NetworkValidationSpec.model_validate({"nodeSelector": GPU, "interval": "60s"})

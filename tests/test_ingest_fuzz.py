@@ -167,7 +167,7 @@ def good_report(node: str, status: Status = Status.PASS) -> Report:
 
 
 def world() -> tuple[Store, ReportIngest]:
-    store = Store()
+    store = Store(label_keys={**GPU, ZONE: ""})
     for node, zone in NODES.items():
         store.on_node(node, {**GPU, ZONE: zone})
     spec = NetworkValidationSpec.model_validate(

@@ -58,7 +58,7 @@ def test_a_restarted_operator_folds_every_node_of_10000_retained(tmp_path: Path)
             agents.disconnect()
             agents.loop_stop()
 
-        store = Store()
+        store = Store(label_keys=GPU)
         for i in range(NODES):
             store.on_node(node(i), GPU)
         ca_file = tmp_path / "ca.crt"

@@ -17,10 +17,10 @@ from mosquitto import MosquittoBroker
 from netval.model import Status
 from netval.model.spec import NetworkValidationSpec
 from netval.operator.ingest.decode import StateChange
-from netval.operator.runtime import OperatorRuntime
 from netval.operator.state import store as store_module
 from netval.operator.state.aggregation import compute_status
 from netval.operator.state.store import Store
+from netval.operator.term_runtime import OperatorRuntime
 from operator_env import GPU, NODES, NV, publish, report, report_msg, state_msg, validation
 from test_broker_restart import retained_on
 from test_operator import scrape
@@ -29,7 +29,7 @@ SPEC = NetworkValidationSpec.model_validate({"nodeSelector": GPU, "interval": "6
 
 
 def fresh_store() -> Store:
-    store = Store()
+    store = Store(label_keys=GPU)
     for node in NODES:
         store.on_node(node, GPU)
     return store

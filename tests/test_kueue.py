@@ -26,7 +26,7 @@ from netval.model import Status
 from netval.operator.kueue import decisions, topology
 from netval.operator.kueue.admission_checks import CONTROLLER_NAME
 from netval.operator.kueue.controller import KueueController
-from netval.operator.runtime import OperatorRuntime, ValidationView
+from netval.operator.term_runtime import OperatorRuntime, ValidationView
 from operator_env import NODES, publish, report, report_msg, settings_for, validation
 
 MODULES = [
@@ -360,6 +360,29 @@ def test_active_condition_and_check_states(
         )
         assert controller.patches > 0
         del runtime
+
+
+def test_a_conflicting_check_patch_is_decided_again_on_fresh_data(
+    cluster: KubeCluster, mosquitto_broker: MosquittoBroker
+) -> None:
+    """A Workload status patch that meets another writer (409) re-reads the Workload and
+    decides on it again (kube.read_modify_write), instead of waiting for the next round."""
+    k = Kueue(cluster, "v1beta2")
+    cluster.create(validation())
+    cluster.create(admission_check("fabric"))
+    k.queue("wl-1", ["fabric"])
+    k.reserve("wl-1")  # before the fault: this patch is Kueue's, not the controller's
+    before = len(cluster.requests())
+    conflict = cluster.inject("PATCH", r"/workloads/wl-1/status$", status=409, times=1)
+    memo, operator = operator_for(cluster, mosquitto_broker)
+    with operator:
+        _, controller = started(memo)
+        healthy(mosquitto_broker)
+        k.wait_state("wl-1", "fabric", "Ready")
+        assert conflict.hits == 1
+        reads = [p for m, p in cluster.requests()[before:] if m == "GET"]
+        assert f"/apis/{k.api}/namespaces/default/workloads/wl-1" in reads
+        assert controller.patches > 0
 
 
 def test_assigned_unhealthy_node_asks_for_retry(

@@ -76,7 +76,6 @@ def _daemonset(
     mqtt: AgentMqttWiring = MQTT,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    doc = agent_config_document("pool-a", generation, spec)
     return render_daemonset(
         "pool-a",
         generation,
@@ -85,7 +84,7 @@ def _daemonset(
         owner=OWNER,
         image=IMAGE,
         mqtt=mqtt,
-        config_hash=config_hash(doc),
+        restart_hash=m.restart_hash("pool-a", spec),
         **kwargs,
     )
 
@@ -195,16 +194,39 @@ def test_config_hash_changes_with_the_spec_and_only_then() -> None:
     assert config_hash(agent_config_document("pool-a", 5, SPEC)) != base
 
 
-def test_daemonset_pod_template_rolls_exactly_when_the_config_changes() -> None:
+def test_daemonset_pod_template_rolls_only_when_what_the_pod_runs_changes() -> None:
     template = _daemonset()["spec"]["template"]
     assert template == _daemonset()["spec"]["template"]
-    hash_before = template["metadata"]["annotations"]["netval.io/config-hash"]
-    assert hash_before == config_hash(agent_config_document("pool-a", 4, SPEC))
-    changed = SPEC.model_copy(update={"interval": "1m"})
-    after = _daemonset(changed, generation=5)["spec"]["template"]
-    assert after["metadata"]["annotations"]["netval.io/config-hash"] != hash_before
+    restart = template["metadata"]["annotations"]["netval.io/restart-hash"]
+    assert restart == m.restart_hash("pool-a", SPEC)
+    assert "netval.io/config-hash" not in template["metadata"]["annotations"]
+    # What the agent reloads live (interval, thresholds, gating) and a new generation leave
+    # the template as it was: the DaemonSet does not roll.
+    live = SPEC.model_dump(mode="json", by_alias=True)
+    live["interval"] = "1m"
+    live["checks"]["pfc"]["maxPausePercent"] = 25.0
+    live["gating"] = {"nodeLabel": False, "admission": "deny"}
+    reloaded = NetworkValidationSpec.model_validate(live)
+    assert _daemonset(reloaded, generation=5)["spec"]["template"] == template
+    # What it reads only at start rolls it: the peer responder's interface, port, enabling.
+    for peers in ({"enabled": True}, {"enabled": True, "interface": "ib0"}):
+        changed = SPEC.model_dump(mode="json", by_alias=True)
+        changed["checks"]["peers"].update(peers)
+        rolled = _daemonset(NetworkValidationSpec.model_validate(changed), generation=5)
+        annotations = rolled["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["netval.io/restart-hash"] != restart
+    # ...and so does another validation name (the agent's MQTT identity).
+    other = render_daemonset(
+        "pool-b", 4, SPEC, namespace="netval-system", owner=OWNER, image=IMAGE, mqtt=MQTT,
+        restart_hash=m.restart_hash("pool-b", SPEC),
+    )  # fmt: skip
+    assert other["spec"]["template"]["metadata"]["annotations"]["netval.io/restart-hash"] != (
+        restart
+    )
     # ...and the DaemonSet selector never changes (it is immutable).
-    assert _daemonset(changed, generation=5)["spec"]["selector"] == _daemonset()["spec"]["selector"]
+    assert (
+        _daemonset(reloaded, generation=5)["spec"]["selector"] == _daemonset()["spec"]["selector"]
+    )
 
 
 # --- the DaemonSet ------------------------------------------------------------------------
@@ -449,7 +471,7 @@ def test_long_validation_names_give_valid_label_values() -> None:
         owner={**OWNER, "metadata": {"name": long, "uid": "u"}},
         image=IMAGE,
         mqtt=MQTT,
-        config_hash="0" * 16,
+        restart_hash="0" * 16,
     )
     assert ds_long["spec"]["selector"]["matchLabels"]["netval.io/validation"] == value
     assert len(ds_long["metadata"]["name"]) == 63

@@ -23,7 +23,7 @@ from mosquitto import MosquittoBroker
 from netval.model import Status
 from netval.model.keys import AnnotationKey
 from netval.operator.agents import manifests
-from netval.operator.runtime import OperatorRuntime
+from netval.operator.term_runtime import OperatorRuntime
 from operator_env import (
     GPU,
     NODES,
@@ -66,7 +66,7 @@ def test_create_renders_agents_exactly(
         "pool-a", 1, spec, namespace=NS, owner=owner, image=s.agent_image,
         mqtt=manifests.AgentMqttWiring(url=s.agent_mqtt_url, username=s.agent_mqtt_username,
                                        password_secret=s.agent_mqtt_secret, ca_secret=None),
-        config_hash=manifests.config_hash(manifests.agent_config_document("pool-a", 1, spec)),
+        restart_hash=manifests.restart_hash("pool-a", spec),
         metrics_port=manifests.metrics_port_for("pool-a"),
     )  # fmt: skip
     assert ds["spec"] == want_ds["spec"]
@@ -222,8 +222,17 @@ def test_status_writes_are_coalesced(
     assert len(status_patches) <= runtime.status.writes + 1
 
 
+def _templates(cluster: KubeCluster, name: str) -> list[dict[str, Any]]:
+    """Every pod template the DaemonSet has had, in order, without repeats."""
+    out: list[dict[str, Any]] = []
+    for version in cluster.history("apps/v1", "daemonsets", name, NS):
+        if version is not None and (not out or version["spec"]["template"] != out[-1]):
+            out.append(version["spec"]["template"])
+    return out
+
+
 @pytest.mark.handler_errors_expected
-def test_spec_update_rolls_agents_and_invalid_spec_is_reported(
+def test_spec_update_rolls_agents_only_when_the_pod_changes_and_invalid_spec_is_reported(
     cluster: KubeCluster,
     operator: tuple[OperatorRuntime, InMemorySpanExporter],
     mosquitto_broker: MosquittoBroker,
@@ -231,21 +240,28 @@ def test_spec_update_rolls_agents_and_invalid_spec_is_reported(
     cluster.create(validation())
     name = manifests.agent_object_name("pool-a")
     ds = wait_for(lambda: cluster.stored("apps/v1", "daemonsets", name, NS), what="DaemonSet")
-    hash1 = ds["spec"]["template"]["metadata"]["annotations"][AnnotationKey.CONFIG_HASH]
+    template = ds["spec"]["template"]
+    hash1 = template["metadata"]["annotations"][AnnotationKey.RESTART_HASH]
 
-    cluster.patch(NV, "networkvalidations", "pool-a", {"spec": {"interval": "10s"}})
-    ds = wait_for(
+    # The interval and a check threshold: the agents reload their ConfigMap, no roll.
+    cluster.patch(
+        NV,
+        "networkvalidations",
+        "pool-a",
+        {"spec": {"interval": "10s", "checks": {"pfc": {"maxPausePercent": 25}}}},
+    )
+    wait_for(
         lambda: (
             (d := cluster.stored("apps/v1", "daemonsets", name, NS))
-            and d["spec"]["template"]["metadata"]["annotations"][AnnotationKey.CONFIG_HASH] != hash1
-            and d
+            and d["metadata"]["annotations"][AnnotationKey.GENERATION] == "2"
         ),
-        what="DaemonSet rolled",
+        what="DaemonSet of generation 2",
     )
     cm = cluster.get("v1", "configmaps", name, NS)
     assert "interval: 10s" in cm["data"][manifests.AGENT_CONFIG_KEY]
+    assert "maxPausePercent: 25" in cm["data"][manifests.AGENT_CONFIG_KEY]
+    assert _templates(cluster, name) == [template]
     wait_status(cluster, lambda s: s.get("observedGeneration") == 2, "observedGeneration 2")
-
     # once an agent reports generation 2, reports of generation 1 are ignored
     base = datetime.now(UTC)
     publish(mosquitto_broker, [report_msg(report("gpu-a", generation=2, started=base))])
@@ -268,8 +284,25 @@ def test_spec_update_rolls_agents_and_invalid_spec_is_reported(
     assert ready is not None and "spec.checks.pfc.priorities.0" in ready["message"]
     assert ready["observedGeneration"] == 3
     # the agents keep the last good rendering
-    ds = cluster.get("apps/v1", "daemonsets", name, NS)
-    assert ds["spec"]["template"]["metadata"]["annotations"][AnnotationKey.CONFIG_HASH] != hash1
+    assert _templates(cluster, name) == [template]
+
+    # What the pod runs (the peer responder binds peers.interface at start): it rolls.
+    cluster.patch(
+        NV,
+        "networkvalidations",
+        "pool-a",
+        {"spec": {"checks": {"pfc": {"priorities": [3]}, "peers": {"interface": "ib0"}}}},
+    )
+    rolled = wait_for(
+        lambda: (
+            (d := cluster.stored("apps/v1", "daemonsets", name, NS))
+            and d["spec"]["template"]["metadata"]["annotations"][AnnotationKey.RESTART_HASH]
+            != hash1
+            and d
+        ),
+        what="DaemonSet rolled",
+    )
+    assert _templates(cluster, name) == [template, rolled["spec"]["template"]]
 
 
 def test_node_labels_change_the_targeted_set(

@@ -15,7 +15,7 @@ from kube import KubeCluster, wait_for
 from mosquitto import MosquittoBroker
 from netval.model import Status
 from netval.model.status import MAX_FAILURES
-from netval.operator.runtime import OperatorRuntime
+from netval.operator.term_runtime import OperatorRuntime
 from operator_env import GPU, add_node, publish, report, report_msg, validation, wait_status
 from test_operator import scrape
 

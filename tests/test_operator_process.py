@@ -17,7 +17,7 @@ import pytest
 from kube import KubeCluster, wait_for
 from mosquitto import MosquittoBroker
 from netval.model import Status
-from netval.operator.main import start_runtime, started_runtime, stop_runtime
+from netval.operator.term_startup import start_runtime, started_runtime, stop_runtime
 from operator_env import (
     NS,
     condition,

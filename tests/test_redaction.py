@@ -36,7 +36,7 @@ from netval.model import CheckId, Report, Status
 from netval.model.redaction import MASK, redact, redact_url
 from netval.model.results import CheckResult
 from netval.model.spec import StorageEndpoint
-from netval.operator.runtime import OperatorRuntime
+from netval.operator.term_runtime import OperatorRuntime
 from operator_env import NODES, publish, validation, wait_status
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "status" / "roce-pool.yaml"

@@ -295,7 +295,7 @@ def test_slot_assignment_property(
 
 
 def test_the_operator_assigns_storage_positions_to_every_targeted_node() -> None:
-    store = Store()
+    store = Store(label_keys=GPU)
     for node in ("gpu-a", "gpu-b", "gpu-c"):
         store.on_node(node, GPU)
     with_storage = spec_with([objects(80)], 2).model_copy(update={"node_selector": GPU})

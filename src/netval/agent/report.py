@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from netval.agent.checks import run_node_checks
+from netval.agent.facts import node_facts
+from netval.model.facts import Facts
 from netval.model.results import CheckResult, Report, node_status
 from netval.model.snapshot import NodeSnapshot
 from netval.model.spec import Checks
@@ -26,6 +28,7 @@ def make_report(
     duration_ms: float,
     results: list[CheckResult],
     traceparent: str | None = None,
+    facts: Facts | None = None,
 ) -> Report:
     """The report of one probe: `results` as given, the node's status the worst of them."""
     return Report(
@@ -37,6 +40,7 @@ def make_report(
         status=node_status(results),
         results=results,
         traceparent=traceparent,
+        facts=facts,
     )
 
 
@@ -50,6 +54,7 @@ def build_report(
     duration_ms: float,
     extra_results: Iterable[CheckResult] = (),
     traceparent: str | None = None,
+    kernel_release: str | None = None,
 ) -> Report:
     """The node checks then `extra_results`, as one report (what `netval probe` prints)."""
     return make_report(
@@ -60,6 +65,7 @@ def build_report(
         duration_ms=duration_ms,
         results=[*run_node_checks(snapshot, checks), *extra_results],
         traceparent=traceparent,
+        facts=node_facts(snapshot.last, kernel_release=kernel_release),
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -31,6 +32,7 @@ from opentelemetry.util.types import AttributeValue
 from netval.agent.checks import NODE_CHECKS, GroupRunner, check_raised, run_node_checks
 from netval.agent.collect.link_events import LinkState, LinkWatcher
 from netval.agent.config import AgentConfig
+from netval.agent.facts import node_facts
 from netval.agent.metrics import AgentMetrics
 from netval.agent.peers.service import PeerService
 from netval.agent.report import make_report
@@ -41,6 +43,8 @@ from netval.infra.telemetry import traceparent_of
 from netval.model.ids import CheckGroup, CheckId, Status
 from netval.model.results import CheckResult, Report, node_status
 from netval.model.snapshot import NodeSnapshot, Sample
+
+_KERNEL_RELEASE: Final = os.uname().release  # uname(2): no read, no fork
 
 log = logging.getLogger("netval.agent")
 
@@ -243,6 +247,11 @@ class ProbeRunner:
                 duration_ms=(time.perf_counter() - t0) * 1000,
                 results=results,
                 traceparent=traceparent_of(cycle),
+                # re-derived every cycle (a firmware update shows within one interval); the
+                # operator does work only when they change
+                facts=None
+                if isinstance(taken, SampleMissing)
+                else node_facts(taken[0], kernel_release=_KERNEL_RELEASE),
             )
             cycle.set_attribute("netval.status", report.status.value)
         if reason == REASON_LINK_EVENT:

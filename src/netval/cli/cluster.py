@@ -75,6 +75,7 @@ def _from_cluster(args: argparse.Namespace, *, want_nodes: bool) -> Fetch:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from netval.cli.consistency_view import render_consistency
     from netval.cli.status_view import is_healthy, render_matrix, render_nodes, render_validation
 
     if args.failing and not args.nodes:
@@ -104,6 +105,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 )
             if args.matrix:
                 out.append(render_matrix(obj))
+            if getattr(args, "consistency", False):  # absent from hand-built Namespaces
+                out.append(render_consistency(obj))
         sys.stdout.write("\n".join(out))
         sys.stdout.flush()
         return EXIT_OK if all(is_healthy(o) for o in objs) else EXIT_UNHEALTHY

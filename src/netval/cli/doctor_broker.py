@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from netval.cli.doctor_result import CheckResult, fail, ok, skip
-from netval.infra.broker_acl import Outcome, probe_node_topics
+from netval.infra.broker_acl import AclVerdict, probe_node_topics
 from netval.infra.mqtt_settings import MqttSettings
 
 CONNACK_CODES: Final = {
@@ -158,9 +158,10 @@ def check_login(p: BrokerProbe) -> CheckResult:
 def check_acl(p: BrokerProbe) -> CheckResult:
     s = p.settings
     probe = probe_node_topics(s.with_client_id("netval-doctor"), s.ssl_context(), timeout=p.timeout)
-    if probe.error is not None:
+    verdict = probe.verdict
+    if verdict is AclVerdict.UNCHECKED:
         return fail("broker.acl", f"cannot probe the ACL: {probe.error}", "see broker.login")
-    if probe.violations:
+    if verdict is AclVerdict.VIOLATED:
         kinds = ", ".join(t.rsplit("/", 1)[1] for t in probe.violations)
         return fail(
             "broker.acl",
@@ -168,10 +169,9 @@ def check_acl(p: BrokerProbe) -> CheckResult:
             "the broker does not enforce netval's per-node ACL: any credential can speak for "
             'any node (docs/operations.md "Broker ACL")',
         )
-    unknown = [t for t, o in probe.outcomes.items() if o is Outcome.UNKNOWN]
-    if unknown:
-        return fail("broker.acl", f"no acknowledgement for {len(unknown)} probe publish(es)",
-                    "is the broker overloaded?")  # fmt: skip
+    if verdict is AclVerdict.UNCONFIRMED:
+        return fail("broker.acl", f"no acknowledgement for {len(probe.unacknowledged)} probe "
+                    "publish(es)", "is the broker overloaded?")  # fmt: skip
     return ok("broker.acl", f"{probe.identity!r} cannot publish for another node (refused)")
 
 

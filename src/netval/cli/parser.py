@@ -161,6 +161,11 @@ def _cluster_parsers(sub: argparse._SubParsersAction[NetvalParser]) -> None:
         action="store_true",
         help="east-west view: domain x domain matrix, oversubscribed pairs, suspect nodes",
     )
+    st.add_argument(
+        "--consistency",
+        action="store_true",
+        help="fleet consistency: per cohort and fact key the majority value, share, outliers",
+    )
     _add_kube(st)
 
     rep = sub.add_parser(

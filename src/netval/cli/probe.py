@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from datetime import UTC, datetime
@@ -93,6 +94,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         generation=0,
         started_at=started_at,
         duration_ms=(time.perf_counter() - t0) * 1000,
+        # uname(2) of this host; a recorded snapshot's kernel is not this one's
+        kernel_release=os.uname().release if args.source is None else None,
     )
     if args.output == "json":
         sys.stdout.write(report.to_json() + "\n")

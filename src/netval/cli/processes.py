@@ -48,8 +48,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     from netval.operator.admission.options import webhook_options
     from netval.operator.identity.service import identity_settings_from_env
     from netval.operator.leadership.settings import ElectionConfigError, election_settings_from_env
-    from netval.operator.main import OperatorStartError, run_operator
-    from netval.operator.process import parse_liveness_url
+    from netval.operator.process import OperatorStartError, parse_liveness_url, run_operator
     from netval.operator.settings import OperatorConfigError, operator_settings_from_env
 
     setup_logging()

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from netval.cli.consistency_view import consistency_section
 from netval.cli.report_html_east_west import east_west_section
 from netval.cli.report_html_format import escape, iso_time, when_html
 from netval.cli.status_view import fmt_ratio, parse_east_west, parse_status, stale_reasons
@@ -307,6 +308,7 @@ def render_html(obj: Mapping[str, Any], *, now: datetime | None = None) -> str:
         body.append(_conditions_section(status, now))
         body.append(_counts_section(status))
     body.append(east_west_section(obj))
+    body.append(consistency_section(obj))
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'

@@ -24,8 +24,11 @@ _MAX_FAILURES_SHOWN: Final = 20
 
 
 def parse_status(obj: Mapping[str, Any]) -> NetworkValidationStatus | None:
-    # eastWest is read on its own (render_matrix), so a bad summary hides nothing else
-    return NetworkValidationStatus.from_api(obj.get("status"), exclude=frozenset({"eastWest"}))
+    # eastWest and consistency are read on their own (render_matrix, render_consistency),
+    # so a bad summary hides nothing else
+    return NetworkValidationStatus.from_api(
+        obj.get("status"), exclude=frozenset({"eastWest", "consistency"})
+    )
 
 
 def _age(when: datetime | None, now: datetime) -> str:

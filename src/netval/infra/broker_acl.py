@@ -15,6 +15,9 @@ drops denied publishes silently behind a success code is reported as violating t
 the probe cannot tell its drop from an acceptance: configure it to answer MQTT 5 clients with
 the reason code.
 
+`AclProbe.verdict` is the one reading of a probe's outcomes: `netval doctor` (broker.acl) and
+the operator's start check (`operator.broker_check`) both report it.
+
 Blocking (paho's network loop in a thread); call it from a worker thread in async code.
 """
 
@@ -37,6 +40,7 @@ __all__ = [
     "PROBE_NODE",
     "PROBE_VALIDATION",
     "AclProbe",
+    "AclVerdict",
     "Outcome",
     "probe_node_topics",
 ]
@@ -55,6 +59,13 @@ class Outcome(StrEnum):
     UNKNOWN = "unknown"  # no acknowledgement within the timeout
 
 
+class AclVerdict(StrEnum):
+    ENFORCED = "enforced"  # the broker refused every probe publish
+    VIOLATED = "violated"  # it took at least one: the identity may speak for another node
+    UNCONFIRMED = "unconfirmed"  # none taken, but some never acknowledged (within the timeout)
+    UNCHECKED = "unchecked"  # the probe could not run (`AclProbe.error` says why)
+
+
 @dataclass
 class AclProbe:
     """What the broker did with each probe publish, or why the probe could not run."""
@@ -67,6 +78,20 @@ class AclProbe:
     def violations(self) -> list[str]:
         """Topics the identity could publish to and must not."""
         return [t for t, o in self.outcomes.items() if o is Outcome.ACCEPTED]
+
+    @property
+    def unacknowledged(self) -> list[str]:
+        return [t for t, o in self.outcomes.items() if o is Outcome.UNKNOWN]
+
+    @property
+    def verdict(self) -> AclVerdict:
+        if self.error is not None:
+            return AclVerdict.UNCHECKED
+        if self.violations:
+            return AclVerdict.VIOLATED
+        if self.unacknowledged or not self.outcomes:
+            return AclVerdict.UNCONFIRMED
+        return AclVerdict.ENFORCED
 
 
 def _topic(kind: str, node: str) -> str:

@@ -18,6 +18,7 @@ class CheckGroup(StrEnum):
     IB = "ib"
     STORAGE = "storage"
     PEER = "peer"
+    FLEET = "fleet"  # judged by the operator across nodes (issue 22), never by an agent
 
 
 class CheckId(StrEnum):
@@ -53,6 +54,8 @@ class CheckId(StrEnum):
     # -- driver counters (issue 11) --
     LINK_PHY_ERRORS = "link.phy_errors"
     PFC_GLOBAL_PAUSE = "pfc.global_pause"
+    # -- fleet consistency (issue 22): the operator's verdict of a node against its cohort --
+    FLEET_CONSISTENCY = "fleet.consistency"
 
     @property
     def group(self) -> CheckGroup:

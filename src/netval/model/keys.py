@@ -23,7 +23,9 @@ class AnnotationKey(StrEnum):
     GATE_MESSAGE = "netval.io/gate-message"  # on gated Pods: why the gate stays
     # on Pods/Jobs: how many healthy nodes the workload needs (policy capacity)
     MIN_HEALTHY_NODES = "netval.io/min-healthy-nodes"
-    CONFIG_HASH = "netval.io/config-hash"  # on the agent pod template: rolls on config change
+    CONFIG_HASH = "netval.io/config-hash"  # on the agent ConfigMap: the config document's hash
+    # on the agent pod template: rolls the agents when what they read only at start changes
+    RESTART_HASH = "netval.io/restart-hash"
     GENERATION = "netval.io/generation"  # on the agent DaemonSet: the spec generation it runs
 
 

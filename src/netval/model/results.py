@@ -19,7 +19,8 @@ from pydantic import (
     field_validator,
 )
 
-from netval.model.ids import CheckId, Status, worst
+from netval.model.facts import MAX_FACTS, Facts
+from netval.model.ids import CheckGroup, CheckId, Status, worst
 from netval.model.redaction import redact_message
 
 REPORT_SCHEMA: Final = "netval.io/report/v1"
@@ -100,6 +101,17 @@ class Report(BaseModel):
     status: Status
     results: Annotated[list[CheckResult], Field(max_length=MAX_RESULTS_PER_REPORT)]
     traceparent: Annotated[str, Field(max_length=256)] | None = None
+    # The node's configuration fingerprint (issue 22): bounded, printable ASCII; the operator
+    # judges it against the node's cohort (check fleet.consistency). None: an older agent.
+    facts: Annotated[Facts, Field(max_length=MAX_FACTS)] | None = None
+
+    @field_validator("results")
+    @classmethod
+    def _agents_judge_nodes_only(cls, value: list[CheckResult]) -> list[CheckResult]:
+        # fleet.* is the operator's verdict across nodes: an agent cannot vouch for itself
+        if any(r.check.group is CheckGroup.FLEET for r in value):
+            raise ValueError("fleet.* results are judged by the operator, not reported")
+        return value
 
     @field_validator("started_at")
     @classmethod

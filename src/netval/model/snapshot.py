@@ -85,6 +85,9 @@ class Netdev:
     # Why `dcb` is None, as the DCB netlink reader saw it ("EOPNOTSUPP", "timeout", ...);
     # None also when unknown (a 1.0 snapshot).
     dcb_error: str | None = None
+    # -- fleet consistency (issue 22): from the device/uevent already read, no new read --
+    pci_id: str | None = None  # PCI_ID "15B3:1021"
+    pci_subsys_id: str | None = None  # PCI_SUBSYS_ID
 
     @property
     def ports_below(self) -> tuple[str, ...]:
@@ -203,6 +206,9 @@ class RdmaDevice:
     # The PCI driver of the RDMA device's own device (device/uevent DRIVER= or the
     # device/driver link): names the counter set even when udev renamed the device.
     driver: str | None = None
+    # -- fleet consistency (issue 22): from the device/uevent already read, no new read --
+    pci_id: str | None = None  # PCI_ID "15B3:1021"
+    pci_subsys_id: str | None = None  # PCI_SUBSYS_ID
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,8 @@ unknown fields and bounds its values; defaults are documented in docs/checks.md.
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final
 
@@ -361,6 +363,59 @@ class Gating(_Spec):
     admission_policy: AdmissionPolicy = AdmissionPolicy.CAPACITY
 
 
+class FindingSeverity(StrEnum):
+    WARN = "warn"
+    FAIL = "fail"
+
+
+MAX_FACT_MAP: Final = 64
+_FACT_KEY: Final = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+
+
+def _fact_map(value: dict[str, Any]) -> dict[str, Any]:
+    """A map keyed by fact names (`netval.model.facts.FactKey`): bounded, names well-formed
+    (the CRD bounds it with maxProperties; a structural schema cannot check key names)."""
+    if len(value) > MAX_FACT_MAP:
+        raise ValueError(f"at most {MAX_FACT_MAP} fact keys, got {len(value)}")
+    bad = [k for k in value if not _FACT_KEY.match(k)]
+    if bad:
+        raise ValueError(f"not a fact key (lower_snake_case, at most 48 chars): {bad[0]!r}")
+    return value
+
+
+FactAllowed = Annotated[
+    list[Annotated[str, Field(max_length=256)]], Field(min_length=1, max_length=32)
+]
+
+
+class ConsistencyRollout(_Spec):
+    """A staged rollout: these values are Transitioning, not Outliers, until `until`."""
+
+    allowed: FactAllowed
+    until: datetime
+
+
+class Consistency(_Spec):
+    """`spec.consistency` (issue 22): every node judged against the declared intent and
+    against its cohort (same NIC model, and same `cohortLabel` value when set). On by
+    default; the defaults are in docs/checks.md ("Fleet consistency")."""
+
+    enabled: bool = True
+    cohort_label: Annotated[str | None, Field(min_length=1, max_length=317)] = None
+    # An Outlier needs a majority of at least this share of a cohort of at least minCohort.
+    majority_percent: Annotated[float, Field(gt=50, le=100)] = 80.0
+    min_cohort: Annotated[int, Field(ge=2, le=100_000)] = 5
+    outlier_severity: FindingSeverity = FindingSeverity.WARN
+    violation_severity: FindingSeverity = FindingSeverity.FAIL
+    expect: Annotated[dict[str, FactAllowed], AfterValidator(_fact_map)] = Field(
+        default_factory=dict
+    )
+    rollout: Annotated[dict[str, ConsistencyRollout], AfterValidator(_fact_map)] = Field(
+        default_factory=dict
+    )
+    max_outliers_per_key: Annotated[int, Field(ge=1, le=100)] = 10
+
+
 class Telemetry(_Spec):
     otlp_endpoint: Annotated[str | None, Field(max_length=1024)] = None
 
@@ -372,6 +427,7 @@ class NetworkValidationSpec(_Spec):
     checks: Checks = Field(default_factory=Checks)
     gating: Gating = Field(default_factory=Gating)
     telemetry: Telemetry = Field(default_factory=Telemetry)
+    consistency: Consistency = Field(default_factory=Consistency)
 
     @model_validator(mode="before")
     @classmethod

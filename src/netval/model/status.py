@@ -14,6 +14,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
+from netval.model.consistency import ConsistencyStatus
 from netval.model.east_west import EastWest
 from netval.model.redaction import redact, redact_message
 
@@ -117,6 +118,7 @@ class NetworkValidationStatus(_Status):
     failures: Annotated[list[Failure], Field(max_length=MAX_FAILURES)] = Field(default_factory=list)
     last_report_time: datetime | None = None
     east_west: EastWest | None = None  # peers.enabled: domain matrix, oversubscription, suspects
+    consistency: ConsistencyStatus | None = None  # spec.consistency.enabled: cohorts and outliers
 
     @classmethod
     def from_api(

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from netval.infra.broker_acl import AclProbe, probe_node_topics
+from netval.infra.broker_acl import AclProbe, AclVerdict, probe_node_topics
 from netval.infra.mqtt_settings import MqttSettings
 
 __all__ = ["BrokerAclCheck", "start_acl_check", "stop_acl_check"]
@@ -47,10 +47,8 @@ class BrokerAclCheck(Collector):
     def __init__(
         self, settings: MqttSettings, *, timeout: float = 5.0, own_client_id: bool = False
     ) -> None:
-        if not own_client_id:  # never take over the ingest session
-            suffix = f"{settings.client_id}-acl" if settings.client_id else None
-            settings = settings.with_client_id(suffix)
-        # else: a per-node credential, which the broker binds to its own client id
+        # own_client_id: a per-node credential, which the broker binds to its own client id;
+        # else the probe takes a client id of its own (never the ingest session's)
         self.settings = settings
         self.own_client_id = own_client_id
         self.timeout = timeout
@@ -65,9 +63,10 @@ class BrokerAclCheck(Collector):
             exact_client_id=self.own_client_id,
         )
         self.result = result
-        if result.error is not None:
+        verdict = result.verdict
+        if verdict is AclVerdict.UNCHECKED:
             log.warning("broker ACL check could not run: %s", result.error)
-        elif result.violations:
+        elif verdict is AclVerdict.VIOLATED:
             for topic in result.violations:
                 log.error(
                     "broker ACL: identity %r may publish to %s, a node's topic: the broker "
@@ -75,6 +74,13 @@ class BrokerAclCheck(Collector):
                     result.identity,
                     topic,
                 )
+        elif verdict is AclVerdict.UNCONFIRMED:
+            log.warning(
+                "broker ACL check: no acknowledgement for %d probe publish(es) as %r: the "
+                "ACL is not confirmed",
+                len(result.unacknowledged),
+                result.identity,
+            )
         else:
             log.info("broker ACL check: %r cannot publish for a node (enforced)", result.identity)
         return result

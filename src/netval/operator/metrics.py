@@ -15,7 +15,7 @@ from netval.operator.ingest.decode import INGEST_DROP_REASONS
 from netval.operator.status.event_budget import SUMMARISED_REASONS
 
 if TYPE_CHECKING:
-    from netval.operator.runtime import OperatorRuntime
+    from netval.operator.term_runtime import OperatorRuntime
 
 
 class _RuntimeCollector(Collector):

@@ -57,15 +57,10 @@ from netval.operator.leadership.fence import WRITE_FENCE
 from netval.operator.leadership.lease import LeaseClient
 from netval.operator.leadership.settings import ElectionSettings, election_settings_from_env
 from netval.operator.leadership.terms import run_term, run_terms
-from netval.operator.main import (
-    SIGNALS_KEY,
-    OperatorStartError,
-    started_runtime,
-    stop_runtime,
-)
 from netval.operator.metrics import operator_registry
-from netval.operator.runtime import OperatorRuntime
 from netval.operator.settings import OperatorSettings
+from netval.operator.term_runtime import OperatorRuntime
+from netval.operator.term_startup import SIGNALS_KEY, started_runtime, stop_runtime
 
 if TYPE_CHECKING:
     from netval.operator.admission.options import WebhookOptions
@@ -75,6 +70,44 @@ log = logging.getLogger("netval.operator")
 
 STANDALONE_STOP_GRACE = 10.0  # seconds Kopf gets to stop when no Lease bounds it
 EXIT_LEADERSHIP_LOST: Final = 1  # controller-runtime's exit on a lost Lease
+
+
+class OperatorStartError(RuntimeError):
+    """The process cannot start (e.g. a port is taken): one line, nothing left running."""
+
+
+async def run_operator(
+    settings: OperatorSettings,
+    *,
+    standalone: bool,
+    liveness_endpoint: str | None = None,
+    metrics_addr: tuple[str, int] | None = None,
+    stop_flag: asyncio.Event | None = None,
+    webhook: WebhookOptions | None = None,
+    election: ElectionSettings | None = None,
+) -> None:
+    """Without `standalone`, replicas elect one leader on a Lease (`election`) and only the
+    leader runs Kopf and every writer; standalone runs them at once, without a Lease. Kopf's
+    own peering is never used. Without `webhook` no admission webhook is served."""
+    _register_handlers(settings)
+    process = OperatorProcess(settings, webhook=webhook)
+    await process.run(
+        standalone=standalone,
+        election=election,
+        liveness_endpoint=liveness_endpoint,
+        metrics_addr=metrics_addr,
+        stop_flag=stop_flag,
+    )
+
+
+def _register_handlers(settings: OperatorSettings) -> None:
+    # importing them registers the handlers with Kopf
+    import netval.operator.admission.handlers  # admission webhooks, gate release
+    import netval.operator.handlers
+    import netval.operator.leadership.kopf_session  # Kopf's writes ask the write fence
+
+    if settings.kueue_enabled:  # Kopf watches Kueue objects only then (it needs their RBAC)
+        import netval.operator.kueue.handlers  # noqa: F401  (Kueue AdmissionCheck controller)
 
 
 def parse_liveness_url(url: str) -> tuple[str, int]:

@@ -49,6 +49,8 @@ from netval.model.keys import (
 from netval.model.manifest import API_GROUP
 from netval.operator.admission.configurations import CONFIGURATION_NAME
 from netval.operator.kube.api import PLURAL, VERSION, load_kube_client
+from netval.operator.kube.paging import paged_items
+from netval.operator.kube.read_modify_write import Written, read_modify_write
 
 log = logging.getLogger("netval.uninstall")
 
@@ -164,15 +166,7 @@ class Cleanup:
 
     def _pages(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
         """Every item of a list call, page by page, as plain dicts."""
-        token: str | None = None
-        while True:
-            extra = {"_continue": token} if token else {}
-            response = fn(*args, limit=PAGE, _preload_content=False, **extra, **kwargs, **self._t)
-            body = json.loads(cast(Any, response).data)
-            yield from body.get("items") or []
-            token = (body.get("metadata") or {}).get("continue")
-            if not token:
-                return
+        return paged_items(fn, *args, page=PAGE, **kwargs, **self._t)
 
     def _rewrite(
         self,
@@ -186,25 +180,19 @@ class Cleanup:
         """Patch `obj` (`patch_fn(*key, patch)`) until the patch applies; on 409 re-read it
         (`read_fn(*key)`) and recompute. True when something was changed, False when there
         was nothing (left) to do or the object is gone."""
-        for _ in range(WRITE_ATTEMPTS):
-            patch = make_patch(obj)
-            if patch is None:
-                return False
-            try:
-                patch_fn(*key, patch, _content_type=MERGE_PATCH, **self._t)
-                return True
-            except ApiException as exc:
-                if exc.status == 404:
-                    return False
-                if exc.status != 409:
-                    raise
-            try:
-                obj = json.loads(read_fn(*key, _preload_content=False, **self._t).data)
-            except ApiException as exc:
-                if exc.status == 404:
-                    return False
-                raise
-        raise RuntimeError(f"{what}: still conflicting after {WRITE_ATTEMPTS} attempts")
+
+        def read() -> dict[str, Any]:
+            return cast(
+                dict[str, Any], json.loads(read_fn(*key, _preload_content=False, **self._t).data)
+            )
+
+        def write(patch: dict[str, Any]) -> None:
+            patch_fn(*key, patch, _content_type=MERGE_PATCH, **self._t)
+
+        done = read_modify_write(
+            what, read, make_patch, write, current=obj, attempts=WRITE_ATTEMPTS
+        )
+        return isinstance(done, Written)
 
     def _step(self, name: str, fn: Callable[[], str]) -> None:
         try:

@@ -169,6 +169,8 @@ class SysfsReader:
             dev_port=self.integer(base / "dev_port"),
             lower=lower,
             dcb_error=dcb_error if dcb is None else None,
+            pci_id=uevent.get("PCI_ID") or None,
+            pci_subsys_id=uevent.get("PCI_SUBSYS_ID") or None,
         )
 
     def _uevent(self, device: Path) -> dict[str, str]:
@@ -244,6 +246,8 @@ class SysfsReader:
             # Each port binds to the netdev of its own dev_port, not to the first name here.
             pci_netdevs={n: self.integer(base / "device" / "net" / n / "dev_port") for n in hint},
             driver=driver,
+            pci_id=uevent.get("PCI_ID") or None,
+            pci_subsys_id=uevent.get("PCI_SUBSYS_ID") or None,
         )
 
     def _read_port(

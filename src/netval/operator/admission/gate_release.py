@@ -25,13 +25,17 @@ from netval.operator.admission.mutate import (
 )
 from netval.operator.gating.capacity import judge, min_healthy_nodes
 from netval.operator.kube.api import error_text
-from netval.operator.runtime import OperatorRuntime, ValidationView
+from netval.operator.kube.paging import paged_items
+from netval.operator.kube.read_modify_write import StillConflicting, Written, read_modify_write
+from netval.operator.term_runtime import OperatorRuntime, ValidationView
 
 log = logging.getLogger("netval.operator.admission")
 
 RELEASER_MEMO_KEY: Final = "gate_releaser"
 RUNTIME_MEMO_KEY: Final = "runtime"
 WARN_EVERY: Final = 30.0  # seconds between warnings about the same repeated failure
+# Gated Pods per list page: a release after an outage may find thousands gated at once.
+PAGE: Final = 500
 
 
 def _admits(view: ValidationView, pod: Mapping[str, Any]) -> bool:
@@ -167,11 +171,11 @@ class GateReleaser:
     def _release_all(
         self, core: client.CoreV1Api, validation: str, admits: Callable[[dict[str, Any]], bool]
     ) -> int:
-        response = core.list_pod_for_all_namespaces(
+        pods = paged_items(
+            core.list_pod_for_all_namespaces,
             label_selector=f"{LabelKey.GATED_BY}={validation_label(validation)}",
-            _preload_content=False,
+            page=PAGE,
         )
-        pods = json.loads(cast(Any, response).data).get("items") or []
         released = 0
         for pod in pods:
             meta = pod.get("metadata") or {}
@@ -180,19 +184,18 @@ class GateReleaser:
             try:
                 if self._release_pod(core, meta["namespace"], meta["name"], pod):
                     released += 1
-            except ApiException as exc:
+            except (ApiException, StillConflicting) as exc:
                 log.warning("could not release pod %s/%s: %s", meta.get("namespace"),
-                            meta.get("name"), exc.reason)  # fmt: skip
+                            meta.get("name"), error_text(exc))  # fmt: skip
         return released
 
     @staticmethod
     def _mark_orphans(core: client.CoreV1Api, known: set[str]) -> int:
         """Annotate (or, once the validation is back, un-annotate) Pods gated for a validation
         not in `known`; the number newly annotated."""
-        response = core.list_pod_for_all_namespaces(
-            label_selector=LabelKey.GATED_BY.value, _preload_content=False
+        pods = paged_items(
+            core.list_pod_for_all_namespaces, label_selector=LabelKey.GATED_BY.value, page=PAGE
         )
-        pods = json.loads(cast(Any, response).data).get("items") or []
         marked = 0
         for pod in pods:
             meta = pod.get("metadata") or {}
@@ -222,29 +225,35 @@ class GateReleaser:
     def _release_pod(
         core: client.CoreV1Api, namespace: str, name: str, pod: dict[str, Any]
     ) -> bool:
-        for _ in range(5):
-            gated = has_fabric_gate(pod.get("spec"))
-            patch: dict[str, Any] = {
-                "metadata": {
-                    "resourceVersion": pod["metadata"]["resourceVersion"],
-                    "labels": {LabelKey.GATED_BY.value: None},
-                    "annotations": {AnnotationKey.GATE_MESSAGE.value: None},
-                }
-            }
-            if gated:
-                spec = copy.deepcopy(pod.get("spec") or {})
-                set_fabric_gate(spec, False)
-                patch["spec"] = {"schedulingGates": spec.get("schedulingGates")}
-            try:
-                core.patch_namespaced_pod(
-                    name, namespace, patch, _content_type="application/merge-patch+json"
-                )
-                return gated
-            except ApiException as exc:
-                if exc.status == 404:
-                    return False
-                if exc.status != 409:
-                    raise
+        """Release `pod` (as listed); True when it had netval's scheduling gate."""
+
+        def read() -> dict[str, Any]:
             response = core.read_namespaced_pod(name, namespace, _preload_content=False)
-            pod = json.loads(cast(Any, response).data)
-        raise ApiException(status=409, reason="Conflict: the pod kept changing")
+            return cast(dict[str, Any], json.loads(cast(Any, response).data))
+
+        def write(patch: dict[str, Any]) -> bool:
+            core.patch_namespaced_pod(
+                name, namespace, patch, _content_type="application/merge-patch+json"
+            )
+            return "spec" in patch  # it removed the gate
+
+        done = read_modify_write(
+            f"pod {namespace}/{name}", read, _release_patch, write, current=pod
+        )
+        return isinstance(done, Written) and done.value
+
+
+def _release_patch(pod: dict[str, Any]) -> dict[str, Any]:
+    """Labels, annotation and (if gated) the scheduling gate off, as of `pod`'s version."""
+    patch: dict[str, Any] = {
+        "metadata": {
+            "resourceVersion": pod["metadata"]["resourceVersion"],
+            "labels": {LabelKey.GATED_BY.value: None},
+            "annotations": {AnnotationKey.GATE_MESSAGE.value: None},
+        }
+    }
+    if has_fabric_gate(pod.get("spec")):
+        spec = copy.deepcopy(pod.get("spec") or {})
+        set_fabric_gate(spec, False)
+        patch["spec"] = {"schedulingGates": spec.get("schedulingGates")}
+    return patch

@@ -36,7 +36,7 @@ from netval.operator.admission.mutate import (
 )
 from netval.operator.gating.capacity import AdmissionVerdict, judge, min_healthy_nodes
 from netval.operator.kube.api import PLURAL, VERSION, error_text, load_kube_client
-from netval.operator.runtime import OperatorRuntime, ValidationView
+from netval.operator.term_runtime import OperatorRuntime, ValidationView
 
 log = logging.getLogger("netval.operator.admission")
 

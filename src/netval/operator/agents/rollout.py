@@ -41,7 +41,7 @@ def render_agents(
             enroll_url=settings.agent_enroll_url,
             enroll_ca_configmap=settings.agent_enroll_ca_configmap,
         ),
-        config_hash=manifests.config_hash(manifests.agent_config_document(name, generation, spec)),
+        restart_hash=manifests.restart_hash(name, spec),
         metrics_port=manifests.metrics_port_for(name),
         resources=settings.agent_resources,
         extra_tolerations=settings.agent_tolerations,

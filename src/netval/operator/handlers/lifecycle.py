@@ -9,7 +9,7 @@ import kopf
 
 from netval.operator.broker_check import start_acl_check, stop_acl_check
 from netval.operator.identity.service import start_identity, started_identity, stop_identity
-from netval.operator.main import SIGNALS_KEY, configure_kopf, start_runtime, stop_runtime
+from netval.operator.term_startup import SIGNALS_KEY, configure_kopf, start_runtime, stop_runtime
 
 
 @kopf.on.startup()

@@ -7,7 +7,7 @@ from typing import Any
 import kopf
 
 from netval.operator.identity.service import started_identity
-from netval.operator.main import started_runtime
+from netval.operator.term_startup import started_runtime
 
 
 @kopf.on.event("", "v1", "nodes")

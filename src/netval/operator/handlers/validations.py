@@ -13,8 +13,8 @@ from netval.model.spec import NetworkValidationSpec, deprecated_fields_set
 from netval.model.status import EventReason
 from netval.operator.agents.rollout import apply_agents, delete_agents
 from netval.operator.kube.api import PLURAL, VERSION
-from netval.operator.main import started_runtime
-from netval.operator.runtime import OperatorRuntime
+from netval.operator.term_runtime import OperatorRuntime
+from netval.operator.term_startup import started_runtime
 
 
 def _runtime(memo: kopf.Memo) -> OperatorRuntime:

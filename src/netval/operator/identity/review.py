@@ -26,11 +26,8 @@ from kubernetes.client.exceptions import ApiException
 from netval.model.keys import MANAGED_BY_OPERATOR, LabelKey
 from netval.model.manifest import API_GROUP
 from netval.model.topics import check_topic_level
-from netval.operator.agents.manifests import (
-    AGENT_APP_NAME,
-    AGENT_OBJECT_PREFIX,
-    AGENT_SERVICE_ACCOUNT,
-)
+from netval.operator.agents.agent_names import AGENT_OBJECT_PREFIX
+from netval.operator.agents.manifests import AGENT_APP_NAME, AGENT_SERVICE_ACCOUNT
 
 AUDIENCE: Final = "netval"
 EXTRA_POD_NAME: Final = "authentication.kubernetes.io/pod-name"

@@ -46,9 +46,9 @@ from netval.operator.identity.review import AGENT_POD_LABELS, PodTokenReviewer
 from netval.operator.identity.tls_reload import RELOAD_EVERY, CertReloader
 from netval.operator.kube import certs
 from netval.operator.kube.api import KubeApi, error_text, load_kube_client
-from netval.operator.main import RUNTIME_KEY
-from netval.operator.runtime import OperatorRuntime
 from netval.operator.settings import OperatorConfigError, OperatorSettings
+from netval.operator.term_runtime import OperatorRuntime
+from netval.operator.term_startup import RUNTIME_KEY
 
 log = logging.getLogger("netval.operator.identity")
 

@@ -38,6 +38,8 @@ from netval.model.keys import LabelKey
 from netval.model.manifest import API_GROUP
 from netval.operator.gating.decisions import with_fabric_taint
 from netval.operator.kube.fenced_pool import FencedPool
+from netval.operator.kube.paging import METADATA_LIST, paged_items
+from netval.operator.kube.read_modify_write import Written, read_modify_write
 from netval.operator.leadership.fence import WRITE_FENCE, NotLeading
 
 log = logging.getLogger("netval.operator.kube")
@@ -60,8 +62,6 @@ STATUS_WORKERS: Final = 4
 NODE_WORKERS: Final = 16
 OTHER_WORKERS: Final = 4
 NODE_PAGE: Final = 500
-# The apiserver answers a list with metadata only when asked for this representation.
-METADATA_LIST: Final = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 
 T = TypeVar("T")
 
@@ -277,31 +277,26 @@ class KubeApi:
         return await self._run(self._node_pool, self._set_node_gating, node, label, taint)
 
     def _set_node_gating(self, node: str, label: str | None, taint: bool) -> bool:
-        for _ in range(NODE_WRITE_ATTEMPTS):
-            try:
-                current = self.api_client.sanitize_for_serialization(self.core.read_node(node))  # type: ignore[no-untyped-call]
-            except ApiException as exc:
-                if exc.status == 404:
-                    return False
-                raise
+        def read() -> dict[str, Any]:
+            node_obj = self.core.read_node(node)
+            return self.api_client.sanitize_for_serialization(node_obj)  # type: ignore[no-untyped-call, no-any-return]
+
+        def change(current: dict[str, Any]) -> dict[str, Any]:
             metadata = current.get("metadata") or {}
             taints = (current.get("spec") or {}).get("taints")
-            patch = {
+            return {
                 "metadata": {
                     "resourceVersion": metadata.get("resourceVersion"),
                     "labels": {LabelKey.FABRIC.value: label},
                 },
                 "spec": {"taints": with_fabric_taint(taints, taint)},
             }
-            try:
-                self.core.patch_node(node, patch, _content_type="application/merge-patch+json")
-                return True
-            except ApiException as exc:
-                if exc.status == 404:
-                    return False
-                if exc.status != 409:
-                    raise
-        raise RuntimeError(f"node {node}: still conflicting after {NODE_WRITE_ATTEMPTS} attempts")
+
+        def write(patch: dict[str, Any]) -> None:
+            self.core.patch_node(node, patch, _content_type="application/merge-patch+json")
+
+        done = read_modify_write(f"node {node}", read, change, write, attempts=NODE_WRITE_ATTEMPTS)
+        return isinstance(done, Written)
 
     async def set_node_label(self, node: str, label: str | None) -> bool:
         """Only our label (None removes it): a merge patch of one key touches nothing else."""
@@ -331,6 +326,22 @@ class KubeApi:
         """Every Node's name, in pages of metadata only: a whole Node is ~10 KiB, so a full
         list of 10,000 would be 100 MiB where names are a few hundred KiB."""
         return await self._list_names(self.core.list_node, page)
+
+    async def list_node_labels(
+        self, keys: frozenset[str], page: int = NODE_PAGE
+    ) -> dict[str, dict[str, str]]:
+        """Every Node's labels among `keys`, from paged metadata-only lists (filtered page by
+        page: the other labels of 10,000 Nodes are never held at once)."""
+
+        def listed() -> dict[str, dict[str, str]]:
+            out: dict[str, dict[str, str]] = {}
+            for item in paged_items(self.core.list_node, page=page, metadata_only=True):
+                meta = item.get("metadata") or {}
+                labels = meta.get("labels") or {}
+                out[str(meta["name"])] = {k: str(labels[k]) for k in keys if k in labels}
+            return out
+
+        return await self._run(self._other_pool, listed)
 
     async def list_pod_names(
         self, namespace: str, label_selector: str, page: int = NODE_PAGE

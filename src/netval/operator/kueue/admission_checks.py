@@ -24,7 +24,7 @@ from netval.operator.kueue.decisions import (
     same_condition,
     with_condition,
 )
-from netval.operator.runtime import OperatorRuntime
+from netval.operator.term_runtime import OperatorRuntime
 
 log = logging.getLogger("netval.operator.kueue")
 

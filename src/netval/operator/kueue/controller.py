@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from netval.infra.task_stop import cancel_and_wait
 from netval.operator.kueue.admission_checks import AdmissionCheck, AdmissionChecks
 from netval.operator.kueue.workloads import Workloads
-from netval.operator.runtime import OperatorRuntime, ValidationView
+from netval.operator.term_runtime import OperatorRuntime, ValidationView
 
 log = logging.getLogger("netval.operator.kueue")
 

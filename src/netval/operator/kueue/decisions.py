@@ -11,7 +11,7 @@ from typing import Any, Final, Literal
 
 from netval.model.manifest import API_GROUP, KIND
 from netval.operator.gating.capacity import judge
-from netval.operator.runtime import ValidationView
+from netval.operator.term_runtime import ValidationView
 
 ACTIVE: Final = "Active"
 MAX_MESSAGE: Final = 1024

@@ -10,8 +10,12 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from kubernetes.client.exceptions import ApiException
-
+from netval.operator.kube.read_modify_write import (
+    StillConflicting,
+    Unwritten,
+    Written,
+    read_modify_write_async,
+)
 from netval.operator.kueue.admission_checks import AdmissionCheck
 from netval.operator.kueue.decisions import (
     Verdict,
@@ -21,7 +25,7 @@ from netval.operator.kueue.decisions import (
     updated_checks,
 )
 from netval.operator.kueue.topology import admission_pods, assigned_nodes
-from netval.operator.runtime import OperatorRuntime, ValidationView
+from netval.operator.term_runtime import OperatorRuntime, ValidationView
 
 log = logging.getLogger("netval.operator.kueue")
 
@@ -97,48 +101,62 @@ class Workloads:
         views: dict[str, ValidationView | None] | None = None,
     ) -> None:
         custom = runtime.kube.custom
-        for _ in range(MAX_ATTEMPTS):
-            meta = workload["metadata"]
-            status = workload.get("status") or {}
-            if not self.relevant(workload):
-                return
+        meta = workload["metadata"]
+        key = (meta["namespace"], meta["name"])
+        group, version = str(workload["apiVersion"]).split("/", 1)
+        args = (group, version, meta["namespace"], "workloads", meta["name"])
+
+        async def read() -> dict[str, Any] | None:
+            fresh = await asyncio.to_thread(custom.get_namespaced_custom_object, *args)
+            if not isinstance(fresh, dict):
+                return None
+            self.workloads[key] = _trim(fresh)
+            return self.workloads[key]
+
+        def change(current: dict[str, Any]) -> dict[str, Any] | None:
+            if not self.relevant(current):
+                return None
+            status = current.get("status") or {}
             checks = updated_checks(
                 status.get("admissionChecks") or [],
-                self.verdicts(runtime, workload, views),
+                self.verdicts(runtime, current, views),
                 datetime.now(UTC),
             )
             if checks is None:
-                return
-            group, version = str(workload["apiVersion"]).split("/", 1)
-            args = (group, version, meta["namespace"], "workloads", meta["name"])
-            patch = {
-                "metadata": {"resourceVersion": meta.get("resourceVersion")},
+                return None
+            return {
+                "metadata": {"resourceVersion": current["metadata"].get("resourceVersion")},
                 "status": {"admissionChecks": checks},
             }
-            try:
-                result = await asyncio.to_thread(
-                    custom.patch_namespaced_custom_object_status, *args, patch
-                )
-            except ApiException as exc:
-                if exc.status == 404:
-                    self.workloads.pop((meta["namespace"], meta["name"]), None)
-                    return
-                if exc.status != 409:
-                    raise
-                fresh = await asyncio.to_thread(custom.get_namespaced_custom_object, *args)
-                if not isinstance(fresh, dict):
-                    return
-                workload = _trim(fresh)
-                self.workloads[(meta["namespace"], meta["name"])] = workload
-                continue
-            self.patches += 1
-            states = {c["name"]: c["state"] for c in checks if c.get("name") in self.checks}
-            log.info("Workload %s/%s: admission checks %s", meta["namespace"], meta["name"], states)
-            if isinstance(result, dict):
-                self.on_event("MODIFIED", result)
+
+        async def write(patch: dict[str, Any]) -> tuple[list[dict[str, Any]], Any]:
+            result = await asyncio.to_thread(
+                custom.patch_namespaced_custom_object_status, *args, patch
+            )
+            return patch["status"]["admissionChecks"], result
+
+        try:
+            done = await read_modify_write_async(
+                f"Workload {key[0]}/{key[1]}",
+                read,
+                change,
+                write,
+                current=workload,
+                attempts=MAX_ATTEMPTS,
+            )
+        except StillConflicting:
+            log.warning("Workload %s/%s kept changing; deciding again next round", *key)
             return
-        log.warning("Workload %s/%s kept changing; deciding again next round",
-                    workload["metadata"]["namespace"], workload["metadata"]["name"])  # fmt: skip
+        if done is Unwritten.GONE:
+            self.workloads.pop(key, None)
+        if not isinstance(done, Written):
+            return
+        checks, result = done.value
+        self.patches += 1
+        states = {c["name"]: c["state"] for c in checks if c.get("name") in self.checks}
+        log.info("Workload %s/%s: admission checks %s", *key, states)
+        if isinstance(result, dict):
+            self.on_event("MODIFIED", result)
 
 
 def _trim(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ tells it what agents report. No I/O: the status writer and node gating read it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -16,9 +16,11 @@ from netval.model.keys import LabelKey
 from netval.model.results import Report
 from netval.model.spec import AdmissionMode, AdmissionPolicy, NetworkValidationSpec
 from netval.model.status import ConditionType, NetworkValidationStatus
+from netval.operator.consistency.ingest import configure_spec, fold_report
 from netval.operator.gating.decisions import has_fabric_taint
 from netval.operator.ingest.decode import StateChange
 from netval.operator.state import validation as vs
+from netval.operator.state.node_labels import kept_labels, referenced_keys
 from netval.operator.state.validation import IngestResult, NodeHealth, ValidationState
 
 # Reports and states parked for validations not known yet (a restart's replay arrives before
@@ -101,9 +103,22 @@ class ReplayGap:
 
 
 class Store:
-    def __init__(self, on_targets_changed: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        on_targets_changed: Callable[[], None] = lambda: None,
+        *,
+        label_keys: Iterable[str] = (),
+        on_label_keys_added: Callable[[], None] = lambda: None,
+    ) -> None:
         # called when a validation's spec or targeted nodes may have changed
         self.on_targets_changed = on_targets_changed
+        # called when a validation references label keys not kept so far (`label_keys_missing`)
+        self.on_label_keys_added = on_label_keys_added
+        # the label keys kept of each Node (`state.node_labels`), and those a validation
+        # referenced since the Nodes were last listed (filled by `fill_labels`)
+        # (`label_keys`: kept from the start, as if a validation referenced them)
+        self.label_keys: frozenset[str] = referenced_keys(()) | frozenset(label_keys)
+        self.label_keys_missing: set[str] = set()
         self.states: dict[str, ValidationState] = {}
         self.selectors: dict[str, dict[str, str]] = {}
         self.specs: dict[str, NetworkValidationSpec] = {}
@@ -147,7 +162,11 @@ class Store:
             else:
                 self.dropped["pending"] += 1
             return None
-        return vs.ingest_report(state, report, utcnow(), retained=retained)
+        now = utcnow()
+        result = vs.ingest_report(state, report, now, retained=retained)
+        if result.stored:
+            fold_report(state, report, self.specs.get(report.validation), self.node_labels, now)
+        return result
 
     def on_state(self, change: StateChange) -> None:
         state = self.states.get(change.validation)
@@ -187,13 +206,19 @@ class Store:
         self.selectors[name] = dict(spec.node_selector)
         self.specs[name] = spec
         self.bodies[name] = body
+        self._note_label_keys()
         self._retarget(name, now)
+        configure_spec(state, spec, now)
         # Parked reports count from when they arrived (a live one) or from their own end
         # time (a retained one, see `ingest_report`), never from now: a node silent since
         # before a failover must turn stale on time.
         for key in [k for k in self.pending if k[0] == name]:
             pending = self._unpark(key)
-            vs.ingest_report(state, pending.report, pending.received_at, retained=pending.retained)
+            result = vs.ingest_report(
+                state, pending.report, pending.received_at, retained=pending.retained
+            )
+            if result.stored:
+                fold_report(state, pending.report, spec, self.node_labels, now)
         for key in [k for k in self.offline_pending if k[0] == name]:
             online, at = self.offline_pending.pop(key)
             (vs.node_online if online else vs.node_offline)(state, key[1], at)
@@ -320,8 +345,8 @@ class Store:
             return
         self.node_fabric[name] = (labels.get(LabelKey.FABRIC), has_fabric_taint(taints))
         # Our own label writes and kubelet status updates come back as Node events: only a
-        # change of the other labels can change what a selector matches.
-        selectable = {k: v for k, v in labels.items() if k != LabelKey.FABRIC}
+        # change of the kept labels can change what a selector matches.
+        selectable = kept_labels(labels, self.label_keys)
         if self.node_labels.get(name) == selectable:
             return
         self.node_labels[name] = selectable
@@ -330,6 +355,32 @@ class Store:
                 self.states[validation], name, selector_matches(selector, selectable), now
             )
         self.on_targets_changed()
+
+    def _note_label_keys(self) -> None:
+        keys = referenced_keys(self.specs.values())
+        added = keys - self.label_keys
+        if added:
+            # Nodes seen before know nothing of these keys: a listing fills them in.
+            self.label_keys_missing |= added
+            self.label_keys |= added
+            self.on_label_keys_added()
+
+    def fill_labels(self, listed: Mapping[str, Mapping[str, str]], keys: set[str]) -> None:
+        """Fill in the `keys` that known Nodes lack from a listing of their labels (taken
+        after the keys were added): a value a Node event brought since is newer and stays."""
+        self.label_keys_missing -= keys
+        changed = False
+        for name, labels in self.node_labels.items():
+            found = listed.get(name) or {}
+            new = {k: found[k] for k in keys if k in found and k not in labels}
+            if new:
+                labels.update(new)
+                changed = True
+        if changed:
+            now = utcnow()
+            for validation in self.selectors:
+                self._retarget(validation, now)
+            self.on_targets_changed()
 
     def _retarget(self, name: str, now: datetime) -> None:
         selector = self.selectors.get(name)

@@ -59,9 +59,14 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Final, Literal
 
-from netval.model.ids import CheckGroup, Status, worst
+from netval.model.ids import CheckGroup, CheckId, Status, worst
 from netval.model.results import CheckResult, Report
 from netval.model.status import NetworkValidationStatus
+from netval.operator.consistency.fingerprint import Fleet
+from netval.operator.consistency.fingerprint import forget as fleet_forget
+from netval.operator.consistency.fingerprint import touch as fleet_touch
+from netval.operator.consistency.fold import NodeVerdict
+from netval.operator.consistency.fold import refresh as fleet_refresh
 
 STALE_AFTER_INTERVALS: Final = 3
 MAX_FAILURE_MESSAGE: Final = 256
@@ -118,6 +123,8 @@ class NodeRecord:
     failing_checks: tuple[str, ...]  # sorted, unique
     failing_since: dict[tuple[str, str], datetime]  # (check, subject) -> first seen failing
     ok_streak: int  # consecutive accepted reports without fail/error (for taint recovery)
+    # the status from the report alone, once a fleet.consistency verdict is folded in
+    base_status: Status | None = None
 
 
 @dataclass(slots=True)
@@ -139,6 +146,9 @@ class ValidationState:
     newest_generation: int = -1  # newest generation reported by any node
     since_hints: dict[str, dict[tuple[str, str], datetime]] = field(default_factory=dict)
     dirty: bool = True
+    # fleet consistency (issue 22): fingerprints, cohorts, and each node's verdict
+    fleet: Fleet = field(default_factory=Fleet)
+    fleet_verdicts: dict[str, NodeVerdict] = field(default_factory=dict)
 
     @property
     def stale_after(self) -> timedelta:
@@ -175,8 +185,10 @@ def set_targeted(state: ValidationState, nodes: Iterable[str], now: datetime) ->
         return
     for node in new - state.targeted:
         state.targeted_since[node] = now
+        fleet_touch(state.fleet, node)
     for node in state.targeted - new:
         state.targeted_since.pop(node, None)
+        fleet_touch(state.fleet, node)
     state.targeted = new
     state.dirty = True
 
@@ -186,6 +198,7 @@ def set_node_targeted(state: ValidationState, node: str, targeted: bool, now: da
     require_aware(now)
     if targeted == (node in state.targeted):
         return
+    fleet_touch(state.fleet, node)
     if targeted:
         state.targeted.add(node)
         state.targeted_since[node] = now
@@ -257,7 +270,10 @@ def ingest_report(
         reported_at = now
         state.offline.pop(node, None)  # a live report: the agent is evidently running
     hints = state.since_hints.pop(node, None)
-    state.nodes[node] = _digest(report, reported_at, stored, hints)
+    rec = state.nodes[node] = _digest(report, reported_at, stored, hints)
+    verdict = state.fleet_verdicts.get(node)
+    if verdict is not None:
+        _apply_fleet(rec, node, verdict, stored.failing_since if stored else {}, reported_at)
     state.newest_generation = max(state.newest_generation, report.generation)
     if node not in state.targeted:
         return IngestResult.NOT_TARGETED
@@ -299,8 +315,37 @@ def forget_node(state: ValidationState, node: str) -> None:
     state.targeted.discard(node)
     state.targeted_since.pop(node, None)
     state.since_hints.pop(node, None)
+    fleet_forget(state.fleet, node)
+    state.fleet_verdicts.pop(node, None)
     if known:
         state.dirty = True
+
+
+def settle_fleet(state: ValidationState, now: datetime) -> None:
+    """Re-judge the cohorts whose fingerprints or members changed since the last read (all
+    of them once a rollout's `until` passed). Every reader of node health calls it first, so
+    a burst of changes (10,000 first reports) costs one judgement per cohort, not one each."""
+    for node, verdict in fleet_refresh(state.fleet, state.targeted, now).items():
+        set_fleet_verdict(state, node, verdict, now)
+
+
+def set_fleet_verdict(
+    state: ValidationState, node: str, verdict: NodeVerdict | None, now: datetime
+) -> None:
+    """The node's fleet.consistency verdict changed (its cohort was re-judged); None: no
+    verdict (the node left its cohort or the validation)."""
+    if verdict is None:
+        if state.fleet_verdicts.pop(node, None) is None:
+            return
+    elif state.fleet_verdicts.get(node) == verdict:
+        return
+    else:
+        state.fleet_verdicts[node] = verdict
+    rec = state.nodes.get(node)
+    if rec is not None:
+        _apply_fleet(rec, node, verdict, rec.failing_since, now)
+        if node in state.targeted:
+            state.dirty = True
 
 
 def restore_since(state: ValidationState, previous: NetworkValidationStatus) -> None:
@@ -322,6 +367,8 @@ def node_health(state: ValidationState, node: str, now: datetime) -> NodeHealth:
     """The node's fabric label value for this validation: from its fresh report; ``unknown``
     when it is stale, never reported or not targeted by this validation."""
     require_aware(now)
+    if state.fleet.dirty or state.fleet.expires_at is not None:
+        settle_fleet(state, now)
     rec = state.nodes.get(node)
     if node not in state.targeted or rec is None or not _fresh(state, node, rec, now):
         return "unknown"
@@ -342,6 +389,9 @@ def next_deadline(state: ValidationState, now: datetime) -> datetime | None:
         at = start + window
         if at >= now and (best is None or at < best):
             best = at
+    expiry = state.fleet.expires_at  # a rollout's end turns its values into Outliers
+    if expiry is not None and expiry >= now and (best is None or expiry < best):
+        best = expiry
     return best + timedelta(microseconds=1) if best is not None else None
 
 
@@ -398,6 +448,38 @@ def _digest(
         failing_since=since,
         ok_streak=(previous.ok_streak + 1 if previous is not None else 1) if ok else 0,
     )
+
+
+def _apply_fleet(
+    rec: NodeRecord,
+    node: str,
+    verdict: NodeVerdict | None,
+    old_since: dict[tuple[str, str], datetime],
+    now: datetime,
+) -> None:
+    """Fold a fleet.consistency verdict into the record as if the report had carried it."""
+    check = CheckId.FLEET_CONSISTENCY.value
+    base = rec.base_status if rec.base_status is not None else rec.status
+    buckets = [b for b in rec.check_buckets if b[0] != check]
+    failures = [f for f in rec.failures if f[2] != check]
+    since = {k: v for k, v in rec.failing_since.items() if k[0] != check}
+    status = base
+    if verdict is not None:
+        bucket = _BUCKET.get(verdict.status)
+        if bucket is not None:
+            buckets.append((check, bucket))
+        status = worst((base, verdict.status))
+        for key, message in verdict.failing:
+            first = since[(check, key)] = old_since.get((check, key), now)
+            failures.append((first, node, check, key, _truncate(message)))
+    rec.base_status = base
+    rec.status = status
+    if status.is_bad:
+        rec.ok_streak = 0  # taint recovery counts reports without this failing verdict too
+    rec.check_buckets = tuple(buckets)
+    rec.failures = tuple(sorted(failures))
+    rec.failing_checks = tuple(sorted({f[2] for f in failures}))
+    rec.failing_since = since
 
 
 def _fresh(state: ValidationState, node: str, rec: NodeRecord, now: datetime) -> bool:

@@ -10,6 +10,8 @@ from typing import Literal
 
 from netval.model.spec import NetworkValidationSpec
 from netval.model.status import Condition, ConditionType, NetworkValidationStatus, Reason
+from netval.operator.consistency.ingest import apply_changes
+from netval.operator.consistency.status import consistency_status
 from netval.operator.gating.capacity import usable_condition
 from netval.operator.gating.decisions import GatingCondition
 from netval.operator.state import validation as vs
@@ -27,7 +29,11 @@ def validation_status(
     gate: GatingCondition | None,
     now: datetime,
 ) -> NetworkValidationStatus:
+    apply_changes(state, now)  # a rollout's `until` passed: its values are Outliers now
     status = compute_status(state, now, previous=previous)
+    if spec is not None:
+        fleet = consistency_status(state.fleet, max_named=spec.consistency.max_outliers_per_key)
+        status = status.model_copy(update={"consistency": fleet})
     if spec is not None and spec.checks.peers.enabled:
         key = spec.checks.peers.topology_key
         fresh = {

@@ -1,5 +1,7 @@
-"""The status writer: one merge patch per validation per status window, only when the status
-changed, and only after the retained reports were read back after a start (so a restart
+"""The status writer: one merge patch per validation per status window, only when something a
+reader uses changed (conditions, counts, failures, checks, east-west; `lastReportTime`
+alone, which moves with every report, waits for the next such change or the slow resync),
+and only after the retained reports were read back after a start (so a restart
 does not flip conditions). Each write links the traces of the reports it carries and is
 followed by the Events of the transitions it carries (`status.events`), diffed from every
 targeted node as judged at the same `now` as the status.
@@ -41,6 +43,41 @@ STATUS_CONCURRENCY: Final = 4
 # (Ready's message), so a read now and then is enough; a watch would need a cluster-wide
 # permission or a second, namespaced Kopf operator.
 AGENT_PODS_EVERY: Final = 10.0
+# Seconds between writes that only move `lastReportTime`: with agents reporting every
+# interval it changes every window, and writing it would cost one patch per validation per
+# window forever; readers (`netval status`) see it at most this old.
+STATUS_RESYNC: Final = 300.0
+
+
+def needs_write(
+    status: NetworkValidationStatus,
+    previous: NetworkValidationStatus | None,
+    *,
+    resync_due: bool,
+) -> bool:
+    """Whether `status` is worth a patch over `previous` (the status last written)."""
+    if previous is None:
+        return True
+    if status == previous:
+        return False
+    if resync_due:
+        return True
+    return status.model_copy(update={"last_report_time": previous.last_report_time}) != previous
+
+
+def status_patch(
+    status: NetworkValidationStatus, previous: NetworkValidationStatus | None
+) -> dict[str, object]:
+    """The merge patch that writes `status`: `checks` is a map, which a merge patch merges,
+    so the check ids `previous` had and `status` no longer has are nulled (removed)."""
+    patch = status.to_patch()
+    gone = set(previous.checks) - set(status.checks) if previous is not None else set()
+    if gone:
+        checks = patch.get("checks")
+        merged: dict[str, object] = dict(checks) if isinstance(checks, dict) else {}
+        merged.update(dict.fromkeys(sorted(gone)))
+        patch["checks"] = merged
+    return patch
 
 
 class StatusWriter:
@@ -66,6 +103,10 @@ class StatusWriter:
         self.writes = 0
         self.write_failures = 0
         self.agent_pods_every = AGENT_PODS_EVERY
+        self.resync_seconds = STATUS_RESYNC
+        self._synced_at: dict[
+            str, float
+        ] = {}  # per validation: monotonic time it was last written or found in sync
         self._agent_pods_due = 0.0
         self._inflight: dict[str, asyncio.Task[None]] = {}
         # per validation: when time alone changes its status next (a node turns stale)
@@ -88,6 +129,7 @@ class StatusWriter:
         self.gaps.pop(name, None)
         self._gap_checked.pop(name, None)
         self._due.pop(name, None)
+        self._synced_at.pop(name, None)
         self.events.forget(name)
 
     def check_replay_gaps(self) -> None:
@@ -196,7 +238,10 @@ class StatusWriter:
             if name in self._inflight:
                 continue  # written when that write is done: never two at once, never stale
             due = self._due.get(name)
-            if not state.dirty and (due is None or due > now):
+            resync_due = (
+                time.monotonic() - self._synced_at.get(name, float("-inf")) >= self.resync_seconds
+            )
+            if not state.dirty and (due is None or due > now) and not resync_due:
                 continue
             # Cleared before computing: a change made while the patch is in flight (ingest,
             # the gating task) marks it dirty again and is written next window.
@@ -213,7 +258,9 @@ class StatusWriter:
                 log.exception("status of %s cannot be computed; retrying next window", name)
                 continue
             previous = self.store.previous.get(name)
-            if previous is not None and status == previous:
+            if previous is not None and not needs_write(status, previous, resync_due=resync_due):
+                if resync_due:
+                    self._synced_at[name] = time.monotonic()
                 # nothing to write, yet nodes may have swapped places past the failures cap
                 self._post_events(name, seen, previous)
                 continue
@@ -261,7 +308,7 @@ class StatusWriter:
             "netval.status_write", links=links, attributes={"netval.validation": name}
         ) as span:
             try:
-                await self.kube.patch_status(name, status.to_patch())
+                await self.kube.patch_status(name, status_patch(status, previous))
             except Exception as exc:
                 self.write_failures += 1
                 span.record_exception(exc)
@@ -269,6 +316,7 @@ class StatusWriter:
                 log.warning("status write for %s failed: %s", name, error_text(exc))
                 return False
         self.writes += 1
+        self._synced_at[name] = time.monotonic()
         state = self.store.states.get(name)
         if state is not None:  # not deleted while the patch was in flight
             self.store.previous[name] = status

@@ -1,6 +1,7 @@
-"""`netval operator`, started in one place: `run_operator` (the process, its leadership and
-terms: `netval.operator.process`), Kopf's settings, and the runtime a term builds from Kopf's
-memo (the start-up handler calls `start_runtime`, the clean-up `stop_runtime`)."""
+"""A leadership term's start-up and stop: Kopf's settings, and the term's runtime
+(`netval.operator.term_runtime`) built from Kopf's memo (the start-up handler calls
+`start_runtime`, the clean-up `stop_runtime`). The process that runs the terms, and
+`run_operator`, are `netval.operator.process`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import kopf
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -18,55 +19,12 @@ from netval.infra.telemetry import make_tracer_provider
 from netval.model.manifest import API_GROUP
 from netval.operator.kube.api import KubeApi, load_kube_client
 from netval.operator.metrics import operator_registry
-from netval.operator.runtime import OperatorRuntime
 from netval.operator.settings import OperatorSettings
-
-if TYPE_CHECKING:
-    from netval.operator.admission.options import WebhookOptions
-    from netval.operator.leadership.settings import ElectionSettings
+from netval.operator.term_runtime import OperatorRuntime
 
 RUNTIME_KEY: Final = "runtime"  # Kopf memo: the started OperatorRuntime
 SIGNALS_KEY: Final = "install_signals"  # Kopf memo: the process's signal handlers, if any
-
-
-class OperatorStartError(RuntimeError):
-    """The process cannot start (e.g. a port is taken): one line, nothing left running."""
-
-
-async def run_operator(
-    settings: OperatorSettings,
-    *,
-    standalone: bool,
-    liveness_endpoint: str | None = None,
-    metrics_addr: tuple[str, int] | None = None,
-    stop_flag: asyncio.Event | None = None,
-    webhook: WebhookOptions | None = None,
-    election: ElectionSettings | None = None,
-) -> None:
-    """Without `standalone`, replicas elect one leader on a Lease (`election`) and only the
-    leader runs Kopf and every writer; standalone runs them at once, without a Lease. Kopf's
-    own peering is never used. Without `webhook` no admission webhook is served."""
-    from netval.operator.process import OperatorProcess  # it builds on this module
-
-    _register_handlers(settings)
-    process = OperatorProcess(settings, webhook=webhook)
-    await process.run(
-        standalone=standalone,
-        election=election,
-        liveness_endpoint=liveness_endpoint,
-        metrics_addr=metrics_addr,
-        stop_flag=stop_flag,
-    )
-
-
-def _register_handlers(settings: OperatorSettings) -> None:
-    # importing them registers the handlers with Kopf
-    import netval.operator.admission.handlers  # admission webhooks, gate release
-    import netval.operator.handlers
-    import netval.operator.leadership.kopf_session  # Kopf's writes ask the write fence
-
-    if settings.kueue_enabled:  # Kopf watches Kueue objects only then (it needs their RBAC)
-        import netval.operator.kueue.handlers  # noqa: F401  (Kueue AdmissionCheck controller)
+LIST_CHUNK: Final = 500  # objects per page of the initial lists of Kopf's watches
 
 
 def configure_kopf(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
@@ -81,6 +39,9 @@ def configure_kopf(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
     # peering would pause its watches, not our loops.
     settings.peering.standalone = True
     settings.watching.server_timeout = memo.get("watch_timeout", settings.watching.server_timeout)
+    # Initial lists in pages (Kopf keeps one in memory): 10,000 Nodes in one response would
+    # be over 100 MiB of JSON at every start and watch restart.
+    settings.watching.chunk_size = LIST_CHUNK
 
 
 def build_runtime(memo: kopf.Memo) -> OperatorRuntime:

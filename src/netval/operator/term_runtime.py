@@ -1,4 +1,5 @@
-"""The operator's parts, wired in one place (start-up: `netval.operator.main`).
+"""The operator's parts for one leadership term, wired in one place (start-up and stop:
+`netval.operator.term_startup`; a new term builds a new runtime from fresh state).
 
 - `store` (`state.store.Store`): what Kopf handlers and MQTT tell the operator.
 - `ingest` (`ingest.subscriber.ReportIngest`): the MQTT subscription; reports go to the store.
@@ -13,8 +14,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -27,7 +30,7 @@ from netval.model.status import EventReason
 from netval.operator.gating.node_writer import NodeGating
 from netval.operator.ingest.assignments import assignments, leftover_topics
 from netval.operator.ingest.subscriber import ReportIngest
-from netval.operator.kube.api import KubeApi
+from netval.operator.kube.api import KubeApi, error_text
 from netval.operator.settings import OperatorSettings
 from netval.operator.state.peer_ports import PeerPortCheck
 from netval.operator.state.store import Store, ValidationView, utcnow
@@ -36,6 +39,10 @@ from netval.operator.status.events import Events
 from netval.operator.status.writer import StatusWriter
 
 __all__ = ["OperatorRuntime", "ValidationView"]
+
+log = logging.getLogger("netval.operator")
+
+LABEL_LISTING_BACKOFF: Final = 30.0  # seconds before another Node label listing after a failure
 
 
 class OperatorRuntime:
@@ -46,7 +53,9 @@ class OperatorRuntime:
         self.kube = kube
         self.tracer_provider = tracer_provider
         self.tracer = tracer_provider.get_tracer("netval.operator")
-        self.store = Store(on_targets_changed=self.targets_changed)
+        self.store = Store(
+            on_targets_changed=self.targets_changed, on_label_keys_added=self._list_missing_labels
+        )
         self.events = Events(kube, self.store)
         self.gating = NodeGating(settings, kube, self.store, self.events)
         self.status = StatusWriter(
@@ -72,6 +81,8 @@ class OperatorRuntime:
         self._targets_dirty = False
         # the leader's identity service: which validations target each node (its MQTT role)
         self.on_node_targets: Callable[[dict[str, frozenset[str]]], None] | None = None
+        self._label_listing: asyncio.Task[None] | None = None
+        self._label_listing_after = 0.0  # monotonic: no listing before (after a failure)
         self._started = False
         self._stopped = False
 
@@ -92,7 +103,8 @@ class OperatorRuntime:
     async def stop(self) -> None:
         """Idempotent; after it returns nothing of this runtime runs (a retry of start-up or
         the next leadership term builds a new one)."""
-        await cancel_and_wait(self._tasks)
+        listing = [self._label_listing] if self._label_listing is not None else []
+        await cancel_and_wait([*self._tasks, *listing])
         if not self._stopped:
             self._stopped = True
             # Each term builds its own client: its thread pools go with it (a hung call in
@@ -155,7 +167,9 @@ class OperatorRuntime:
             self.ingest.clear_retained(leftover_topics(name, nodes))
 
     def refresh_targets(self) -> None:
-        """Agent assignments and the peers-port check, if targets or a spec changed."""
+        """Agent assignments and the peers-port check, if targets or a spec changed; a
+        listing of the Nodes' labels if a validation references keys not kept yet."""
+        self._list_missing_labels()
         if not self._targets_dirty:
             return
         self._targets_dirty = False
@@ -172,6 +186,33 @@ class OperatorRuntime:
             for node in state.targeted:
                 found.setdefault(node, set()).add(name)
         return {node: frozenset(names) for node, names in found.items()}
+
+    def _list_missing_labels(self) -> None:
+        """Started as soon as a validation references a new key (from Kopf's handlers, on
+        the loop), or by the next status round (a failed listing's retry)."""
+        if not self.store.label_keys_missing or self._label_listing is not None:
+            return
+        if time.monotonic() < self._label_listing_after:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # not on the loop: the next status round starts it
+        keys = set(self.store.label_keys_missing)
+        self._label_listing = loop.create_task(self._fill_labels(keys))
+
+    async def _fill_labels(self, keys: set[str]) -> None:
+        try:
+            listed = await self.kube.list_node_labels(frozenset(keys))
+        except Exception as exc:
+            self._label_listing_after = time.monotonic() + LABEL_LISTING_BACKOFF
+            log.warning("cannot list the Nodes' labels %s: %s", sorted(keys), error_text(exc))
+        else:
+            self.store.fill_labels(listed, keys)
+            log.info("Node labels %s filled in for %d nodes", sorted(keys), len(listed))
+        finally:
+            self._label_listing = None
+        self._list_missing_labels()  # keys a validation added while this listing ran
 
     # -- what admission and Kueue ask (through the runtime in Kopf's memo) ------------------
 

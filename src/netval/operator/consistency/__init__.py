@@ -1,0 +1,1 @@
+"""Fleet consistency (issue 22): fingerprints, cohorts, findings and status.consistency."""
