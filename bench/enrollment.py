@@ -79,7 +79,7 @@ def _mosquitto_pid(config_dir: Path) -> int:
 
 
 def run_kube(workdir: Path, nodes: int, out: Path) -> None:
-    """The two calls enrollment makes, answered as a real apiserver would (the same answers
+    """The three calls enrollment makes (the DaemonSet read once), answered as a real apiserver would (the same answers
     as tests/kube.py's TokenReview table and Pod reads); any other call is a 501 and is
     counted, and the bench fails if there was one."""
     from aiohttp import web
@@ -89,12 +89,23 @@ def run_kube(workdir: Path, nodes: int, out: Path) -> None:
     authority = TokenAuthority()
     pods: dict[str, dict[str, Any]] = {}
     tokens = {}
+    daemonset = {
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "netval-agent-pool", "namespace": NS, "uid": "ds-uid",
+                     "labels": AGENT_LABELS,
+                     "ownerReferences": [{"apiVersion": "netval.io/v1alpha1",
+                                          "kind": "NetworkValidation", "name": "pool",
+                                          "uid": "nv-uid", "controller": True}]},
+    }  # fmt: skip
+    owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "netval-agent-pool",
+             "uid": "ds-uid", "controller": True}  # fmt: skip
     for i in range(nodes):
         node, pod = f"node-{i:05d}", f"agent-{i:05d}"
         uid = f"uid-{i:05d}"
         pods[pod] = {
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod, "namespace": NS, "uid": uid, "labels": AGENT_LABELS},
+            "metadata": {"name": pod, "namespace": NS, "uid": uid, "labels": AGENT_LABELS,
+                         "ownerReferences": [owner]},
             "spec": {"nodeName": node, "serviceAccountName": "netval-agent",
                      "containers": [{"name": "agent", "image": "netval"}]},
         }  # fmt: skip
@@ -114,6 +125,13 @@ def run_kube(workdir: Path, nodes: int, out: Path) -> None:
             )
         return web.json_response(pod)
 
+    async def read_daemonset(request: web.Request) -> web.Response:
+        if request.match_info["ns"] != NS or request.match_info["name"] != "netval-agent-pool":
+            return web.json_response(
+                {"kind": "Status", "code": 404, "reason": "NotFound"}, status=404
+            )
+        return web.json_response(daemonset)
+
     async def anything_else(request: web.Request) -> web.Response:
         unknown.append(f"{request.method} {request.path}")
         print(
@@ -128,6 +146,7 @@ def run_kube(workdir: Path, nodes: int, out: Path) -> None:
         app = web.Application()
         app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", token_review)
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", read_pod)
+        app.router.add_get("/apis/apps/v1/namespaces/{ns}/daemonsets/{name}", read_daemonset)
         app.router.add_route("*", "/{tail:.*}", anything_else)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -235,6 +254,7 @@ async def bench(args: argparse.Namespace) -> None:
                 min_reissue_seconds=0,
             )
             service = IdentityService(settings, mqtt, PodTokenReviewer(api_client, namespace=NS))
+            service.issuer.validations_of = lambda node: {"pool"}  # one validation targets all
             await service.start()
             service.admin.timeout = 300  # the bench measures how long the broker takes
             assert await service.admin.wait_connected(10)

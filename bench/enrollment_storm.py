@@ -70,6 +70,7 @@ async def run_operator(args: argparse.Namespace, shared: dict[str, Any]) -> None
     settings = IdentitySettings("127.0.0.1", 0, Path(shared["cert"]), Path(shared["key"]),
                                 timedelta(hours=24), Path(shared["ca"]))  # fmt: skip
     service = IdentityService(settings, mqtt, PodTokenReviewer(api_client, namespace=NS))
+    service.issuer.validations_of = lambda node: {VALIDATION}  # no runtime: it targets all
     port = await service.start()
     out = Path(args.out)
     stop = asyncio.Event()

@@ -70,7 +70,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
             }
         }
     },
-    "no-webhook": {"webhook": {"enabled": False}},
+    # without the webhook there is no enrollment: the shared agent login (dynamic security
+    # without the webhook does not render)
+    "no-webhook": {
+        "webhook": {"enabled": False},
+        "mqtt": {"broker": {"dynamicSecurity": {"enabled": False}}},
+    },
     # The bundled broker in plaintext (asked for), and its certificate from cert-manager or
     # from a Secret of the user's (agents elsewhere: their CA-only Secret named).
     "broker-plaintext": {"mqtt": {"tls": {"enabled": False}}},

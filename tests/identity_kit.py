@@ -189,3 +189,52 @@ def _mosquitto_binary() -> Path:
 
     assert mosquitto.MOSQUITTO, mosquitto.MISSING_REASON
     return Path(mosquitto.MOSQUITTO)
+
+
+AGENT_LABELS = {
+    "app.kubernetes.io/name": "netval-agent",
+    "app.kubernetes.io/managed-by": "netval-operator",
+}
+AGENT_DAEMONSET = "netval-agent-pool"
+
+
+def agent_daemonset(kube: Any, namespace: str) -> dict[str, Any]:
+    """The agents' DaemonSet as the operator renders it (labels, a NetworkValidation as its
+    controller), created once per namespace; the controller reference its pods carry."""
+    found = [
+        d for d in kube.list("apps/v1", "daemonsets", namespace)
+        if d["metadata"]["name"] == AGENT_DAEMONSET
+    ]  # fmt: skip
+    ds = found[0] if found else kube.create({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": AGENT_DAEMONSET, "namespace": namespace, "labels": AGENT_LABELS,
+                     "ownerReferences": [{"apiVersion": "netval.io/v1alpha1",
+                                          "kind": "NetworkValidation", "name": "pool",
+                                          "uid": "nv-uid", "controller": True}]},
+        "spec": {"selector": {"matchLabels": AGENT_LABELS},
+                 "template": {"metadata": {"labels": AGENT_LABELS},
+                              "spec": {"containers": [{"name": "agent", "image": "netval"}]}}},
+    })  # fmt: skip
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": AGENT_DAEMONSET,
+            "uid": ds["metadata"]["uid"], "controller": True}  # fmt: skip
+
+
+def agent_pod(
+    kube: Any,
+    name: str,
+    node: str,
+    namespace: str,
+    *,
+    labels: dict[str, str] | None = None,
+    service_account: str = "netval-agent",
+    owner: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An agent Pod of the agents' DaemonSet (`owner`: another controller reference)."""
+    return dict(kube.create({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": AGENT_LABELS if labels is None else labels,
+                     "ownerReferences": [owner or agent_daemonset(kube, namespace)]},
+        "spec": {"nodeName": node, "serviceAccountName": service_account,
+                 "containers": [{"name": "agent", "image": "netval"}]},
+    }))  # fmt: skip

@@ -46,7 +46,7 @@ CHART_LIMITS = (
     "max_queued_messages 100000",
     "max_queued_bytes 0",
     "max_inflight_messages 100",
-    "max_packet_size 2097152",
+    "max_packet_size 1052672",
 )
 
 

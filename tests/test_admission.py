@@ -715,6 +715,35 @@ def test_validation_not_loaded_is_judged_by_its_object(kube: KubeCluster) -> Non
     assert len(reads) == 3, reads  # pool-b once (cached), nope once, pool-c once
 
 
+def test_annotation_not_a_validation_name_is_refused_before_any_lookup(kube: KubeCluster) -> None:
+    """The annotation is written by whoever creates a Pod: a value no NetworkValidation can be
+    named is refused without an API read, and however many names are asked for, the caches
+    stay bounded."""
+    reviewer = Reviewer({})
+    reviewer.max_cached = 4
+
+    async def review(name: str) -> dict[str, Any]:
+        answer = await reviewer(admission_review(pod("p", name)), webhook=VALIDATE_PODS)
+        return dict(answer["response"])
+
+    async def reviews() -> list[dict[str, Any]]:
+        bad = ["Pool-A", "a/b", "x" * 254, "-a", "a..b", "ä", "a b", "pool_a"]
+        return [await review(name) for name in bad]
+
+    before = len(kube.requests())
+    for response in asyncio.run(reviews()):
+        assert response["allowed"] is False and response["status"]["code"] == 400
+        assert "is not a NetworkValidation name" in response["status"]["message"]
+    assert [p for m, p in kube.requests()[before:] if m == "GET"] == []
+
+    async def many() -> None:
+        for i in range(20):
+            assert (await review(f"missing-{i}"))["status"]["code"] == 400
+
+    asyncio.run(many())
+    assert len(reviewer._cache) == 4 and "missing-19" in reviewer._cache
+
+
 # -- pure parts ----------------------------------------------------------------------------------
 
 

@@ -19,11 +19,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import pytest
 
 import mosquitto as broker_kit
-from chart_kit import NAMESPACE, one, render
+from chart_kit import CHART, NAMESPACE, RELEASE, one, render
 from kube import wait_for
+from netval.model.topics import MAX_REPORT_PACKET_BYTES
 
 # --- the broker, for real -----------------------------------------------------------------
 
@@ -219,30 +221,33 @@ def chart_broker(tmp_path: Path) -> Iterator[tuple[int, dict[str, str]]]:
         yield broker
 
 
-def test_the_shared_agent_login_may_do_nothing_with_per_node_identity(
+def test_the_shared_agent_login_is_no_broker_user_with_per_node_identity(
     chart_broker: tuple[int, dict[str, str]],
 ) -> None:
     """Default chart (dynamic security on): agents enroll for their own node's client, so the
-    shared agent login, still in its Secret, must not speak for any node."""
+    shared agent login is not in the broker's password file at all: it cannot connect, so it
+    can neither speak for a node nor take over an agent's client id (which would end that
+    agent's session and fire its `offline` will)."""
     port, secrets = chart_broker
+    assert [line.split(":", 1)[0] for line in secrets["passwd"].splitlines()] == ["netval-operator"]
     operator = _Client(port, "netval-operator", secrets["operator"])
     shared = _Client(port, "netval-agent", secrets["agent"])
     try:
-        assert operator.accepted and shared.accepted
-        operator.subscribe("netval/#", wait=0)
-        base = "netval/v1/roce-training-pool/gpu-node-1"
-        operator.publish(f"{base}/assignment", b'{"domain": "zone-a"}')
-        for kind, payload in (("report", b"{}"), ("state", b"offline"), ("endpoint", b"{}")):
-            shared.publish(f"{base}/{kind}", payload)  # each dropped by the ACL
-        got = shared.subscribe("netval/#")
-        # a marker after the refused publishes: once it arrives, they would have too
-        operator.publish(f"{base}/marker", b"x")
-        wait_for(lambda: f"{base}/marker" in operator.messages, 10, what="the marker")
-        assert set(operator.messages) == {f"{base}/assignment", f"{base}/marker"}
-        assert got == {}  # nor may it read anything
+        assert operator.accepted
+        assert shared.reason is not None and shared.reason.is_failure  # refused in the CONNACK
     finally:
         operator.close()
         shared.close()
+
+
+def test_dynamic_security_without_the_webhook_does_not_render() -> None:
+    """Without the webhook nobody could enroll, and the plugin's deny-by-default would drop
+    every report in silence: refused at render time, with what to do."""
+    with (
+        helm.Chart.load(CHART) as chart,
+        pytest.raises(helm.HelmError, match=r"needs webhook.enabled"),
+    ):
+        chart.render({"webhook": {"enabled": False}}, name=RELEASE, namespace=NAMESPACE)
 
 
 def test_broker_configuration_works_in_a_real_mosquitto(tmp_path: Path) -> None:
@@ -487,7 +492,7 @@ def test_broker_limits_come_from_values() -> None:
     assert "max_queued_messages 100000\n" in conf
     assert "max_queued_bytes 0\n" in conf
     assert "max_inflight_messages 100\n" in conf
-    assert "max_packet_size 2097152\n" in conf
+    assert f"max_packet_size {MAX_REPORT_PACKET_BYTES}\n" in conf
     assert "persistent_client_expiration 1h\n" in conf
     values = {
         "mqtt": {
@@ -717,3 +722,59 @@ def test_broker_certificate_from_cert_manager_or_the_users_secret() -> None:
     with pytest.raises(Exception, match=r"mqtt\.tls\.agentCaSecret is required"):
         render({"agent": {"namespace": "netval-agents"},
                 "mqtt": {"tls": {"certManager": {"enabled": True}}}})  # fmt: skip
+
+
+def test_the_largest_legal_report_passes_and_a_bigger_packet_ends_only_its_sender(
+    tmp_path: Path,
+) -> None:
+    """max_packet_size is the largest legal report's packet: a report of MAX_REPORT_BYTES on
+    the longest topic, with a traceparent property (as the agent sends it, MQTT 5), reaches
+    the operator; a bigger packet ends the session of its sender and of nobody else."""
+    import paho.mqtt.client as paho
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    from netval.model.topics import MAX_REPORT_BYTES, TopicKind
+    from netval.model.topics import topic as report_topic
+
+    with run_chart_broker(tmp_path, plaintext_listener) as (port, secrets):
+        clients: list[Any] = []
+        got: dict[str, list[bytes]] = {}
+        gone: dict[str, list[Any]] = {}
+
+        def client(name: str) -> Any:
+            c = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=name,
+                            protocol=paho.MQTTv5)  # fmt: skip
+            c.username_pw_set("netval-operator", secrets["operator"])
+            c.on_message = lambda _c, _u, m: got.setdefault(name, []).append(bytes(m.payload))
+            c.on_disconnect = lambda _c, _u, _f, reason, _p: gone.setdefault(name, []).append(
+                reason
+            )
+            c.connect("127.0.0.1", port, keepalive=30)
+            c.loop_start()
+            wait_for(c.is_connected, 10, what=f"{name} connected")
+            clients.append(c)
+            return c
+
+        try:
+            watcher, sender, bystander = client("watcher"), client("sender"), client("bystander")
+            done = threading.Event()
+            watcher.on_subscribe = lambda *a: done.set()
+            watcher.subscribe("netval/v1/#", qos=1)
+            assert done.wait(10)
+            longest = report_topic("v" * 253, "n" * 253, TopicKind.REPORT)
+            props = Properties(PacketTypes.PUBLISH)
+            props.UserProperty = [("traceparent", "00-" + "a" * 32 + "-" + "b" * 16 + "-01")]
+            legal = b"x" * MAX_REPORT_BYTES
+            sender.publish(longest, legal, qos=1, properties=props).wait_for_publish(10)
+            wait_for(lambda: legal in got.get("watcher", []), 20, what="the largest report")
+            sender.publish(longest, legal + b"x" * 8192, qos=1, properties=props)
+            wait_for(lambda: gone.get("sender"), 20, what="the oversize sender disconnected")
+            bystander.publish("netval/v1/pool/node/state", b"online", qos=1).wait_for_publish(10)
+            wait_for(lambda: b"online" in got.get("watcher", []), 20, what="others unaffected")
+            assert "watcher" not in gone and "bystander" not in gone
+            assert len(got["watcher"]) == 2  # the oversize one never reached anyone
+        finally:
+            for c in clients:
+                c.loop_stop()
+                c.disconnect()

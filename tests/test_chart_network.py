@@ -93,7 +93,11 @@ def test_operator_policy_admits_webhook_enrollment_and_metrics_only() -> None:
     open_webhook = _policies({"networkPolicy": {"operator": {"enabled": True}}})["netval-operator"]
     assert "from" not in open_webhook["spec"]["ingress"][0]
     no_webhook = _policies(
-        {"networkPolicy": {"operator": {"enabled": True}}, "webhook": {"enabled": False}}
+        {
+            "networkPolicy": {"operator": {"enabled": True}},
+            "webhook": {"enabled": False},
+            "mqtt": {"broker": {"dynamicSecurity": {"enabled": False}}},
+        }
     )["netval-operator"]
     assert [r["ports"][0]["port"] for r in no_webhook["spec"]["ingress"]] == ["metrics"]
     # Without per-node identity (shared agent login) there is no enrollment port to open.

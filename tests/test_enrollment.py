@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from identity_kit import LoopThread, Mqtt
+from identity_kit import LoopThread, Mqtt, agent_pod
 from kube import KubeCluster, wait_for
 from netval.agent.enroll import Enroller, EnrollError, EnrollSettings
 from netval.agent.publish import ReportPublisher
@@ -148,6 +148,9 @@ class Enrollment:
         )
         reviewer = PodTokenReviewer(self.kube.api_client(), namespace=NS)
         service = IdentityService(settings, operator_mqtt, reviewer)
+        # no runtime here: as the leader's NodeRoleSync would say, these validations target
+        # every node (test_identity.py tests the sync itself)
+        service.issuer.validations_of = lambda node: {"pool", "v"}
         self.loop.run(service.start())
         assert self.loop.run(service.admin.wait_connected(10))
         return service
@@ -157,13 +160,9 @@ class Enrollment:
         return f"https://127.0.0.1:{self.service.server.port}/v1/enroll"
 
     def pod(self, name: str, node: str, *, labels: dict[str, str] | None = None,
-            service_account: str = SA) -> dict[str, Any]:  # fmt: skip
-        return self.kube.create({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": NS, "labels": AGENT_LABELS if labels is None else labels},
-            "spec": {"nodeName": node, "serviceAccountName": service_account,
-                     "containers": [{"name": "agent", "image": "netval"}]},
-        })  # fmt: skip
+            service_account: str = SA, owner: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+        return agent_pod(self.kube, name, node, NS, labels=labels, service_account=service_account,
+                         owner=owner)  # fmt: skip
 
     def agent_token(self, name: str, node: str) -> str:
         pod = self.pod(name, node)
@@ -274,8 +273,34 @@ def _deny_cases(e: Enrollment) -> dict[str, tuple[str | None, int]]:
     not_agent_uid = e.kube.get("v1", "Pod", "not-agent", namespace=NS)["metadata"]["uid"]
     e.pod("wrong-sa", "node-x", service_account="default")
     wrong_sa_uid = e.kube.get("v1", "Pod", "wrong-sa", namespace=NS)["metadata"]["uid"]
+    # owned by something else than an agent DaemonSet of netval's
+    uids = {}
+    stranger = e.kube.create({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "netval-agent-stranger", "namespace": NS, "labels": AGENT_LABELS},
+        "spec": {"selector": {"matchLabels": AGENT_LABELS},
+                 "template": {"metadata": {"labels": AGENT_LABELS},
+                              "spec": {"containers": [{"name": "a", "image": "x"}]}}},
+    })  # fmt: skip
+    owners = {
+        "replicaset": {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "netval-agent-x",
+                       "uid": "rs-uid", "controller": True},
+        "forged": {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "netval-agent-pool",
+                   "uid": "forged-uid", "controller": True},
+        "stranger": {"apiVersion": "apps/v1", "kind": "DaemonSet",
+                     "name": "netval-agent-stranger", "uid": stranger["metadata"]["uid"],
+                     "controller": True},
+    }  # fmt: skip
+    for key, owner in owners.items():
+        uids[key] = e.pod(f"owned-{key}", "node-x", owner=owner)["metadata"]["uid"]
     mint = e.authority.mint
     return {
+        "pod not of a DaemonSet": (
+            mint(Claims("owned-replicaset", uids["replicaset"], "node-x")),
+            403,
+        ),
+        "owner reference forged": (mint(Claims("owned-forged", uids["forged"], "node-x")), 403),
+        "DaemonSet not netval's": (mint(Claims("owned-stranger", uids["stranger"], "node-x")), 403),
         "no token": (None, 401),
         "not a JWT": ("eyJnot-a-token", 401),
         "unknown token": (jwt_shaped(), 403),

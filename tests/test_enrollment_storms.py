@@ -21,17 +21,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from identity_kit import BrokerRestarts, LoopThread, Mqtt
+from identity_kit import BrokerRestarts, LoopThread, Mqtt, agent_pod
 from kube import KubeCluster, wait_for
 from mosquitto import free_port
 from netval.infra.mqtt_settings import MqttSettings
 from netval.operator.identity.dynsec import DynsecAdmin
 from netval.operator.kube import certs
-from operator_env import GPU, NS, add_node
+from operator_env import GPU, NS, add_node, validation
 from operator_processes import OperatorProc
-from test_agent import LO_CHECKS, agent_config, netval_script, stop_process
+from test_agent import LO_CHECKS, VALIDATION, agent_config, netval_script, stop_process
 from test_chart_broker import plaintext_listener, run_chart_broker
-from test_enrollment import AGENT_LABELS, Claims, TokenAuthority
+from test_enrollment import Claims, TokenAuthority
 from test_identity_replicas import ChartBrokerLogin
 
 NODES = ("gpu-a", "gpu-b", "gpu-c")
@@ -79,15 +79,12 @@ class Fleet:
             "NETVAL_ENROLL_CA_FILE": str(tls.ca),
             **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
         }  # fmt: skip
+        # the validation the agents report for: the leader gives each node's role its topics
+        kube.create(validation(VALIDATION))
         self.tokens: dict[str, Path] = {}
         for node in NODES:
             add_node(kube, node, GPU)
-            pod = kube.create({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": f"agent-{node}", "namespace": NS, "labels": AGENT_LABELS},
-                "spec": {"nodeName": node, "serviceAccountName": "netval-agent",
-                         "containers": [{"name": "agent", "image": "netval"}]},
-            })  # fmt: skip
+            pod = agent_pod(kube, f"agent-{node}", node, NS)
             self.tokens[node] = tmp_path / f"token-{node}"
             self.tokens[node].write_text(
                 authority.mint(Claims(f"agent-{node}", pod["metadata"]["uid"], node))
@@ -273,3 +270,29 @@ def test_only_a_connack_refusing_the_credential_counts(rc: int, refused: bool) -
     assert credential_refused(error) is refused
     assert not credential_refused(MqttError("[Errno 111] Connection refused"))
     assert not credential_refused(TimeoutError())
+
+
+def test_refused_publishes_ask_for_a_new_credential_after_the_grace_and_once() -> None:
+    from netval.agent.refusal import PublishRefusals
+
+    now = [0.0]
+    rule = PublishRefusals(grace=300.0, clock=lambda: now[0])
+    login = ("netval-node:a:pod", "pw")
+    rule.refused(0x97, login)  # quota exceeded: counted, not the credential's fault
+    rule.refused(0x87, login)
+    now[0] = 299.0
+    rule.refused(0x87, login)
+    assert not rule.asks(login) and rule.credential_refusals == 0  # a role being updated
+    now[0] = 300.0
+    rule.refused(0x86, login)
+    assert rule.asks(login) and not rule.asks(("other", "pw"))
+    assert (rule.refusals, rule.credential_refusals) == (4, 1)
+    new = ("netval-node:a:pod", "pw2")  # the new credential is refused as well: no second ask
+    now[0] = 1000.0
+    rule.refused(0x87, new)
+    assert not rule.asks(new) and rule.credential_refusals == 1
+    rule.taken()  # a publish taken: the next lasting refusal asks again
+    rule.refused(0x87, new)
+    now[0] = 1300.0
+    rule.refused(0x87, new)
+    assert rule.asks(new) and rule.credential_refusals == 2

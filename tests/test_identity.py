@@ -10,6 +10,7 @@ ones can no longer come.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,8 @@ class Identity:
             password=secrets["operator"], client_id="operator-identity",
         )  # fmt: skip
         self.admin = DynsecAdmin(settings, timeout=10)
-        self.issuer = CredentialIssuer(self.admin)
+        # as the leader's NodeRoleSync would say: these validations target every node
+        self.issuer = CredentialIssuer(self.admin, validations_of=lambda node: {V, "vx", "vy"})
         self.loop.call(self.admin.start)
         self.loop.run(self.issuer.prepare())
         self.clients: list[Mqtt] = []
@@ -330,3 +332,124 @@ def test_a_node_cannot_take_over_another_nodes_session(identity: Identity) -> No
     op.wait_message(f"{base('node-a')}/state", b"online")
     assert not b.disconnects
     assert op.received(f"{base('node-b')}/state") == [b"online"]
+
+
+def test_a_publish_the_broker_refuses_counts_as_refused_and_asks_for_a_new_credential(
+    identity: Identity,
+) -> None:
+    """The agent's publisher over MQTT 5: a report the broker refuses (PUBACK 0x87, here a
+    node's credential publishing for another node, as after its role stopped covering a
+    topic) is counted as refused, never as published, and once refusals lasted the grace the
+    credential is reported refused (the enroller enrolls again on it); the same publisher
+    for its own node publishes."""
+    import datetime as dt
+
+    from netval.agent.publish import ReportPublisher
+    from netval.model import Report, Status
+
+    cred = identity.issue("node-a")
+    settings = MqttSettings(host="127.0.0.1", port=identity.port, username=cred.username,
+                            password=cred.password, client_id=cred.client_id)  # fmt: skip
+
+    def report(node: str) -> Report:
+        return Report(validation=V, generation=1, node=node, started_at=dt.datetime.now(dt.UTC),
+                      duration_ms=1.0, status=Status.PASS, results=[])  # fmt: skip
+
+    async def run(node: str, grace: float = 0.0) -> tuple[Any, bool]:
+        publisher = ReportPublisher(settings, V, node, backoff_base=0.05, backoff_cap=0.3,
+                                    publish_refusal_grace=grace)  # fmt: skip
+        await publisher.start()
+        await publisher.publish(report(node))
+        try:
+            async with asyncio.timeout(10):
+                # polls counters, bounded by the timeout
+                while not (publisher.stats().published or publisher.stats().publish_refusals):  # noqa: ASYNC110
+                    await asyncio.sleep(0.02)
+            return publisher.stats(), publisher.refused(cred.username, cred.password)
+        finally:
+            await publisher.stop()
+
+    forged, refused = identity.loop.run(run("node-b"))
+    assert forged.published == 0 and forged.publish_refusals >= 1
+    assert forged.credential_refusals >= 1 and refused
+    # by default only refusals that last 5 min ask for a new credential (a role being
+    # updated for a new validation is not the credential's fault)
+    forged, refused = identity.loop.run(run("node-b", grace=300.0))
+    assert forged.published == 0 and forged.publish_refusals >= 1 and not refused
+    own, refused = identity.loop.run(run("node-a"))
+    assert own.published == 1 and own.publish_refusals == 0 and not refused
+
+
+def test_a_node_role_covers_only_the_validations_that_target_it(identity: Identity) -> None:
+    """The leader's NodeRoleSync keeps each node's role to the validations that target it:
+    a node's credential can neither publish nor read under another validation; once one
+    starts targeting it, it can (after one sync), and it cannot once it stopped."""
+    from netval.operator.identity.node_roles import NodeRoleSync
+
+    sync = NodeRoleSync(identity.admin, retry=0.2, hold=0.0)
+    identity.issuer.validations_of = sync.validations_of
+    task = identity.loop.call(lambda: asyncio.ensure_future(sync.run()))
+
+    def set_targets(targets: dict[str, set[str]]) -> None:
+        identity.loop.call(sync.update, {n: frozenset(v) for n, v in targets.items()})
+        wait_for(lambda: sync.synced.is_set(), 10, what="roles synced")
+
+    try:
+        set_targets({"node-a": {"pool-1"}, "node-b": {"pool-1", "pool-2"}})
+        a = identity.node(identity.issue("node-a"))
+        b = identity.node(identity.issue("node-b"))
+        op = identity.operator()
+        a.subscribe("netval/v1/pool-1/+/endpoint", "netval/v1/pool-2/+/endpoint")
+        b.publish(f"{base('node-b', 'pool-2')}/endpoint", b"b2")  # not for A to read
+        a.publish(f"{base('node-a', 'pool-2')}/report", b"forged")  # not A's validation
+        a.publish(f"{base('node-a', 'pool-1')}/report", b"a1")
+        b.publish(f"{base('node-b', 'pool-1')}/endpoint", b"b1")
+        a.wait_message(f"{base('node-b', 'pool-1')}/endpoint", b"b1")
+        op.wait_message(f"{base('node-a', 'pool-1')}/report", b"a1")
+        assert op.received(f"{base('node-a', 'pool-2')}/report") == []
+        assert a.received(f"{base('node-b', 'pool-2')}/endpoint") == []
+
+        # pool-2 starts targeting node-a: one modifyRole, and A may publish there
+        sent = sync.commands
+        set_targets({"node-a": {"pool-1", "pool-2"}, "node-b": {"pool-1", "pool-2"}})
+        assert sync.commands - sent == 1
+        a.publish(f"{base('node-a', 'pool-2')}/report", b"a2")
+        op.wait_message(f"{base('node-a', 'pool-2')}/report", b"a2")
+
+        # and pool-1 stops targeting it
+        set_targets({"node-a": {"pool-2"}, "node-b": {"pool-1", "pool-2"}})
+        a.publish(f"{base('node-a', 'pool-1')}/report", b"late")
+        a.publish(f"{base('node-a', 'pool-2')}/report", b"a2-again")
+        op.wait_message(f"{base('node-a', 'pool-2')}/report", b"a2-again")
+        assert op.received(f"{base('node-a', 'pool-1')}/report") == [b"a1"]
+
+        # a new term reads the broker's roles back: nothing to send
+        sent = sync.commands
+        identity.loop.call(sync.restart)
+        identity.loop.call(sync.update, dict(sync.desired))
+        wait_for(lambda: sync.synced.is_set(), 10, what="roles read back")
+        assert sync.commands == sent
+    finally:
+        identity.loop.call(task.cancel)
+
+
+def test_roles_gain_a_validation_at_once_and_lose_one_only_after_the_hold() -> None:
+    """A term's first view of targeting may be partial (Nodes still being listed): a role is
+    narrowed only once a validation has not targeted the node for the hold."""
+    from netval.operator.identity.node_roles import role_changes
+
+    since: dict[str, float] = {}
+    applied = {"a": frozenset({"p1"}), "b": frozenset({"p1", "p2"})}
+    desired = {"a": frozenset({"p1", "p2"}), "c": frozenset({"p2"})}  # b not listed yet
+    assert role_changes(desired, applied, since, 0.0, 60.0) == {
+        "a": frozenset({"p1", "p2"}),
+        "c": frozenset({"p2"}),
+    }
+    assert role_changes(desired, applied, since, 59.0, 60.0) == {
+        "a": frozenset({"p1", "p2"}),
+        "c": frozenset({"p2"}),
+    }
+    assert role_changes(desired, applied, since, 60.0, 60.0)["b"] == frozenset()
+    # b came back before the hold ran out: nothing to take away, the clock starts over
+    desired["b"] = frozenset({"p1", "p2"})
+    assert "b" not in role_changes(desired, applied, since, 61.0, 60.0) and "b" not in since

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import kopf
 
-from identity_kit import Mqtt
+from identity_kit import Mqtt, agent_pod
 from kopf_harness import kopf_operator
 from kube import KubeCluster, wait_for
 from netval.infra.mqtt_settings import MqttSettings
@@ -23,7 +23,7 @@ from netval.operator.kube import certs
 from netval.operator.settings import OperatorSettings
 from operator_env import GPU, NS, add_node
 from test_chart_broker import plaintext_listener, run_chart_broker
-from test_enrollment import AGENT_LABELS, Claims, TokenAuthority
+from test_enrollment import Claims, TokenAuthority
 
 
 def test_a_deleted_node_or_agent_pod_loses_its_identity(tmp_path: Path, kube: KubeCluster) -> None:
@@ -60,12 +60,7 @@ def test_a_deleted_node_or_agent_pod_loses_its_identity(tmp_path: Path, kube: Ku
             context = ssl.create_default_context(cafile=str(tmp_path / "agent-ca.crt"))
             creds = {}
             for node in ("gpu-a", "gpu-b"):
-                pod = kube.create({
-                    "apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": f"agent-{node}", "namespace": NS, "labels": AGENT_LABELS},
-                    "spec": {"nodeName": node, "serviceAccountName": "netval-agent",
-                             "containers": [{"name": "agent", "image": "netval"}]},
-                })  # fmt: skip
+                pod = agent_pod(kube, f"agent-{node}", node, NS)
                 token = authority.mint(Claims(f"agent-{node}", pod["metadata"]["uid"], node))
                 request = urllib.request.Request(
                     f"https://127.0.0.1:{service.server.port}/v1/enroll", data=b"", method="POST",

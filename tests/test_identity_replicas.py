@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from identity_kit import Mqtt
+from identity_kit import Mqtt, agent_pod
 from kube import KubeCluster, wait_for
 from mosquitto import free_port
 from netval.operator.kube import certs
 from operator_env import GPU, NS, add_node
 from operator_processes import FAST_LEASE, OperatorProc, writes
 from test_chart_broker import plaintext_listener, run_chart_broker
-from test_enrollment import AGENT_LABELS, Claims, TokenAuthority
+from test_enrollment import Claims, TokenAuthority
 
 CA_CONFIGMAP = "netval-enroll-ca"
 # The defaults' 15 s lease: after the SIGKILL nobody leads for ~14 s, ample time to delete a
@@ -118,12 +118,7 @@ def test_a_standby_enrolls_agents_and_a_new_leader_takes_the_duties(
 
             pods = {}
             for node in ("gpu-a", "gpu-b"):
-                pods[node] = kube.create({
-                    "apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": f"agent-{node}", "namespace": NS, "labels": AGENT_LABELS},
-                    "spec": {"nodeName": node, "serviceAccountName": "netval-agent",
-                             "containers": [{"name": "agent", "image": "netval"}]},
-                })  # fmt: skip
+                pods[node] = agent_pod(kube, f"agent-{node}", node, NS)
             tokens = {
                 node: authority.mint(Claims(f"agent-{node}", pod["metadata"]["uid"], node))
                 for node, pod in pods.items()

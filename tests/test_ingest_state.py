@@ -88,6 +88,63 @@ def test_parked_tables_are_bounded_and_count_drops(monkeypatch: pytest.MonkeyPat
     assert ("ghost-0", "gpu-a") not in store.pending
 
 
+def test_parked_reports_have_a_byte_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The count alone would allow 100,000 reports of up to 1 MiB: the bytes are bounded
+    too, a drop is counted, and the bytes come back when the parked reports go."""
+    one = len(report("gpu-a", validation_name="ghost-0").model_dump_json())
+    monkeypatch.setattr(store_module, "PENDING_BYTES", 3 * one + one // 2)
+    store = fresh_store()
+    for i in range(5):
+        store.ingest_report(report("gpu-a", validation_name=f"ghost-{i}"), False)
+    assert len(store.pending) == 3 and store.dropped["pending"] == 2
+    assert store.pending_bytes == 3 * one
+    # a newer report of a parked key replaces it within the budget
+    store.ingest_report(report("gpu-a", Status.FAIL, validation_name="ghost-0"), False)
+    assert store.pending[("ghost-0", "gpu-a")].report.status is Status.FAIL
+    store.remove_validation("ghost-0")
+    store.upsert_validation("ghost-1", generation=1, spec=SPEC, body={}, status=None)
+    assert len(store.pending) == 1 and store.pending_bytes == one
+
+
+def test_parked_messages_of_a_validation_that_never_comes_are_let_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = datetime.now(UTC)
+    store = fresh_store()
+    at(monkeypatch, now)
+    store.ingest_report(report("gpu-a", validation_name="gone"), True)
+    store.on_state(StateChange("gone", "gpu-b", False))
+    store.ingest_report(report("gpu-a", validation_name="pool-a"), True)
+    later = now + timedelta(seconds=store_module.UNKNOWN_GRACE_SECONDS)
+    assert store.take_unknown(later) == {}  # the validations at start are not all loaded
+    store.expected_validations = {"pool-a"}
+    assert store.take_unknown(later) == {}  # pool-a may still come
+    store.upsert_validation("pool-a", generation=1, spec=SPEC, body={}, status=None)
+    assert store.take_unknown(later - timedelta(seconds=1)) == {}  # within the grace
+    assert store.take_unknown(later) == {"gone": {"gpu-a", "gpu-b"}}
+    assert not store.pending and not store.offline_pending and store.pending_bytes == 0
+
+
+def test_retained_topics_of_a_validation_deleted_while_no_operator_ran_are_cleared(
+    cluster: KubeCluster,
+    operator: tuple[OperatorRuntime, InMemorySpanExporter],
+    mosquitto_broker: MosquittoBroker,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(store_module, "UNKNOWN_GRACE_SECONDS", 0.5)
+    cluster.create(validation())
+    publish(mosquitto_broker, [report_msg(report(n)) for n in NODES])
+    gone = report("gpu-a", validation_name="gone")
+    publish(mosquitto_broker, [report_msg(gone), ("netval/v1/gone/gpu-a/state", b"offline")])
+    wait_for(
+        lambda: not asyncio.run(retained_on(mosquitto_broker, "netval/v1/gone/#")),
+        timeout=30,
+        what="the retained topics of the unknown validation cleared",
+    )
+    kept = asyncio.run(retained_on(mosquitto_broker, "netval/v1/pool-a/+/report"))
+    assert len(kept) == len(NODES)  # the known validation's are not touched
+
+
 def test_delete_clears_state_metrics_and_retained_topics(
     cluster: KubeCluster,
     operator: tuple[OperatorRuntime, InMemorySpanExporter],

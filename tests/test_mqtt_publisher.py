@@ -509,3 +509,38 @@ def test_reserved_suffixes_and_foreign_reports_are_rejected() -> None:
     with pytest.raises(ValueError, match="other-node"):
         publisher.publish_nowait(make_report(node="other-node"))
     assert check_topic_level("gpu-node-1.example") == "gpu-node-1.example"
+
+
+def test_a_report_above_the_limit_is_not_sent_and_the_session_stays(
+    mosquitto_broker: mosquitto.MosquittoBroker,
+) -> None:
+    """A report the operator would drop, in a packet the chart's broker refuses (ending the
+    session, then again after each reconnect): not sent, counted as a failure; the next
+    report that fits goes out on the same session."""
+    from netval.model import CheckId
+    from netval.model.results import CheckResult
+    from netval.model.topics import MAX_REPORT_BYTES
+
+    big = make_report(1).model_copy(update={"results": [
+        CheckResult(check=CheckId.LINK_CARRIER, subject=f"eth{i}", status=Status.PASS,
+                    message="m" * 1024, observed={}, expected={})
+        for i in range(1100)
+    ]})  # fmt: skip
+    assert len(big.to_json().encode()) > MAX_REPORT_BYTES
+
+    async def main() -> None:
+        async with subscriber(mosquitto_broker, f"{PREFIX}/report") as sub:
+            publisher = fast_publisher(settings_for(mosquitto_broker))
+            await publisher.start()
+            try:
+                await publisher.publish(big)
+                await wait_until(lambda: publisher.stats().publish_failures == 1, "dropped")
+                small = make_report(2)
+                await publisher.publish(small)
+                assert parse_report(await next_message(sub)) == small
+                stats = publisher.stats()
+                assert (stats.published, stats.reconnects) == (1, 0)
+            finally:
+                await publisher.stop()
+
+    asyncio.run(main())

@@ -328,9 +328,9 @@ topic readwrite $CONTROL/dynamic-security/#
 
 {{- if $b.dynamicSecurity.enabled }}
 
-# Agents enroll for their own per-node client (dynamic security). The shared agent login has
-# no entry here, so the broker lets it do nothing: one Secret can no longer speak for every
-# node.
+# Agents enroll for their own per-node client (dynamic security). The shared agent login is
+# not in the password file either: one Secret can no longer speak for every node, nor take
+# over an agent's client id.
 {{- else }}
 
 user {{ $b.agentUsername }}

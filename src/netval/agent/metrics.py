@@ -35,7 +35,12 @@ class _PublisherCollector(Collector):
                 "netval_mqtt_credential_refusals",
                 s.credential_refusals,
                 "Connects the broker refused for the credential (bad user name or password, not"
-                " authorized)",
+                " authorized), and publishes refused so for 5 min",
+            ),
+            (
+                "netval_publish_refusals",
+                s.publish_refusals,
+                "Publishes the broker answered with a failure reason code (not taken)",
             ),
         ):
             yield CounterMetricFamily(name, doc, value=value)

@@ -40,13 +40,20 @@ from aiomqtt import MqttError, Will
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
-from netval.agent.refusal import credential_refused
-from netval.infra.mqtt_client import backoff_delay, make_client
+from netval.agent.refusal import PUBLISH_REFUSAL_GRACE, PublishRefusals, credential_refused
+from netval.infra.mqtt_client import PublishRefused, backoff_delay, make_client
 from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.task_stop import cancel_and_wait
 from netval.infra.telemetry import publish_span, trace_properties
 from netval.model.results import Report
-from netval.model.topics import OFFLINE, ONLINE, TOPIC_ROOT, TopicKind, check_topic_level
+from netval.model.topics import (
+    MAX_REPORT_BYTES,
+    OFFLINE,
+    ONLINE,
+    TOPIC_ROOT,
+    TopicKind,
+    check_topic_level,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +83,10 @@ class PublisherStats:
     reconnects: int  # connection attempts after the first one
     connect_failures: int  # connection attempts that failed (refused, bad credentials, ...)
     connected: bool
-    credential_refusals: int = 0  # connects the broker refused for the credential (CONNACK)
+    # connects refused for the credential (CONNACK), and publishes (PUBACK 0x86/0x87) once
+    # their refusals lasted the grace (then the agent enrolls again)
+    credential_refusals: int = 0
+    publish_refusals: int = 0  # publishes the broker answered with a failure reason code
 
 
 class ReportPublisher:
@@ -93,6 +103,7 @@ class ReportPublisher:
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
         stop_timeout: float = 5.0,
+        publish_refusal_grace: float = PUBLISH_REFUSAL_GRACE,
         subscriptions: Sequence[str] = (),
         on_message: MessageHandler | None = None,
         rng: random.Random | None = None,
@@ -135,6 +146,7 @@ class ReportPublisher:
         self._reconnects = 0
         self._connect_failures = 0
         self._credential_refusals = 0
+        self._publish_refusals = PublishRefusals(publish_refusal_grace)
         # (username, password) of the last connect the broker refused for the credential;
         # None once a connect succeeds (netval.agent.enroll re-enrolls on it, nothing else)
         self._refused: tuple[str | None, str | None] | None = None
@@ -169,8 +181,13 @@ class ReportPublisher:
 
     def refused(self, username: str | None, password: str | None) -> bool:
         """The last connect with this user name and password was refused for the credential
-        (CONNACK 0x86/0x87, v3 rc 4/5) and none succeeded since."""
-        return not self._connected and self._refused == (username, password)
+        (CONNACK 0x86/0x87, v3 rc 4/5) and none succeeded since, or a publish with it was
+        (PUBACK 0x86/0x87) and none succeeded since (a reconnect does not clear that: the
+        broker takes the connection and refuses the publish again)."""
+        login = (username, password)
+        return (not self._connected and self._refused == login) or self._publish_refusals.asks(
+            login
+        )
 
     @property
     def running(self) -> bool:
@@ -190,7 +207,9 @@ class ReportPublisher:
             reconnects=self._reconnects,
             connect_failures=self._connect_failures,
             connected=self._connected,
-            credential_refusals=self._credential_refusals,
+            credential_refusals=self._credential_refusals
+            + self._publish_refusals.credential_refusals,
+            publish_refusals=self._publish_refusals.refusals,
         )
 
     # ---- public API -----------------------------------------------------------------
@@ -323,7 +342,11 @@ class ReportPublisher:
         """One connection: returns after a clean stop, raises MqttError when it breaks."""
         client = self._client()
         async with client:
-            await client.publish(self.state_topic, ONLINE, qos=1, retain=True)
+            try:
+                await client.publish(self.state_topic, ONLINE, qos=1, retain=True)
+            except PublishRefused as exc:
+                self._refused_publish(exc)
+                raise
             for topic in self._subscriptions:
                 granted = await client.subscribe(topic, qos=1)
                 # MQTT v5 SUBACK carries a reason code per filter; >= 0x80 is a refusal
@@ -375,6 +398,14 @@ class ReportPublisher:
         if report is not None:
             self._pending = None
             payload = report.to_json().encode()
+            if len(payload) > MAX_REPORT_BYTES:
+                # the operator would drop it and the broker ends the session of a packet
+                # this size: sent, it would be retried forever; the next report may fit
+                self._publish_failures += 1
+                log.error("report of %d bytes not sent: the limit is %d (results too many or"
+                          " too large)", len(payload), MAX_REPORT_BYTES)  # fmt: skip
+                report = None
+        if report is not None:
             try:
                 with publish_span(
                     self._tracer,
@@ -390,19 +421,31 @@ class ReportPublisher:
                         retain=True,
                         properties=trace_properties(span),
                     )
-            except MqttError:
+            except MqttError as exc:
                 self._publish_failures += 1
+                if isinstance(exc, PublishRefused):
+                    self._refused_publish(exc)
                 if self._pending is None:
                     self._pending = report  # retry after reconnect
                 else:
                     self._replaced += 1  # a newer one arrived meanwhile
                 raise
             self._published += 1
+            self._publish_refusals.taken()
         while self._retained_dirty:
             suffix = self._retained_dirty.pop()
             payload = self._retained[suffix]
             try:
                 await client.publish(f"{self.prefix}/{suffix}", payload, qos=1, retain=True)
-            except MqttError:
+            except MqttError as exc:
+                if isinstance(exc, PublishRefused):
+                    self._refused_publish(exc)
                 self._retained_dirty.add(suffix)
                 raise
+
+    def _refused_publish(self, exc: PublishRefused) -> None:
+        """The broker did not take a publish: counted as refused, never as published; the
+        session ends (the caller raises) and is retried with backoff. Whether it asks for a
+        new credential: `PublishRefusals`."""
+        log.warning("MQTT %s: %s", self.settings.url, exc)
+        self._publish_refusals.refused(exc.reason, (self.settings.username, self.settings.password))

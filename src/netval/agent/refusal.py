@@ -9,12 +9,17 @@ credential, and enrolling again then would only rotate a credential that still w
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Final
 
 from aiomqtt.exceptions import MqttConnectError
 
 V5_REFUSALS: Final = frozenset({0x86, 0x87})
 V3_REFUSALS: Final = frozenset({4, 5})
+PUBLISH_REFUSAL_GRACE: Final = 300.0  # seconds of refused publishes before a new credential
+
+Login = tuple[str | None, str | None]  # (user name, password)
 
 
 def credential_refused(exc: BaseException) -> bool:
@@ -26,3 +31,46 @@ def credential_refused(exc: BaseException) -> bool:
         return rc in V3_REFUSALS
     value = getattr(rc, "value", None)  # MQTT v5: paho's ReasonCode
     return isinstance(value, int) and value in V5_REFUSALS
+
+
+class PublishRefusals:
+    """When publishes the broker refuses (PUBACK >= 0x80) ask for a new credential.
+
+    Every refusal is counted (`refusals`). Not authorized (0x87) or a bad user name or
+    password (0x86) counts as a credential refusal, and `asks(login)` says so, only after
+    `grace` seconds (default 5 min) of such refusals without a publish taken, and once until
+    one is taken: with per-node identity a node's role follows the validations that target
+    it, so a new validation's first reports are refused until the leader updated the role
+    (seconds; minutes for a whole fleet), which a new password would not change. What a new
+    credential does fix (a client changed by hand) waits the grace.
+    """
+
+    def __init__(
+        self, grace: float = PUBLISH_REFUSAL_GRACE, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.grace = grace
+        self.clock = clock
+        self.refusals = 0
+        self.credential_refusals = 0  # grace passed: counts as a refused CONNACK
+        self._since: float | None = None  # first credential refusal since a publish taken
+        self._asked = False
+        self._login: Login | None = None
+
+    def refused(self, reason: int, login: Login) -> None:
+        self.refusals += 1
+        if reason not in V5_REFUSALS:
+            return
+        now = self.clock()
+        if self._since is None:
+            self._since = now
+        if now - self._since >= self.grace and not self._asked:
+            self._asked = True
+            self.credential_refusals += 1
+            self._login = login
+
+    def taken(self) -> None:
+        self._since, self._asked, self._login = None, False, None
+
+    def asks(self, login: Login) -> bool:
+        """A new credential is due for `login`."""
+        return self._login is not None and self._login == login

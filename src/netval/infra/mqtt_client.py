@@ -4,20 +4,39 @@ reconnect delay (capped exponential backoff with full jitter), and connect error
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import random
 import ssl
-from typing import Self
+from typing import Any, Self
 
 import aiomqtt
 from aiomqtt import MqttError, ProtocolVersion, Will
 
 from netval.infra.mqtt_settings import ENV_CA_FILE, MqttSettings
 
-__all__ = ["NetvalMqttClient", "backoff_delay", "explain_connect_error", "make_client"]
+__all__ = [
+    "NetvalMqttClient",
+    "PublishRefused",
+    "backoff_delay",
+    "explain_connect_error",
+    "make_client",
+]
 
 log = logging.getLogger(__name__)
 _warned_plaintext: set[str] = set()
+# The message id of the publish this task just handed to paho: aiomqtt does not return it.
+_last_mid: contextvars.ContextVar[int | None] = contextvars.ContextVar("mid", default=None)
+
+
+class PublishRefused(MqttError):
+    """The broker answered a QoS 1 publish with a failure reason code (MQTT 5 PUBACK >= 0x80,
+    e.g. 0x87 not authorized): it did not take the message. aiomqtt returns as if it had."""
+
+    def __init__(self, topic: str, reason: int) -> None:
+        super().__init__(f"the broker refused the publish to {topic}: reason code {reason:#04x}")
+        self.topic = topic
+        self.reason = reason
 
 
 def explain_connect_error(error: str, settings: MqttSettings) -> str:
@@ -51,6 +70,35 @@ class NetvalMqttClient(aiomqtt.Client):
     def __init__(self, settings: MqttSettings, **kwargs: object) -> None:
         super().__init__(settings.host, settings.port, **kwargs)  # type: ignore[arg-type]
         self._netval_settings = settings
+        # mid -> failure reason code, until its publish reads it (a PUBACK after a cancelled
+        # publish stays: message ids are 16-bit, so at most 65,535 entries)
+        self._refused_mids: dict[int, int] = {}
+        paho_publish = self._client.publish
+
+        def publish(*args: Any, **kwargs: Any) -> Any:
+            info = paho_publish(*args, **kwargs)
+            _last_mid.set(info.mid)
+            return info
+
+        self._client.publish = publish  # type: ignore[method-assign]
+
+    def _on_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any,
+                    properties: Any) -> None:  # fmt: skip
+        value = getattr(reason_code, "value", None)
+        if isinstance(value, int) and value >= 0x80:
+            self._refused_mids[mid] = value
+        super()._on_publish(client, userdata, mid, reason_code, properties)
+
+    async def publish(self, topic: str, *args: Any, **kwargs: Any) -> None:
+        """aiomqtt's publish, raising `PublishRefused` when the PUBACK carries a failure."""
+        _last_mid.set(None)
+        try:
+            await super().publish(topic, *args, **kwargs)
+        finally:
+            mid = _last_mid.get()
+            reason = self._refused_mids.pop(mid, None) if mid is not None else None
+        if reason is not None:
+            raise PublishRefused(topic, reason)
 
     async def __aenter__(self) -> Self:
         try:

@@ -10,6 +10,13 @@ TOPIC_ROOT: Final = "netval/v1"
 ONLINE: Final = b"online"
 OFFLINE: Final = b"offline"
 _MAX_LEVEL: Final = 253
+# The largest report the operator reads (bigger ones are dropped, `DropReason.TOO_LARGE`;
+# a real one is ~9 KB), and the largest MQTT packet that carries one: the payload plus the
+# fixed header (5), the topic (2 + at most 10 + 253 + 1 + 253 + 7 = 526), the packet id (2)
+# and MQTT 5 properties (the traceparent user property, ~70), rounded up to 4 KiB of slack.
+# The chart's broker refuses larger packets (mqtt.broker.limits.maxPacketSize).
+MAX_REPORT_BYTES: Final = 1 << 20
+MAX_REPORT_PACKET_BYTES: Final = MAX_REPORT_BYTES + 4096
 
 
 class DropReason(StrEnum):

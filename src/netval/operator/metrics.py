@@ -61,7 +61,7 @@ class _RuntimeCollector(Collector):
         parked = CounterMetricFamily(
             "netval_operator_parked_dropped",
             "Reports (pending) and states (offline_pending) for unknown validations dropped"
-            " because the table was full",
+            " because the table was full (reports: 100,000 entries or 64 MiB)",
             labels=["table"],
         )
         for table, count in sorted(rt.store.dropped.items()):
@@ -71,6 +71,11 @@ class _RuntimeCollector(Collector):
             "netval_operator_parked",
             "Reports and states held for validations not known yet",
             value=len(rt.store.pending) + len(rt.store.offline_pending),
+        )
+        yield GaugeMetricFamily(
+            "netval_operator_parked_bytes",
+            "Bytes of the reports held for validations not known yet (budget 64 MiB)",
+            value=rt.store.pending_bytes,
         )
         yield CounterMetricFamily(
             "netval_operator_replay_gaps",

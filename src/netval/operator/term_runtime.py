@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -65,7 +65,7 @@ class OperatorRuntime:
             self.events,
             self.tracer,
             gating_conditions=self.gating.conditions,
-            before_round=self.refresh_targets,
+            before_round=self.before_round,
         )
         self.ingest = ReportIngest(
             settings.mqtt,
@@ -79,6 +79,8 @@ class OperatorRuntime:
         self.metrics_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._targets_dirty = False
+        # the leader's identity service: which validations target each node (its MQTT role)
+        self.on_node_targets: Callable[[dict[str, frozenset[str]]], None] | None = None
         self._label_listing: asyncio.Task[None] | None = None
         self._label_listing_after = 0.0  # monotonic: no listing before (after a failure)
         self._started = False
@@ -154,6 +156,16 @@ class OperatorRuntime:
     def targets_changed(self) -> None:
         self._targets_dirty = True
 
+    def before_round(self) -> None:
+        self.refresh_targets()
+        self.clear_unknown()
+
+    def clear_unknown(self) -> None:
+        """Retained messages of validations that never came (deleted while no operator
+        ran): cleared after a grace, so the broker stops replaying them to every term."""
+        for name, nodes in self.store.take_unknown(utcnow()).items():
+            self.ingest.clear_retained(leftover_topics(name, nodes))
+
     def refresh_targets(self) -> None:
         """Agent assignments and the peers-port check, if targets or a spec changed; a
         listing of the Nodes' labels if a validation references keys not kept yet."""
@@ -164,6 +176,16 @@ class OperatorRuntime:
         self.ingest.set_retained(assignments(self.store))
         for name, message in self.peer_ports.update(self.store):
             self.events.queue(name, "Warning", EventReason.PEER_PORT_CONFLICT, message)
+        if self.on_node_targets is not None:
+            self.on_node_targets(self.node_targets())
+
+    def node_targets(self) -> dict[str, frozenset[str]]:
+        """node -> the validations that target it."""
+        found: dict[str, set[str]] = {}
+        for name, state in self.store.states.items():
+            for node in state.targeted:
+                found.setdefault(node, set()).add(name)
+        return {node: frozenset(names) for node, names in found.items()}
 
     def _list_missing_labels(self) -> None:
         """Started as soon as a validation references a new key (from Kopf's handlers, on

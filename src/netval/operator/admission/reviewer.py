@@ -7,6 +7,7 @@ import base64
 import functools
 import json
 import logging
+import re
 import time
 from collections.abc import Mapping
 from typing import Any, Final
@@ -41,6 +42,14 @@ log = logging.getLogger("netval.operator.admission")
 
 MAX_MESSAGE: Final = 1024  # refusal messages: kubectl prints them whole
 LOOKUP_TIMEOUT: Final = 2.0  # seconds for the one API read an admission may make
+# Each cache holds at most this many names (oldest dropped first): an annotation is written
+# by whoever creates a Pod, so its values are unbounded; a cluster has far fewer validations.
+MAX_CACHED: Final = 1024
+# A NetworkValidation is a cluster-scoped object: its name is a DNS-1123 subdomain.
+MAX_NAME: Final = 253
+_DNS1123_SUBDOMAIN: Final = re.compile(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
 
 
 class Refusal(Exception):
@@ -82,6 +91,7 @@ class Reviewer:
         self._cache: dict[str, tuple[float, ValidationView | None]] = {}  # from the API
         self._reads: dict[str, asyncio.Task[ValidationView | None]] = {}
         self._warned = -WARN_EVERY
+        self.max_cached = MAX_CACHED
 
     async def __call__(
         self,
@@ -160,6 +170,14 @@ class Reviewer:
                 f"annotation {AnnotationKey.REQUIRE_HEALTHY} is empty: name a NetworkValidation",
                 400,
             )
+        if len(name) > MAX_NAME or not _DNS1123_SUBDOMAIN.fullmatch(name):
+            # before any lookup: a name no object can have is never read from the API nor cached
+            raise Refusal(
+                f"annotation {AnnotationKey.REQUIRE_HEALTHY}: {name[:80]!r} is not a "
+                "NetworkValidation name (a DNS-1123 subdomain: lower-case letters, digits, "
+                "'-' and '.', at most 253 characters)",
+                400,
+            )
         now = time.monotonic()
         known = self._views.get(name)
         if known is not None and known[0] > now:
@@ -170,7 +188,7 @@ class Reviewer:
             # reach the status only once per status window anyway)
             view = runtime.validation_view(name)
             if view is not None:
-                self._views[name] = (now + self.view_ttl, view)
+                _remember(self._views, name, (now + self.view_ttl, view), self.max_cached)
                 return view
         cached = self._cache.get(name)
         if cached is not None and cached[0] > time.monotonic():
@@ -217,8 +235,16 @@ class Reviewer:
                 f"could not look up NetworkValidation {name!r}; retry in a few seconds", 503
             ) from None
         view = view_from_object(found) if found is not None else None
-        self._cache[name] = (time.monotonic() + self.cache_ttl, view)
+        _remember(self._cache, name, (time.monotonic() + self.cache_ttl, view), self.max_cached)
         return view
+
+
+def _remember(cache: dict[str, Any], key: str, value: Any, bound: int) -> None:
+    """Insert `key` last; past `bound`, drop the oldest entries (dicts keep insertion order)."""
+    cache.pop(key, None)
+    cache[key] = value
+    while len(cache) > bound:
+        del cache[next(iter(cache))]
 
 
 def view_from_object(obj: Mapping[str, Any]) -> ValidationView:

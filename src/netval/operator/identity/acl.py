@@ -9,6 +9,7 @@ hash) can contain: a node can never take the name of the operator's own login.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, Final
 
@@ -42,22 +43,39 @@ def node_of_client(username: str) -> str | None:
     return username[len(CLIENT_PREFIX) :] if username.startswith(CLIENT_PREFIX) else None
 
 
-def node_acls(node: str) -> list[dict[str, Any]]:
-    """A node writes its own report, state (its will included) and endpoint, in any
-    validation; it reads its own assignment and every peer's endpoint."""
-    own = f"{TOPIC_ROOT}/+/{check_topic_level(node, 'node name')}"
-    peers_endpoint = f"{TOPIC_ROOT}/+/+/{TopicKind.ENDPOINT.value}"
-    assignment = f"{own}/{TopicKind.ASSIGNMENT.value}"
-    acls: list[dict[str, Any]] = [
-        {"acltype": "publishClientSend", "topic": f"{own}/{kind.value}", "allow": True}
-        for kind in (TopicKind.REPORT, TopicKind.STATE, TopicKind.ENDPOINT)
-    ]
-    for read in (assignment, peers_endpoint):
+def node_acls(node: str, validations: Iterable[str]) -> list[dict[str, Any]]:
+    """In each validation that targets it, a node writes its own report, state (its will
+    included) and endpoint, and reads its own assignment and its peers' endpoints. Nothing
+    in a validation that does not target it (no `+` in the validation level): a node can
+    neither fill a validation it is not part of with reports nor read its endpoints."""
+    check_topic_level(node, "node name")
+    acls: list[dict[str, Any]] = []
+    for validation in sorted(set(validations)):
+        own = f"{TOPIC_ROOT}/{check_topic_level(validation, 'validation name')}/{node}"
         acls += [
-            {"acltype": "subscribePattern", "topic": read, "allow": True},
-            {"acltype": "publishClientReceive", "topic": read, "allow": True},
+            {"acltype": "publishClientSend", "topic": f"{own}/{kind.value}", "allow": True}
+            for kind in (TopicKind.REPORT, TopicKind.STATE, TopicKind.ENDPOINT)
         ]
+        peers_endpoint = f"{TOPIC_ROOT}/{validation}/+/{TopicKind.ENDPOINT.value}"
+        for read in (f"{own}/{TopicKind.ASSIGNMENT.value}", peers_endpoint):
+            acls += [
+                {"acltype": "subscribePattern", "topic": read, "allow": True},
+                {"acltype": "publishClientReceive", "topic": read, "allow": True},
+            ]
     return acls
+
+
+def validations_in(acls: Iterable[Any]) -> frozenset[str]:
+    """The validations a role's ACLs (as `getRole`/`listRoles` return them) cover."""
+    found = set()
+    prefix = TOPIC_ROOT + "/"
+    for entry in acls:
+        topic = entry.get("topic") if isinstance(entry, dict) else None
+        if isinstance(topic, str) and topic.startswith(prefix):
+            validation = topic[len(prefix) :].split("/", 1)[0]
+            if validation != "+":
+                found.add(validation)
+    return frozenset(found)
 
 
 def expiry_description(expires_at: datetime) -> str:
@@ -73,8 +91,21 @@ def expiry_of(description: str | None) -> datetime | None:
         return None
 
 
-def create_role(node: str) -> Command:
-    return {"command": "createRole", "rolename": role_name(node), "acls": node_acls(node)}
+def create_role(node: str, validations: Iterable[str] = ()) -> Command:
+    return {
+        "command": "createRole",
+        "rolename": role_name(node),
+        "acls": node_acls(node, validations),
+    }
+
+
+def set_role(node: str, validations: Iterable[str]) -> Command:
+    """Replace the role's ACLs (Mosquitto 2.0's `modifyRole` takes the whole list)."""
+    return {
+        "command": "modifyRole",
+        "rolename": role_name(node),
+        "acls": node_acls(node, validations),
+    }
 
 
 def create_client(username: str, node: str, password: str, expires_at: datetime) -> Command:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -66,8 +66,12 @@ class CredentialIssuer:
         *,
         lifetime: timedelta = DEFAULT_LIFETIME,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        validations_of: Callable[[str], Iterable[str]] = lambda node: (),
     ) -> None:
         self.admin = admin
+        # what a node's role covers when its first enrollment creates it (the leader's
+        # NodeRoleSync knows; a standby creates it empty and the leader fills it in)
+        self.validations_of = validations_of
         self.lifetime = lifetime
         self.clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
@@ -88,7 +92,10 @@ class CredentialIssuer:
         expires_at = (self.clock() + self.lifetime).replace(microsecond=0)
         async with self._locks.setdefault(username, asyncio.Lock()):
             role, client = await self.admin.execute(
-                [acl.create_role(node), acl.create_client(username, node, password, expires_at)]
+                [
+                    acl.create_role(node, self.validations_of(node)),
+                    acl.create_client(username, node, password, expires_at),
+                ]
             )
             for response in (role, client):
                 error = _error(response)

@@ -4,10 +4,13 @@ A TokenReview with audience `netval` says whose token it is; a pod-bound token c
 pod's name and uid (and, from Kubernetes 1.30, its node) in `status.user.extra`. The Pod
 itself, read back, must have that uid, run as the agents' ServiceAccount with the agents'
 labels, and be scheduled: its `spec.nodeName` is the node the credential is for. The node
-therefore comes from the API server, never from the request.
+therefore comes from the API server, never from the request. Its controller must be one of
+netval's agent DaemonSets, read back too (once per DaemonSet uid): anyone who may create
+Pods with the agents' ServiceAccount could otherwise write the labels themselves.
 
-The checks of what the API server said are pure (`pod_ref_of`, `agent_node_of`); the two
-calls run in a worker thread (the official client is synchronous).
+The checks of what the API server said are pure (`pod_ref_of`, `agent_node_of`,
+`daemonset_owner_of`, `check_agent_daemonset`); the calls run in a worker thread (the
+official client is synchronous).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from netval.model.keys import MANAGED_BY_OPERATOR, LabelKey
+from netval.model.manifest import API_GROUP
 from netval.model.topics import check_topic_level
+from netval.operator.agents.agent_names import AGENT_OBJECT_PREFIX
 from netval.operator.agents.manifests import AGENT_APP_NAME, AGENT_SERVICE_ACCOUNT
 
 AUDIENCE: Final = "netval"
@@ -29,6 +34,7 @@ EXTRA_POD_NAME: Final = "authentication.kubernetes.io/pod-name"
 EXTRA_POD_UID: Final = "authentication.kubernetes.io/pod-uid"
 EXTRA_NODE_NAME: Final = "authentication.kubernetes.io/node-name"
 API_TIMEOUT: Final = 10.0
+MAX_OWNERS: Final = 1024  # DaemonSets verified (one per validation): far more than a cluster has
 AGENT_POD_LABELS: Final[Mapping[str, str]] = {
     LabelKey.NAME.value: AGENT_APP_NAME,
     LabelKey.MANAGED_BY.value: MANAGED_BY_OPERATOR,
@@ -50,6 +56,15 @@ class PodRef:
     name: str
     uid: str
     node: str | None  # from the token, when the API server puts it there (1.30+)
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRef:
+    """The DaemonSet a Pod says controls it."""
+
+    namespace: str
+    name: str
+    uid: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +137,53 @@ def agent_node_of(
     return AgentPod(ref.namespace, ref.name, ref.uid, node)
 
 
+def daemonset_owner_of(ref: PodRef, pod: Mapping[str, Any]) -> OwnerRef:
+    """The agent DaemonSet the Pod names as its controller. A Pod's ownerReferences are
+    written by whoever creates it, so this only says which DaemonSet to read back
+    (`check_agent_daemonset`)."""
+    refs = _dict(pod.get("metadata")).get("ownerReferences")
+    for owner in refs if isinstance(refs, list) else []:
+        owner = _dict(owner)
+        if owner.get("controller") is not True:
+            continue
+        name, uid = owner.get("name"), owner.get("uid")
+        if (
+            owner.get("apiVersion") == "apps/v1"
+            and owner.get("kind") == "DaemonSet"
+            and isinstance(name, str)
+            and name.startswith(AGENT_OBJECT_PREFIX)
+            and isinstance(uid, str)
+            and uid
+        ):
+            return OwnerRef(ref.namespace, name, uid)
+        break  # one controller at most: another kind is not an agent pod
+    raise EnrollmentDenied(
+        f"pod {ref.namespace}/{ref.name} is not controlled by a netval agent DaemonSet"
+    )
+
+
+def check_agent_daemonset(owner: OwnerRef, daemonset: Mapping[str, Any] | None) -> None:
+    """The DaemonSet read back is the one the Pod names (same uid), carries the agents'
+    labels and is controlled by a NetworkValidation: one the operator manages."""
+    what = f"DaemonSet {owner.namespace}/{owner.name}"
+    if daemonset is None:
+        raise EnrollmentDenied(f"{what} does not exist")
+    meta = _dict(daemonset.get("metadata"))
+    if meta.get("uid") != owner.uid:
+        raise EnrollmentDenied(f"{what} has another uid than the pod's owner reference")
+    labels = _dict(meta.get("labels"))
+    if any(labels.get(k) != v for k, v in AGENT_POD_LABELS.items()):
+        raise EnrollmentDenied(f"{what} is not managed by netval")
+    refs = meta.get("ownerReferences")
+    if not any(
+        _dict(o).get("kind") == "NetworkValidation"
+        and str(_dict(o).get("apiVersion", "")).startswith(f"{API_GROUP}/")
+        and _dict(o).get("controller") is True
+        for o in (refs if isinstance(refs, list) else [])
+    ):
+        raise EnrollmentDenied(f"{what} is not controlled by a NetworkValidation")
+
+
 class PodTokenReviewer:
     def __init__(
         self,
@@ -133,14 +195,26 @@ class PodTokenReviewer:
         self.api_client = api_client
         self.auth = client.AuthenticationV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
+        self.apps_api = client.AppsV1Api(api_client)
         self.namespace = namespace
         self.service_account = service_account
+        # DaemonSets verified, by (namespace, name, uid): a uid is never reused, so a
+        # verified one stays verified (one GET per validation, not per enrollment)
+        self._owners: dict[OwnerRef, None] = {}
 
     async def review(self, token: str) -> AgentPod:
         status = await asyncio.to_thread(self._token_review, token)
         ref = pod_ref_of(status, namespace=self.namespace, service_account=self.service_account)
         pod = await asyncio.to_thread(self._read_pod, ref)
-        return agent_node_of(ref, pod, service_account=self.service_account)
+        agent = agent_node_of(ref, pod, service_account=self.service_account)
+        assert pod is not None  # agent_node_of refuses a missing pod
+        owner = daemonset_owner_of(ref, pod)
+        if owner not in self._owners:
+            check_agent_daemonset(owner, await asyncio.to_thread(self._read_daemonset, owner))
+            self._owners[owner] = None
+            while len(self._owners) > MAX_OWNERS:
+                del self._owners[next(iter(self._owners))]
+        return agent
 
     def _token_review(self, token: str) -> dict[str, Any]:
         body = client.V1TokenReview(
@@ -167,3 +241,16 @@ class PodTokenReviewer:
         except Exception as exc:
             raise ReviewUnavailable(f"reading the pod failed: {type(exc).__name__}") from None
         return dict(self.api_client.sanitize_for_serialization(pod))  # type: ignore[no-untyped-call]
+
+    def _read_daemonset(self, owner: OwnerRef) -> dict[str, Any] | None:
+        try:
+            found = self.apps_api.read_namespaced_daemon_set(
+                owner.name, owner.namespace, _request_timeout=API_TIMEOUT
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise ReviewUnavailable(f"reading the DaemonSet failed: HTTP {exc.status}") from None
+        except Exception as exc:
+            raise ReviewUnavailable(f"reading the DaemonSet failed: {type(exc).__name__}") from None
+        return dict(self.api_client.sanitize_for_serialization(found))  # type: ignore[no-untyped-call]

@@ -41,10 +41,14 @@ from netval.operator.identity.credentials import DEFAULT_LIFETIME, CredentialIss
 from netval.operator.identity.dynsec import DynsecAdmin, DynsecError
 from netval.operator.identity.enroll_server import MIN_REISSUE_SECONDS, EnrollmentServer
 from netval.operator.identity.metrics import IdentityCollector
+from netval.operator.identity.node_roles import NodeRoleSync
 from netval.operator.identity.review import AGENT_POD_LABELS, PodTokenReviewer
+from netval.operator.identity.tls_reload import RELOAD_EVERY, CertReloader
 from netval.operator.kube import certs
 from netval.operator.kube.api import KubeApi, error_text, load_kube_client
 from netval.operator.settings import OperatorConfigError, OperatorSettings
+from netval.operator.term_runtime import OperatorRuntime
+from netval.operator.term_startup import RUNTIME_KEY
 
 log = logging.getLogger("netval.operator.identity")
 
@@ -77,6 +81,7 @@ class IdentitySettings:
     ca_file: Path | None = None  # the CA agents verify the server with (None: the cert's)
     min_reissue_seconds: float = MIN_REISSUE_SECONDS  # per pod (tests: 0)
     departed_every: float = DEPARTED_SWEEP_SECONDS  # (tests: shorter)
+    cert_reload_every: float = RELOAD_EVERY  # seconds between looks at cert_file/key_file
 
 
 def identity_settings_from_env(env: Mapping[str, str] = os.environ) -> IdentitySettings | None:
@@ -147,7 +152,10 @@ class IdentityService:
         admin_id = f"{mqtt.client_id}-identity" if mqtt.client_id else None
         self.mqtt = mqtt
         self.admin = DynsecAdmin(dataclasses.replace(mqtt, client_id=admin_id))
-        self.issuer = CredentialIssuer(self.admin, lifetime=settings.lifetime)
+        self.roles = NodeRoleSync(self.admin)
+        self.issuer = CredentialIssuer(
+            self.admin, lifetime=settings.lifetime, validations_of=self.roles.validations_of
+        )
         self.server = EnrollmentServer(
             reviewer,
             self.issuer,
@@ -158,12 +166,23 @@ class IdentityService:
         self._listers: Listers | None = None
         self.background: set[asyncio.Task[None]] = set()  # one-shot tasks, cancelled at stop
         self.ca_file: Path | None = None
+        self.cert_reloader: CertReloader | None = None
+        self._reload_task: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
         """Serve enrollments (every replica). The port first: a port that cannot be bound
-        leaves nothing running (no broker connection half-open at exit)."""
+        leaves nothing running (no broker connection half-open at exit). A certificate
+        given as files is picked up again when they change (cert-manager renewals)."""
         context, self.ca_file = server_tls(self.settings)
         port = await self.server.start(self.settings.host, self.settings.port, context)
+        cert, key = self.settings.cert_file, self.settings.key_file
+        if cert is not None and key is not None:
+            self.cert_reloader = CertReloader(
+                context, cert, key, every=self.settings.cert_reload_every
+            )
+            self._reload_task = asyncio.create_task(
+                self.cert_reloader.run(), name="netval-enroll-cert-reload"
+            )
         self.admin.start()
         return port
 
@@ -175,6 +194,8 @@ class IdentityService:
             return
         self._listers = listers
         self._tasks.append(asyncio.create_task(self._maintain(), name="netval-identity-sweep"))
+        self.roles.restart()  # read what the broker holds again: another leader wrote since
+        self._tasks.append(asyncio.create_task(self.roles.run(), name="netval-node-roles"))
         self._once(self.check_broker_acl(registry), "netval-broker-acl-check")
 
     def _once(self, work: Coroutine[Any, Any, Any], name: str) -> None:
@@ -189,6 +210,8 @@ class IdentityService:
 
     async def stop(self) -> None:
         await self.stop_leading()
+        if self._reload_task is not None:
+            await cancel_and_wait([self._reload_task])
         await self.server.stop()
         await self.admin.stop()
 
@@ -216,6 +239,7 @@ class IdentityService:
 
     async def revoke_node(self, node: str) -> None:
         self.server.forget_node(node)
+        self.roles.forget(node)
         try:
             await self.issuer.revoke_node(node)
         except DynsecError as exc:  # an event handler is not retried: the expiry sweep is
@@ -304,6 +328,11 @@ async def start_identity(memo: kopf.Memo, operator: OperatorSettings) -> None:
             registry.register(IdentityCollector(service))
     memo[MEMO_KEY] = service
     service.lead(registry, listers=(_node_names, partial(_agent_pod_names, operator)))
+    runtime = memo.get(RUNTIME_KEY)
+    if isinstance(runtime, OperatorRuntime):
+        # each node's role follows the validations that target it (in the next status window)
+        runtime.on_node_targets = service.roles.update
+        runtime.targets_changed()
     if operator.agent_enroll_ca_configmap and service.ca_file is not None:
         body = ca_configmap(
             operator.agent_namespace,

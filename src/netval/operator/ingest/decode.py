@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from netval.model.results import Report
 from netval.model.topics import (
+    MAX_REPORT_BYTES,
     OFFLINE,
     ONLINE,
     DropReason,
@@ -25,7 +26,7 @@ from netval.model.topics import (
     parse_topic,
 )
 
-MAX_PAYLOAD: Final = 1 << 20
+MAX_PAYLOAD: Final = MAX_REPORT_BYTES
 
 # The reasons this decoder drops a message for (the agent's peer service has others).
 INGEST_DROP_REASONS: Final = (

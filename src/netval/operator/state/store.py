@@ -29,6 +29,14 @@ from netval.operator.state.validation import IngestResult, NodeHealth, Validatio
 # grow the operator without bound.
 PENDING_LIMIT: Final = 100_000
 OFFLINE_PENDING_LIMIT: Final = 100_000
+# ... and at most this many bytes of parked reports (their JSON size): a report may be up to
+# 1 MiB, so the count alone would allow 100 GB. A report dropped here is not lost for long:
+# its agent publishes the next one every interval.
+PENDING_BYTES: Final = 64 << 20
+# Parked messages of a validation still unknown this long after they arrived, once every
+# validation that existed at start is loaded, are of one deleted while no operator ran: they
+# are forgotten and their retained topics cleared (else the broker replays them forever).
+UNKNOWN_GRACE_SECONDS: Final = 600.0
 # After a validation is deleted, messages for it are its agents' last words (a clean stop
 # publishes a retained `offline`, a report may be in flight): for this long they are cleared
 # from the broker instead of parked. A validation created again under the name ends it.
@@ -67,6 +75,8 @@ class _Pending:
     report: Report
     retained: bool
     received_at: datetime  # folded as if at this time, not at the takeover
+    size: int = 0  # bytes, against PENDING_BYTES
+    parked_at: datetime | None = None  # when it arrived here (the grace counts from it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +136,7 @@ class Store:
         self.pending: dict[tuple[str, str], _Pending] = {}
         self.offline_pending: dict[tuple[str, str], tuple[bool, datetime]] = {}
         self.dropped: dict[str, int] = {"pending": 0, "offline_pending": 0}
+        self.pending_bytes = 0
         # the (validation, node) keys of the last retained replay, and its number
         self.replayed: frozenset[tuple[str, str]] = frozenset()
         self.replays = 0
@@ -139,8 +150,15 @@ class Store:
         state = self.states.get(report.validation)
         if state is None:
             key = (report.validation, report.node)
-            if key in self.pending or len(self.pending) < PENDING_LIMIT:
-                self.pending[key] = _Pending(report, retained, utcnow())
+            size = len(report.model_dump_json())  # only for unknown validations: rare
+            old = self.pending.get(key)
+            freed = old.size if old is not None else 0
+            if (
+                old is not None or len(self.pending) < PENDING_LIMIT
+            ) and self.pending_bytes - freed + size <= PENDING_BYTES:
+                now = utcnow()
+                self.pending[key] = _Pending(report, retained, now, size, now)
+                self.pending_bytes += size - freed
             else:
                 self.dropped["pending"] += 1
             return None
@@ -195,7 +213,7 @@ class Store:
         # time (a retained one, see `ingest_report`), never from now: a node silent since
         # before a failover must turn stale on time.
         for key in [k for k in self.pending if k[0] == name]:
-            pending = self.pending.pop(key)
+            pending = self._unpark(key)
             result = vs.ingest_report(
                 state, pending.report, pending.received_at, retained=pending.retained
             )
@@ -231,7 +249,7 @@ class Store:
             nodes |= set(state.nodes) | state.targeted | set(state.offline)
         for key in [k for k in self.pending if k[0] == name]:
             nodes.add(key[1])
-            del self.pending[key]
+            self._unpark(key)
         for key in [k for k in self.offline_pending if k[0] == name]:
             nodes.add(key[1])
             del self.offline_pending[key]
@@ -242,6 +260,31 @@ class Store:
             del self.deleted[next(iter(self.deleted))]
         self.on_targets_changed()
         return nodes
+
+    def _unpark(self, key: tuple[str, str]) -> _Pending:
+        pending = self.pending.pop(key)
+        self.pending_bytes -= pending.size
+        return pending
+
+    def take_unknown(self, now: datetime, grace: float | None = None) -> dict[str, set[str]]:
+        """validation -> nodes whose parked messages have waited `grace` seconds (default
+        UNKNOWN_GRACE_SECONDS) for a validation that did not come although every one that
+        existed at start is loaded: forgotten here; the caller clears their retained topics."""
+        grace = UNKNOWN_GRACE_SECONDS if grace is None else grace
+        expected = self.expected_validations
+        if expected is None or not expected <= set(self.states):
+            return {}
+        out: dict[str, set[str]] = {}
+        for key, pending in list(self.pending.items()):
+            at = pending.parked_at or pending.received_at
+            if key[0] not in self.states and (now - at).total_seconds() >= grace:
+                out.setdefault(key[0], set()).add(key[1])
+                self._unpark(key)
+        for key, (_, at) in list(self.offline_pending.items()):
+            if key[0] not in self.states and (now - at).total_seconds() >= grace:
+                out.setdefault(key[0], set()).add(key[1])
+                del self.offline_pending[key]
+        return out
 
     def is_deleted(self, name: str) -> bool:
         """Deleted within TOMBSTONE_SECONDS and not created again: its messages are to be
