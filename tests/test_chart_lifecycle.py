@@ -184,7 +184,8 @@ def test_gitops_values_render_no_generated_secret() -> None:
     broker = one("gitops-secrets", "Deployment", "netval-mqtt")["spec"]["template"]["spec"]
     names = {v["name"]: v.get("secret", {}).get("secretName") for v in broker["volumes"]}
     assert names["operator-password"] == "mqtt-operator"
-    assert names["agent-password"] == "mqtt-agent"
+    # per-node identity (the default): the broker has no shared agent login to mount
+    assert "agent-password" not in names
     assert "checksum/mqtt-password" not in _annotations("gitops-secrets", "netval-operator")
     # Nothing random left in the output: two renders are the same.
     from chart_kit import VARIANTS as variants

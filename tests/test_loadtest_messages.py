@@ -232,7 +232,12 @@ def test_plans_and_results_live_under_the_node_s_own_topic_level() -> None:
         assert name == f"netval/v1/pool/node-0-00/{kind.value}"
         parsed = parse_topic(name)
         assert parsed is not None and (parsed.node, parsed.kind) == ("node-0-00", kind)
-    # the per-node ACL pattern: everything a node may publish starts with its own level
-    own = "netval/v1/+/node-0-00/"
-    sends = [a["topic"] for a in node_acls("node-0-00") if a["acltype"] == "publishClientSend"]
+    # the per-node ACL: everything a node may publish starts with its own level in the
+    # validations that target it; it reads its own plan and publishes its own results
+    own = "netval/v1/pool/node-0-00/"
+    acls = node_acls("node-0-00", ["pool"])
+    sends = [a["topic"] for a in acls if a["acltype"] == "publishClientSend"]
+    reads = [a["topic"] for a in acls if a["acltype"] == "subscribePattern"]
     assert all(t.startswith(own) for t in sends)
+    assert f"{own}loadresult" in sends and f"{own}loadplan" in reads
+    assert not any("loadplan" in t for t in sends) and not any("loadresult" in t for t in reads)
