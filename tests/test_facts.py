@@ -11,6 +11,11 @@ sources and public captures each file follows). What each family cannot give, an
 - InfiniBand (ConnectX-7 HCA): no PFC/trust/DSCP/ECN/RoCE keys (the subnet manager's QoS,
   not DCB); netdev_speed_mbps absent while IPoIB is down.
 - EFA (p4d): no fw_ver, board_id, netdev, QoS or RoCE keys (the efa device exposes none).
+- driver_version: only from out-of-tree drivers (/sys/module/<drv>/version: the mlx5 RoCE,
+  LAG and InfiniBand nodes are modelled as DOCA-OFED nodes); in-tree bnxt_en, ice and efa
+  set no MODULE_VERSION (ethtool -i answers the kernel release: isc-projects/ethq#33).
+- EFA (p4d): no pcie_link_speed/pcie_link_width either (its functions sit behind an
+  emulated 440FX host bridge without a PCIe capability: lspci in aws/aws-ofi-nccl#64).
 - ionic (AMD Pensando): no bundled capture; its facts are not tested here.
 - kernel_release only from a live agent (uname(2)); never from a recording.
 """
@@ -25,11 +30,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from netval.agent.collect.snapshot_dir import load_snapshot
+from netval.agent.collect.snapshot_dir import load_snapshot, record_sample
+from netval.agent.collect.sysfs import SysfsReader
 from netval.agent.facts import node_facts
 from netval.model.facts import MAX_FACT_VALUE, MAX_FACTS, FactKey
 from netval.model.ids import Status
 from netval.model.results import Report
+from netval.model.snapshot import Sample
 from netval.model.topics import DropReason, TopicKind, topic
 from netval.operator.consistency.fingerprint import Fleet, observe
 from netval.operator.consistency.fold import refresh
@@ -47,20 +54,26 @@ QOS = {
 }
 ROCE = {FactKey.ROCE_MTU_ACTIVE, FactKey.ROCE_V2_GID, FactKey.DEFAULT_ROCE_TOS}
 LIVE_ONLY = {FactKey.KERNEL_RELEASE}
+IN_TREE = {FactKey.DRIVER_VERSION}  # in-tree drivers set no MODULE_VERSION
+NO_PCIE = {FactKey.PCIE_LINK_SPEED, FactKey.PCIE_LINK_WIDTH}
 
 # family snapshot -> the keys it cannot give (all others must be present)
 FAMILIES: dict[str, set[FactKey]] = {
     "healthy-roce": LIVE_ONLY | {FactKey.RDMA_DRIVER, FactKey.IPOIB_MODE},
     "healthy-roce-lag-renamed": LIVE_ONLY | {FactKey.IPOIB_MODE},
     "healthy-bnxt-thor2": LIVE_ONLY
+    | IN_TREE
     | {FactKey.IPOIB_MODE, FactKey.ECN_NP_ENABLED, FactKey.ECN_RP_ENABLED},
     "healthy-intel-e810": LIVE_ONLY
+    | IN_TREE
     | {FactKey.IPOIB_MODE, FactKey.ECN_NP_ENABLED, FactKey.ECN_RP_ENABLED},
     "healthy-infiniband": LIVE_ONLY | QOS | ROCE,
     "healthy-ib-ipoib-down": LIVE_ONLY | QOS | ROCE | {FactKey.NETDEV_SPEED_MBPS},
     "healthy-efa-p4d": LIVE_ONLY
     | QOS
     | ROCE
+    | IN_TREE
+    | NO_PCIE
     | {
         FactKey.FW_VER,
         FactKey.BOARD_ID,
@@ -94,6 +107,63 @@ def test_values_are_the_snapshot_values() -> None:
     assert facts["dscp_map"] == "26:3,48:6"
     lag = node_facts(load_snapshot(SNAPSHOTS / "healthy-roce-lag-renamed").last)
     assert lag["netdev_speed_mbps"] == "200000;400000"  # two values on one node: both kept
+
+
+def test_pcie_placement_values_per_family() -> None:
+    roce = node_facts(load_snapshot(SNAPSHOTS / "healthy-roce").last)
+    assert (roce["pcie_link_speed"], roce["pcie_link_width"]) == ("32.0 GT/s", "x16")
+    assert roce["numa_node"] == "0;1"  # one card per socket
+    assert roce["driver_version"] == "24.10-1.1.4"
+    e810 = node_facts(load_snapshot(SNAPSHOTS / "healthy-intel-e810").last)
+    assert (e810["pcie_link_speed"], e810["numa_node"]) == ("16.0 GT/s", "0")
+    efa = node_facts(load_snapshot(SNAPSHOTS / "healthy-efa-p4d").last)
+    assert efa["numa_node"] == "0;1"
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def test_pcie_files_in_every_kernel_format_and_unreadable_ones(tmp_path: Path) -> None:
+    """A sysfs fixture: the pre-5.4 "8 GT/s" and the newer "8.0 GT/s PCIe" are one value;
+    "Unknown" speed and a 0-lane width (no link status) are absent keys, not values."""
+    dev = "class/infiniband/mlx5_0/device"
+    _write(tmp_path, {f"{dev}/uevent": "DRIVER=mlx5_core\nPCI_ID=15B3:101D\n",
+                      f"{dev}/current_link_speed": "8 GT/s\n",
+                      f"{dev}/current_link_width": "8\n", f"{dev}/numa_node": "-1\n",
+                      "module/mlx5_core/version": "5.8-1.0.1\n"})  # fmt: skip
+    old = SysfsReader(tmp_path, strict=True).read_rdma_device("mlx5_0")
+    facts = node_facts(Sample(netdevs={}, rdma={"mlx5_0": old}))
+    assert facts["pcie_link_speed"] == "8.0 GT/s" and facts["pcie_link_width"] == "x8"
+    assert facts["numa_node"] == "-1" and facts["driver_version"] == "5.8-1.0.1"
+    _write(tmp_path, {f"{dev}/current_link_speed": "8.0 GT/s PCIe\n"})
+    new = SysfsReader(tmp_path, strict=True).read_rdma_device("mlx5_0")
+    assert node_facts(Sample(netdevs={}, rdma={"mlx5_0": new})) == facts
+    _write(tmp_path, {f"{dev}/current_link_speed": "Unknown\n",
+                      f"{dev}/current_link_width": "0\n"})  # fmt: skip
+    (tmp_path / "module/mlx5_core/version").unlink()
+    gone = SysfsReader(tmp_path, strict=True).read_rdma_device("mlx5_0")
+    facts = node_facts(Sample(netdevs={}, rdma={"mlx5_0": gone}))
+    assert not {"pcie_link_speed", "pcie_link_width", "driver_version"} & set(facts)
+    assert facts["numa_node"] == "-1"
+
+
+def test_the_recorder_keeps_the_pcie_files(tmp_path: Path) -> None:
+    """Record a bundled snapshot's sysfs as if it were live, load the recording: same facts."""
+    src = SNAPSHOTS / "healthy-roce" / "samples" / "1"
+    sample = load_snapshot(SNAPSHOTS / "healthy-roce").last
+    record_sample(tmp_path / "s", sample, sys_root=src / "sys", rdma_cm_root=src / "rdma_cm")
+    reader = SysfsReader(tmp_path / "s" / "sys", strict=True)
+    again = {n: reader.read_netdev(n, ethtool=d.ethtool, dcb=d.dcb)
+             for n, d in sample.netdevs.items()}  # fmt: skip
+    rdma = {n: reader.read_rdma_device(n) for n in sample.rdma}
+    keys = {"pcie_link_speed", "pcie_link_width", "numa_node", "driver_version"}
+    recorded = node_facts(Sample(netdevs={n: d for n, d in again.items() if d},
+                                 rdma=rdma))  # fmt: skip
+    expected = node_facts(sample)
+    assert {k: recorded[k] for k in keys} == {k: expected[k] for k in keys}
 
 
 @pytest.mark.parametrize(

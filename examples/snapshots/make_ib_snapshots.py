@@ -185,9 +185,14 @@ def _ib_address(p: IbPort) -> str:
 def render_ib(ports: list[IbPort], i: int) -> dict[str, str]:
     files: dict[str, str] = {}
     line = roce._line
-    for p in ports:
+    # an OFED node (the IB fleets' usual stack); HCAs split over the two sockets
+    files["sys/module/mlx5_core/version"] = line(roce.OFED_MLX5_VERSION)
+    for n, p in enumerate(ports):
         net = f"sys/class/net/{p.netdev}"
         uevent = roce._uevent("mlx5_core", "15B3:1021", "15B3:0040", p.pci_slot, "20700")
+        numa = 0 if n < len(ports) // 2 else 1
+        files.update(roce.pci_files(f"{net}/device", roce.CX7_PCIE, numa))
+        files.update(roce.pci_files(f"sys/class/infiniband/{p.rdma}/device", roce.CX7_PCIE, numa))
         files.update(
             {
                 f"{net}/mtu": "4092\n",

@@ -30,6 +30,12 @@ Sources for names and formats (torvalds/linux):
 - netdev speed: net/core/net-sysfs.c speed_show + mlx5 get_speed_duplex: an admin-up
   netdev without carrier prints SPEED_UNKNOWN, "-1"; only an admin-down one fails (EINVAL).
 - ECN enables (ecn/roce_np|roce_rp/enable/<p>) are the MLNX_OFED/DOCA-OFED mlx5_core sysfs.
+- PCIe placement (fleet consistency, issue 22): device/current_link_speed is
+  pci_speed_string() of drivers/pci/pci.c ("32.0 GT/s PCIe" for Gen5; kernels before v5.4
+  printed "32 GT/s"), current_link_width the negotiated lanes (drivers/pci/pci-sysfs.c);
+  the ConnectX-7 MCX75310AAS-NEAT is a PCIe Gen5 x16 card (NVIDIA's ConnectX-7 adapter
+  user manual). /sys/module/mlx5_core/version: DOCA-OFED's mlx5_core sets MODULE_VERSION to
+  its release (24.10-1.1.4 here); in-tree mlx5_core has no such file.
 """
 
 from __future__ import annotations
@@ -705,6 +711,19 @@ def _port_counters(p: Port, i: int, ethtool: dict[str, int]) -> dict[str, int]:
     return values
 
 
+CX7_PCIE = ("32.0 GT/s PCIe", 16)
+OFED_MLX5_VERSION = "24.10-1.1.4"
+
+
+def pci_files(device_dir: str, link: tuple[str, int] | None, numa: int) -> dict[str, str]:
+    """A PCI function's placement files (link None: no PCIe capability, files absent)."""
+    files = {f"{device_dir}/numa_node": _line(numa)}
+    if link is not None:
+        files[f"{device_dir}/current_link_speed"] = _line(link[0])
+        files[f"{device_dir}/current_link_width"] = _line(link[1])
+    return files
+
+
 def _uevent(driver: str, pci_id: str, subsys: str, slot: str, pci_class: str) -> str:
     v, d = pci_id.split(":")
     sv, sd = subsys.split(":")
@@ -717,7 +736,7 @@ def _uevent(driver: str, pci_id: str, subsys: str, slot: str, pci_class: str) ->
 
 
 def render_sample(node: Node, i: int) -> dict[str, str]:
-    files: dict[str, str] = {}
+    files: dict[str, str] = {"sys/module/mlx5_core/version": _line(OFED_MLX5_VERSION)}
     for p in node.ports:
         net = f"sys/class/net/{p.netdev}"
         changes = at(p.carrier_changes, i)
@@ -734,7 +753,7 @@ def render_sample(node: Node, i: int) -> dict[str, str]:
                 f"{net}/address": _line(p.mac),
                 f"{net}/ifindex": _line(p.ifindex),
                 f"{net}/type": _line(1),
-                f"{net}/device/numa_node": _line(p.numa),
+                **pci_files(f"{net}/device", CX7_PCIE, p.numa),
                 f"{net}/device/uevent": _uevent(
                     "mlx5_core", "15B3:1021", "15B3:0041", p.pci_slot, "20000"
                 ),

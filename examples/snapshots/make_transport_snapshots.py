@@ -194,6 +194,11 @@ def render_efa(devices: list[Efa], i: int) -> Files:
         files[f"{base}/node_type"] = "7: unspecified\n"
         files[f"{base}/node_guid"] = "0000:0000:0000:0000\n"
         files[f"{base}/device/uevent"] = _uevent("efa", "1D0F:EFA0", d.pci_slot)
+        # Only numa_node (buses 10/20 on socket 0, 90/a0 on socket 1): p4d shows its EFAs
+        # behind an emulated 440FX host bridge (lspci in aws/aws-ofi-nccl#64), without a
+        # PCIe capability, so pci-sysfs hides current_link_speed/width; in-tree efa sets no
+        # MODULE_VERSION. Those fingerprint keys are absent, not guessed.
+        files.update(roce.pci_files(f"{base}/device", None, 0 if n < 2 else 1))
         for name in EFA_DEVICE_STATS:
             files[f"{base}/hw_counters/{name}"] = "0\n"
         files[f"{base}/hw_counters/submitted_cmds"] = line(18_114 + n + 40 * i)

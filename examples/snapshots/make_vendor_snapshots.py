@@ -58,6 +58,18 @@ def _line(value: object) -> str:
     return f"{value}\n"
 
 
+def pci_files(device_dir: str, link: tuple[str, int], numa: int) -> Files:
+    """PCIe placement (issue 22): pci_speed_string() of drivers/pci/pci.c, the negotiated
+    width, numa_node (drivers/pci/pci-sysfs.c). Thor2 BCM57608 is a PCIe Gen5 x16 part
+    (Broadcom's BCM957608 product brief), the E810-CQDA2 a PCIe 4.0 x16 card (Intel's
+    E810 product brief)."""
+    return {
+        f"{device_dir}/current_link_speed": _line(link[0]),
+        f"{device_dir}/current_link_width": _line(link[1]),
+        f"{device_dir}/numa_node": _line(numa),
+    }
+
+
 def _uevent(driver: str, pci_id: str, subsys: str, slot: str) -> str:
     v, d = pci_id.split(":")
     sv, sd = subsys.split(":")
@@ -102,6 +114,9 @@ class VPort:
     dcb_pfc: list[int] = field(default_factory=lambda: [3])
     pfc_requests: Counter = (0, 0)
     pfc_indications: Counter = (0, 0)
+    # PCIe placement (issue 22); in-tree bnxt_en and ice set no MODULE_VERSION: no version
+    pcie: tuple[str, int] = ("32.0 GT/s PCIe", 16)
+    numa: int = 0
 
 
 def _dcb(p: VPort, i: int) -> str:
@@ -128,6 +143,7 @@ def render_port(p: VPort, i: int, gid_ndev: str | None = None) -> Files:
             f"{net}/duplex": "full\n",
             f"{net}/address": _line(p.mac),
             f"{net}/device/uevent": _uevent(p.driver, p.pci_id, p.subsys, p.slot),
+            **pci_files(f"{net}/device", p.pcie, p.numa),
         }
     )
     stats = {k: c[0] + c[1] * i for k, c in p.ethtool.items()}
@@ -142,6 +158,7 @@ def render_port(p: VPort, i: int, gid_ndev: str | None = None) -> Files:
             f"{ib}/hca_type": _line(p.hca_type),
             # The RDMA device's parent is the NIC's PCI function (format 1.1 records it).
             f"{ib}/device/uevent": _uevent(p.driver, p.pci_id, p.subsys, p.slot),
+            **pci_files(f"{ib}/device", p.pcie, p.numa),
         }
     )
     port = f"{ib}/ports/1"
@@ -283,6 +300,7 @@ def thor2(new_names: bool = False) -> list[VPort]:
                 pci_id="14E4:1760",
                 subsys="14E4:9161",
                 slot=slot,
+                numa=n,  # one card per socket
                 mac=mac,
                 ipv4=ip,
                 speed=400000,
@@ -326,6 +344,7 @@ def e810() -> list[VPort]:
                 pci_id="8086:1592",
                 subsys="8086:0002",
                 slot=f"0000:3b:00.{n}",
+                pcie=("16.0 GT/s PCIe", 16),
                 mac=mac,
                 ipv4=ip,
                 speed=100000,
@@ -431,6 +450,7 @@ def lag_files(i: int) -> Files:
             f"{ib_new}device/uevent": _uevent(
                 "mlx5_core", "15B3:1021", "15B3:0041", "0000:81:00.0"
             ),
+            **pci_files(f"{ib_new}device", base.CX7_PCIE, 1),
         }
     )
     return out

@@ -21,11 +21,13 @@ from netval.model.facts import (
     FactKey,
     Facts,
 )
-from netval.model.snapshot import Netdev, RdmaDevice, Sample, Transport
+from netval.model.snapshot import Netdev, PciePlacement, RdmaDevice, Sample, Transport
 
 # "400 Gb/sec (4X NDR)" -> width "4X", speed "NDR"; EFA and some drivers omit the parenthesis.
 _RATE_DETAIL: Final = re.compile(r"\((\d+X)\s+([A-Z0-9]+)\)")
 _PRINTABLE: Final = re.compile(r"[^\x20-\x7e]")
+# "16.0 GT/s PCIe" (pci_speed_string since v5.3) and "16 GT/s" (older kernels): one value
+_GTS: Final = re.compile(r"^(\d+(?:\.\d+)?)\s*GT/s")
 _Add = Callable[[FactKey, object], None]
 
 
@@ -65,6 +67,7 @@ def _device_facts(device: RdmaDevice, add: _Add) -> None:
     add(FactKey.RDMA_DRIVER, device.driver)
     add(FactKey.NODE_TYPE, device.node_type)
     add(FactKey.RDMA_PORTS, len(device.ports))
+    _pcie_facts(device.pcie, add)
     for port in device.ports.values():
         add(FactKey.LINK_LAYER, port.link_layer)
         rate = port.rate_gbps
@@ -88,6 +91,7 @@ def _netdev_facts(netdev: Netdev, add: _Add) -> None:
     add(FactKey.NETDEV_SPEED_MBPS, netdev.speed_mbps)
     add(FactKey.MTU, netdev.mtu)
     add(FactKey.IPOIB_MODE, netdev.ipoib_mode)
+    _pcie_facts(netdev.pcie, add)
     if netdev.mtu is not None and not netdev.is_ipoib:
         add(FactKey.ROCE_MTU_ACTIVE, active_roce_mtu(netdev.mtu))
     if netdev.ecn_np:
@@ -101,6 +105,18 @@ def _netdev_facts(netdev: Netdev, add: _Add) -> None:
         dscp = sorted((a.protocol, a.priority) for a in dcb.app if a.selector == "dscp")
         if dscp:
             add(FactKey.DSCP_MAP, _dscp_map(dscp))
+
+
+def _pcie_facts(pcie: PciePlacement | None, add: _Add) -> None:
+    """The RDMA device and its netdev usually share one PCI function: same values, once."""
+    if pcie is None:
+        return
+    speed = _GTS.match(pcie.link_speed or "")
+    # "Unknown" (no link status, e.g. a virtual function) is unread, not a value
+    add(FactKey.PCIE_LINK_SPEED, f"{float(speed.group(1)):.1f} GT/s" if speed else None)
+    add(FactKey.PCIE_LINK_WIDTH, f"x{pcie.link_width}" if pcie.link_width else None)
+    add(FactKey.NUMA_NODE, pcie.numa_node)
+    add(FactKey.DRIVER_VERSION, pcie.driver_version)
 
 
 def _with_ports_below(sample: Sample, names: Iterable[str]) -> list[str]:

@@ -51,3 +51,9 @@ class FactKey(StrEnum):
     ECN_RP_ENABLED = "ecn_rp_enabled"
     ROCE_V2_GID = "roce_v2_gid"
     DEFAULT_ROCE_TOS = "default_roce_tos"
+    # the NIC's PCI function (device/current_link_speed, current_link_width, numa_node) and
+    # its driver module's /sys/module/<driver>/version (out-of-tree drivers only)
+    PCIE_LINK_SPEED = "pcie_link_speed"  # "16.0 GT/s": Gen4; a Gen3 slot reads "8.0 GT/s"
+    PCIE_LINK_WIDTH = "pcie_link_width"  # "x16"; a card trained at x8 halves its bandwidth
+    NUMA_NODE = "numa_node"  # "-1": no NUMA affinity given by the platform
+    DRIVER_VERSION = "driver_version"

@@ -59,6 +59,29 @@ class Dcb:
 
 
 @dataclass(frozen=True, slots=True)
+class PciePlacement:
+    """Where a NIC's PCI function sits: negotiated PCIe link, NUMA node, driver version.
+
+    Read from the PCI device's sysfs files (current_link_speed, current_link_width,
+    numa_node) and /sys/module/<driver>/version; each is None when unreadable.
+    """
+
+    link_speed: str | None = None  # "16.0 GT/s PCIe" (older kernels: "8 GT/s")
+    link_width: int | None = None  # negotiated lanes: 16
+    numa_node: int | None = None  # -1: the platform gives the device no NUMA affinity
+    driver_version: str | None = None  # only out-of-tree drivers (MLNX_OFED, ...) set one
+
+    @property
+    def empty(self) -> bool:
+        return (
+            self.link_speed is None
+            and self.link_width is None
+            and self.numa_node is None
+            and self.driver_version is None
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Netdev:
     name: str
     mtu: int | None = None
@@ -88,6 +111,8 @@ class Netdev:
     # -- fleet consistency (issue 22): from the device/uevent already read, no new read --
     pci_id: str | None = None  # PCI_ID "15B3:1021"
     pci_subsys_id: str | None = None  # PCI_SUBSYS_ID
+    # -- fleet consistency (issue 22): PCI device files and the driver module's version --
+    pcie: PciePlacement | None = None
 
     @property
     def ports_below(self) -> tuple[str, ...]:
@@ -209,6 +234,8 @@ class RdmaDevice:
     # -- fleet consistency (issue 22): from the device/uevent already read, no new read --
     pci_id: str | None = None  # PCI_ID "15B3:1021"
     pci_subsys_id: str | None = None  # PCI_SUBSYS_ID
+    # -- fleet consistency (issue 22): PCI device files and the driver module's version --
+    pcie: PciePlacement | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -275,6 +275,11 @@ def record_sample(
             )
         for lower in netdev.lower:
             (net_dst / name / f"lower_{lower}").mkdir(parents=True, exist_ok=True)
+    drivers = {n.driver for n in sample.netdevs.values()}
+    drivers.update(d.driver for d in sample.rdma.values())
+    for driver in sorted(d for d in drivers if d and "/" not in d):
+        rel = f"module/{driver}/version"  # issue 22: absent for most in-tree drivers
+        _copy(sys_root / rel, sample_dir / "sys" / rel)
     ib_src = sys_root / "class" / "infiniband"
     ib_dst = sample_dir / "sys" / "class" / "infiniband"
     for name, device in sample.rdma.items():

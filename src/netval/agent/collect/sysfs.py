@@ -16,9 +16,19 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Final
 
-from netval.model.snapshot import ZERO_GID, Dcb, Gid, Netdev, RdmaDevice, RdmaPort
+from netval.model.snapshot import (
+    ZERO_GID,
+    Dcb,
+    Gid,
+    Netdev,
+    PciePlacement,
+    RdmaDevice,
+    RdmaPort,
+)
 
 PRIORITIES: Final = range(8)
+# fleet consistency (issue 22): the PCI function's negotiated link and NUMA node
+PCI_DEVICE_FILES: Final = ("current_link_speed", "current_link_width", "numa_node")
 # Files copied per netdev / RDMA port when recording; the parser reads the same names.
 NETDEV_FILES: Final = (
     "mtu",
@@ -34,9 +44,16 @@ NETDEV_FILES: Final = (
     "type",
     "mode",
     "dev_port",
+    *(f"device/{n}" for n in PCI_DEVICE_FILES),
 )
 PORT_FILES: Final = ("state", "phys_state", "rate", "link_layer")
-DEVICE_FILES: Final = ("node_type", "fw_ver", "board_id", "device/uevent")
+DEVICE_FILES: Final = (
+    "node_type",
+    "fw_ver",
+    "board_id",
+    "device/uevent",
+    *(f"device/{n}" for n in PCI_DEVICE_FILES),
+)
 LOWER_PREFIX: Final = "lower_"
 NOT_AVAILABLE: Final = "N/A"
 
@@ -171,7 +188,34 @@ class SysfsReader:
             dcb_error=dcb_error if dcb is None else None,
             pci_id=uevent.get("PCI_ID") or None,
             pci_subsys_id=uevent.get("PCI_SUBSYS_ID") or None,
+            # a bond or VLAN has no device of its own: nothing to read
+            pcie=self._pcie(base / "device", driver) if driver is not None else None,
         )
+
+    def _pcie(self, device: Path, driver: str | None) -> PciePlacement | None:
+        """The PCI function's link, NUMA node and driver version: four small reads.
+
+        Not cached: a renegotiated link or a reloaded driver must show within one cycle.
+        The driver version is the module's own `version` file (MODULE_VERSION), which the
+        out-of-tree packages fill (MLNX_OFED mlx5_core, Broadcom's and Intel's own bnxt_en
+        and ice); in-tree drivers mostly dropped it, and ETHTOOL_GDRVINFO then answers the
+        kernel release (`ethtool -i` on in-tree bnxt_en, 6.6: "version: 6.6.43",
+        isc-projects/ethq#33), which kernel_release already says: absent file, absent key.
+        """
+        base = str(device)
+        width = self.integer(f"{base}/current_link_width")
+        placement = PciePlacement(
+            link_speed=self.text(f"{base}/current_link_speed"),
+            # 0 lanes: no PCIe link to report (a virtual function or an emulated device)
+            link_width=width if width else None,
+            numa_node=self.integer(f"{base}/numa_node"),
+            driver_version=(
+                self.text(f"{self.sys_root}/module/{driver}/version")
+                if driver and "/" not in driver
+                else None
+            ),
+        )
+        return None if placement.empty else placement
 
     def _uevent(self, device: Path) -> dict[str, str]:
         """A device's uevent as KEY -> value (empty values dropped); read once per device
@@ -248,6 +292,7 @@ class SysfsReader:
             driver=driver,
             pci_id=uevent.get("PCI_ID") or None,
             pci_subsys_id=uevent.get("PCI_SUBSYS_ID") or None,
+            pcie=self._pcie(base / "device", driver),
         )
 
     def _read_port(
