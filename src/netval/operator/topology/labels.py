@@ -18,14 +18,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 from netval.model.spec import NetworkValidationSpec
-from netval.model.topology import LEVEL_SCHEMES, NetvalTopologyLabel
+from netval.model.topology import NetvalTopologyLabel
 from netval.operator.topology.agreement import NetdevView, detect_levels
 
 MAX_LABEL_VALUE: Final = 63  # Kubernetes' bound on a label value
 HASH_CHARS: Final = 8
 _INVALID = re.compile(r"[^A-Za-z0-9_.-]+")
 _EDGE = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$")
-NETVAL_KEYS: Final = frozenset(k for name, keys in LEVEL_SCHEMES if name == "netval" for k in keys)
+OWN_LEVEL_KEYS: Final = frozenset(key.value for key in NetvalTopologyLabel)
 
 LabelPatch = dict[str, str | None]  # label key -> value (None removes it)
 
@@ -57,7 +57,7 @@ def publishes(spec: NetworkValidationSpec, label_sets: Iterable[Mapping[str, str
     topology = spec.topology
     if not topology.publish_labels or topology.levels:
         return False
-    return set(detect_levels(label_sets)) <= NETVAL_KEYS
+    return set(detect_levels(label_sets)) <= OWN_LEVEL_KEYS
 
 
 def desired_leaves(seen: Iterable[Mapping[str, Sequence[NetdevView]]]) -> dict[str, str]:
@@ -93,7 +93,7 @@ def plan_label_changes(
 
 
 __all__ = [
-    "NETVAL_KEYS",
+    "OWN_LEVEL_KEYS",
     "LabelPatch",
     "desired_leaves",
     "label_value",
