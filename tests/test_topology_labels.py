@@ -25,6 +25,7 @@ from netval.operator.topology.labels import (
     publishes,
 )
 from operator_env import NODES, NV, publish, report, report_msg, validation
+from test_operator import scrape
 
 LEAF = "topology.netval.io/leaf"
 VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -142,7 +143,7 @@ def test_labels_are_written_once_per_change(
     )
     settle()
     assert [node_patches(cluster, n) for n in NODES] == [1, 1, 1, 0]
-    assert writer.writes == 3
+    assert "netval_operator_topology_label_writes_total 3.0" in scrape(runtime).splitlines()
 
     # gpu-b recabled to leaf-3: exactly one PATCH, to gpu-b.
     seen["gpu-b"] = "leaf-3"
