@@ -16,12 +16,14 @@ import kopf
 
 from kube import KubeCluster
 from netval.model.keys import AnnotationKey, LabelKey, SchedulingGate, TaintKey
+from netval.model.topology import NetvalTopologyLabel
 from netval.operator import uninstall
 from netval.operator.admission import configurations as admission
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMISSIONREG = "admissionregistration.k8s.io/v1"
 NV = "netval.io/v1alpha1"
+LEAF = NetvalTopologyLabel.LEAF.value
 NS = "netval-system"
 AGENTS = "netval-agents"
 FOREIGN_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
@@ -155,8 +157,9 @@ def populate(kube: KubeCluster) -> None:
             [FOREIGN_TAINT, OUR_TAINT],
         )
     )
-    kube.create(node("gpu-2", {LabelKey.FABRIC: "healthy"}, []))
-    kube.create(node("gpu-3", {"zone": "a"}, [OUR_TAINT]))
+    kube.create(node("gpu-2", {LabelKey.FABRIC: "healthy", LEAF: "leaf-1"}, []))
+    # a published topology label alone is netval's too (spec.topology.publishLabels)
+    kube.create(node("gpu-3", {"zone": "a", LEAF: "leaf-2"}, [OUR_TAINT]))
     kube.create(node("cpu-1", {"zone": "b"}, [FOREIGN_TAINT]))
     kube.ensure_namespace("team-a")
     kube.create(pod("gated", [{"name": SchedulingGate.FABRIC.value}, FOREIGN_GATE], netval=True))
@@ -188,7 +191,7 @@ def test_removes_exactly_what_netval_wrote(kube: KubeCluster) -> None:
     nodes = {n["metadata"]["name"]: n for n in kube.list("v1", "nodes")}
     assert nodes["gpu-1"]["metadata"]["labels"] == {"nvidia.com/gpu.present": "true"}
     assert nodes["gpu-1"]["spec"]["taints"] == [FOREIGN_TAINT]
-    assert LabelKey.FABRIC not in nodes["gpu-2"]["metadata"]["labels"]
+    assert not nodes["gpu-2"]["metadata"].get("labels")
     assert not nodes["gpu-3"]["spec"].get("taints")
     assert nodes["gpu-3"]["metadata"]["labels"] == {"zone": "a"}
     assert nodes["cpu-1"]["spec"]["taints"] == [FOREIGN_TAINT]

@@ -445,6 +445,9 @@ class TopologySpec(_Spec):
     agreement: TopologyVerdict = TopologyVerdict.WARN
     # Trace the router hops toward east-west peers (peers.enabled; unprivileged UDP probes)
     paths: bool = False
+    # Where no levels are declared: write topology.netval.io/leaf on the targeted Nodes from
+    # discovery, only on change (netval.operator.topology.labels; docs/topology.md)
+    publish_labels: bool = False
 
     @model_validator(mode="after")
     def _unique_levels(self) -> TopologySpec:

@@ -35,6 +35,9 @@ SwitchText = Annotated[str, Field(max_length=4 * MAX_TEXT), _clean(MAX_TEXT)]
 Reason = Annotated[str, Field(max_length=4 * MAX_REASON), _clean(MAX_REASON)]
 
 
+TOPOLOGY_LABEL_PREFIX: Final = "topology.netval.io/"  # every netval topology label key
+
+
 class NetvalTopologyLabel(StrEnum):
     """netval's own level keys, written from discovery (docs/topology.md, "Publication")."""
 
@@ -219,6 +222,7 @@ __all__ = [
     "MAX_NEIGHBOURS_PER_INTERFACE",
     "MAX_TEXT",
     "MAX_TOPOLOGY_INTERFACES",
+    "TOPOLOGY_LABEL_PREFIX",
     "ConflictEntry",
     "DisagreementEntry",
     "InterfaceTopology",

@@ -54,6 +54,11 @@ class _RuntimeCollector(Collector):
             "netval_operator_gating_writes", "Node label/taint writes", value=rt.gating.writes
         )
         yield CounterMetricFamily(
+            "netval_operator_topology_label_writes",
+            "Node topology.netval.io/* label patches (spec.topology.publishLabels)",
+            value=rt.topology_labels.writes,
+        )
+        yield CounterMetricFamily(
             "netval_operator_retained_publish_failures",
             "Failed publishes of the operator's retained messages (retried)",
             value=stats.retained_failures,

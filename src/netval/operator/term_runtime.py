@@ -5,6 +5,7 @@
 - `ingest` (`ingest.subscriber.ReportIngest`): the MQTT subscription; reports go to the store.
 - `status` (`status.writer.StatusWriter`): one status patch per validation per window.
 - `gating` (`gating.node_writer.NodeGating`): node labels and taints, the Gating condition.
+- `topology_labels` (`topology.label_writer.TopologyLabels`): `topology.netval.io/*` labels.
 - `events` (`status.events.Events`): the Events all of them post.
 - targets: when a spec or the targeted nodes changed, the agent assignments and the
   peers-port check are redone once in the next status window, not per Node event (a
@@ -37,6 +38,7 @@ from netval.operator.state.store import Store, ValidationView, utcnow
 from netval.operator.state.validation import IngestResult, ValidationState
 from netval.operator.status.events import Events
 from netval.operator.status.writer import StatusWriter
+from netval.operator.topology.label_writer import TopologyLabels
 
 __all__ = ["OperatorRuntime", "ValidationView"]
 
@@ -58,6 +60,9 @@ class OperatorRuntime:
         )
         self.events = Events(kube, self.store)
         self.gating = NodeGating(settings, kube, self.store, self.events)
+        self.topology_labels = TopologyLabels(
+            settings, kube, self.store, ready=self.gating.validations_loaded
+        )
         self.status = StatusWriter(
             settings,
             kube,
@@ -98,6 +103,7 @@ class OperatorRuntime:
             supervised_task("netval-ingest", self.ingest.run),
             supervised_task("netval-status-writer", lambda: self.status.loop(synced)),
             supervised_task("netval-node-gating", lambda: self.gating.loop(synced)),
+            supervised_task("netval-topology-labels", lambda: self.topology_labels.loop(synced)),
         ]
 
     async def stop(self) -> None:

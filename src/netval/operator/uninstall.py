@@ -12,8 +12,8 @@ that `helm uninstall` leaves nothing that changes how the cluster behaves:
    and Job for good;
 3. Pods held by netval's scheduling gate are released (the gate `netval.io/fabric`, the label
    `netval.io/gated-by` and the annotation `netval.io/gate-message` removed), other gates kept;
-4. netval's label `netval.io/fabric` and taint `netval.io/fabric-unhealthy` are removed from
-   every Node, foreign labels and taints kept;
+4. netval's labels `netval.io/fabric` and `topology.netval.io/*` and its taint
+   `netval.io/fabric-unhealthy` are removed from every Node, foreign labels and taints kept;
 5. Kopf's finalizer is removed from every NetworkValidation (other finalizers kept), so that
    validations can still be deleted once no operator runs;
 6. the agent DaemonSets and ConfigMaps the operator rendered (labelled
@@ -47,6 +47,7 @@ from netval.model.keys import (
     TaintKey,
 )
 from netval.model.manifest import API_GROUP
+from netval.model.topology import TOPOLOGY_LABEL_PREFIX
 from netval.operator.admission.configurations import CONFIGURATION_NAME
 from netval.operator.kube.api import PLURAL, VERSION, load_kube_client
 from netval.operator.kube.paging import paged_items
@@ -121,18 +122,23 @@ def pod_release_patch(pod: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def node_cleanup_patch(node: dict[str, Any]) -> dict[str, Any] | None:
-    """The merge patch that removes netval's label and taint (None: neither is there)."""
+    """The merge patch that removes netval's labels (`netval.io/fabric`, the published
+    `topology.netval.io/*`) and taint (None: none is there)."""
     meta = node.get("metadata") or {}
     taints = (node.get("spec") or {}).get("taints")
     kept = without_fabric_taint(taints)
-    has_label = LabelKey.FABRIC in (meta.get("labels") or {})
-    if not has_label and len(kept) == len(taints or []):
+    ours = [
+        k
+        for k in meta.get("labels") or {}
+        if k == LabelKey.FABRIC or k.startswith(TOPOLOGY_LABEL_PREFIX)
+    ]
+    if not ours and len(kept) == len(taints or []):
         return None
     patch: dict[str, Any] = {
         "metadata": {"resourceVersion": meta.get("resourceVersion")},
     }
-    if has_label:
-        patch["metadata"]["labels"] = {LabelKey.FABRIC.value: None}
+    if ours:
+        patch["metadata"]["labels"] = dict.fromkeys(sorted(ours))
     if len(kept) != len(taints or []):
         # The whole list, as read minus ours: the resourceVersion makes a concurrent
         # change a 409 (retried on fresh data) instead of a lost taint.

@@ -25,7 +25,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar, cast
@@ -36,6 +36,7 @@ from kubernetes.client.exceptions import ApiException
 
 from netval.model.keys import LabelKey
 from netval.model.manifest import API_GROUP
+from netval.model.topology import TOPOLOGY_LABEL_PREFIX
 from netval.operator.gating.decisions import with_fabric_taint
 from netval.operator.kube.fenced_pool import FencedPool
 from netval.operator.kube.paging import METADATA_LIST, paged_items
@@ -307,6 +308,26 @@ class KubeApi:
             self.core.patch_node(
                 node,
                 {"metadata": {"labels": {LabelKey.FABRIC.value: label}}},
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def set_node_labels(self, node: str, labels: Mapping[str, str | None]) -> bool:
+        """netval's topology labels only (None removes one): one merge patch of those keys;
+        False if the Node is gone."""
+        if not all(k.startswith(TOPOLOGY_LABEL_PREFIX) for k in labels):
+            raise ValueError(f"not netval's topology labels: {sorted(labels)}")
+        return await self._run(self._node_pool, self._patch_node_labels, node, dict(labels))
+
+    def _patch_node_labels(self, node: str, labels: dict[str, str | None]) -> bool:
+        try:
+            self.core.patch_node(
+                node,
+                {"metadata": {"labels": labels}},
                 _content_type="application/merge-patch+json",
             )
         except ApiException as exc:

@@ -1,0 +1,161 @@
+"""Publication of discovered topology as Node labels (spec.topology.publishLabels): the pure
+plan, and through the real operator (Kopf, the kmock API, a real broker) with recorded
+reports carrying a topology section: Node writes are counted, steady state makes none."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+from hypothesis import given
+from hypothesis import strategies as st
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from kube import KubeCluster, wait_for
+from mosquitto import MosquittoBroker
+from netval.model.spec import NetworkValidationSpec
+from netval.model.topology import InterfaceTopology, LldpNeighbour, TopologyReport
+from netval.operator.term_runtime import OperatorRuntime
+from netval.operator.topology.agreement import peer_topology_key
+from netval.operator.topology.labels import (
+    desired_leaves,
+    label_value,
+    leaf_of,
+    plan_label_changes,
+    publishes,
+)
+from operator_env import NODES, NV, publish, report, report_msg, validation
+from test_operator import scrape
+
+LEAF = "topology.netval.io/leaf"
+VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+SPEC = {"topology": {"lldp": True, "publishLabels": True}, "gating": {"nodeLabel": False}}
+
+
+@given(st.text(max_size=300))
+def test_any_switch_name_gives_a_valid_label_value(name: str) -> None:
+    value = label_value(name)
+    assert len(value) <= 63 and VALUE.match(value)
+
+
+def test_a_clean_name_is_kept_and_a_changed_one_gets_a_hash() -> None:
+    assert label_value("leaf-1.dc2") == "leaf-1.dc2"
+    assert label_value("leaf 1") != label_value("leaf/1")  # alike once cleaned: hashes differ
+    assert label_value("leaf 1").startswith("leaf-1-")
+    long = label_value("x" * 200)
+    assert len(long) == 63 and long.startswith("x" * 54 + "-")
+
+
+def test_the_leaf_is_the_set_of_rail_switches_and_only_when_every_netdev_sees_one() -> None:
+    assert leaf_of([("ens1", "leaf-1", "Eth1", None)]) == "leaf-1"
+    rails = [("ens2", "rail-b", "p", None), ("ens1", "rail-a", "p", None)]
+    assert leaf_of(rails) == leaf_of(list(reversed(rails)))
+    assert leaf_of([*rails, ("ens3", None, "", "no LLDP")]) is None
+    assert leaf_of([]) is None
+
+
+def test_the_plan_writes_changes_only_and_removes_where_nothing_publishes() -> None:
+    current = {"a": {LEAF: "leaf-1"}, "b": {}, "c": {LEAF: "leaf-1"}, "d": {LEAF: "old"}}
+    desired = desired_leaves([{"a": [("e", "leaf-1", "", None)], "b": [("e", "leaf-2", "", None)]}])
+    changes = plan_label_changes(current, desired, frozenset({"a", "b", "c"}))
+    # a: unchanged; b: new; c: targeted, no discovery: left; d: no longer published: removed
+    assert changes == {"b": {LEAF: "leaf-2"}, "d": {LEAF: None}}
+    assert plan_label_changes({"a": {LEAF: "leaf-1"}}, {"a": "leaf-1"}, frozenset("a")) == {}
+
+
+def test_publication_is_opt_in_and_only_where_nothing_is_declared() -> None:
+    on = NetworkValidationSpec.model_validate({"topology": {"publishLabels": True}})
+    assert not publishes(NetworkValidationSpec(), [{}])
+    assert publishes(on, [{}])
+    assert publishes(on, [{LEAF: "leaf-1"}])  # its own labels are no declaration
+    assert not publishes(on, [{"fabric.topograph.run/tier-1": "s1"}])
+    declared = on.model_copy(update={"topology": on.topology.model_copy(update={"levels": ["x"]})})
+    assert not publishes(declared, [{}])
+
+
+def test_peers_topology_key_defaults_to_the_published_leaf() -> None:
+    assert peer_topology_key(NetworkValidationSpec(), [{LEAF: "leaf-1"}, {}]) == LEAF
+
+
+def topology_report(node: str, switch: str | None) -> bytes:
+    neighbours = [LldpNeighbour(chassis_id="02:aa", port_id="Eth1", system_name=switch)]
+    iface = InterfaceTopology(
+        interface="ens1np0",
+        neighbours=neighbours if switch else [],
+        none_reason=None if switch else "no LLDP frame within 120s",
+    )
+    r = report(node, started=datetime.now(UTC)).model_copy(
+        update={"topology": TopologyReport(interfaces=[iface])}
+    )
+    return report_msg(r)[1]
+
+
+def node_patches(cluster: KubeCluster, node: str) -> int:
+    return sum(1 for m, p in cluster.requests() if m == "PATCH" and p == f"/api/v1/nodes/{node}")
+
+
+def leaf_label(cluster: KubeCluster, node: str) -> str | None:
+    labels = cluster.get("v1", "nodes", node)["metadata"].get("labels") or {}
+    return labels.get(LEAF)
+
+
+def test_labels_are_written_once_per_change(
+    cluster: KubeCluster,
+    operator: tuple[OperatorRuntime, InMemorySpanExporter],
+    mosquitto_broker: MosquittoBroker,
+) -> None:
+    runtime, _ = operator
+    writer = runtime.topology_labels
+    seen = {"gpu-a": "leaf-1", "gpu-b": "leaf-1", "gpu-c": "leaf 2", "gpu-d": None}
+
+    def send() -> None:
+        publish(
+            mosquitto_broker,
+            [(f"netval/v1/pool-a/{n}/report", topology_report(n, s)) for n, s in seen.items()],
+        )
+
+    def settle() -> None:
+        """Three more rounds of the writer after the watch echoed every write."""
+        wait_for(lambda: not writer.written, what="writes watched back")
+        start = writer.rounds
+        wait_for(lambda: writer.rounds >= start + 3, what="three more rounds")
+
+    cluster.create(validation(**SPEC))
+    send()
+    wait_for(
+        lambda: (
+            [leaf_label(cluster, n) for n in NODES[:3]]
+            == ["leaf-1", "leaf-1", label_value("leaf 2")]
+        ),
+        timeout=30,
+        what="leaf labels published",
+    )
+    settle()
+    assert [node_patches(cluster, n) for n in NODES] == [1, 1, 1, 0]
+    assert leaf_label(cluster, "gpu-d") is None  # no discovery: no label
+
+    # Steady state: new reports seeing the same switches make no Node write at all.
+    before = runtime.store.states["pool-a"].nodes["gpu-a"].reported_at
+    send()
+    wait_for(
+        lambda: runtime.store.states["pool-a"].nodes["gpu-a"].reported_at != before,
+        what="new reports ingested",
+    )
+    settle()
+    assert [node_patches(cluster, n) for n in NODES] == [1, 1, 1, 0]
+    assert "netval_operator_topology_label_writes_total 3.0" in scrape(runtime).splitlines()
+
+    # gpu-b recabled to leaf-3: exactly one PATCH, to gpu-b.
+    seen["gpu-b"] = "leaf-3"
+    send()
+    wait_for(lambda: leaf_label(cluster, "gpu-b") == "leaf-3", timeout=30, what="recabled")
+    settle()
+    assert [node_patches(cluster, n) for n in NODES] == [1, 2, 1, 0]
+
+    # Publication turned off: the labels are removed, one PATCH per labelled node.
+    cluster.patch(
+        NV, "networkvalidations", "pool-a", {"spec": {"topology": {"publishLabels": False}}}
+    )
+    wait_for(lambda: all(leaf_label(cluster, n) is None for n in NODES), timeout=30, what="removed")
+    settle()
+    assert [node_patches(cluster, n) for n in NODES] == [2, 3, 2, 0]
