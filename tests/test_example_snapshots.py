@@ -46,6 +46,8 @@ EXPECTED_FAILING = {
     "fault-efa-retrans-timeouts": {"rdma.errors"},
     "healthy-ib-ipoib-down": set(),
     "fault-ib-ipoib-down-port-down": {"rdma.port_state"},
+    # AMD Pensando Pollara 400 (examples/snapshots/make_ionic_snapshot.py)
+    "healthy-ionic-pollara": set(),
 }
 # The subject each fault is expected to pin the failure on.
 EXPECTED_SUBJECTS = {

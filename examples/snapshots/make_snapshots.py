@@ -896,6 +896,10 @@ def main() -> None:
     import make_transport_snapshots
 
     make_transport_snapshots.main()
+    # AMD Pensando (ionic) node: the fingerprint of the last driver family in the table.
+    import make_ionic_snapshot
+
+    make_ionic_snapshot.main()
 
 
 if __name__ == "__main__":
