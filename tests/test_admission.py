@@ -400,11 +400,20 @@ def test_gated_while_unhealthy_and_released_when_healthy(
         {"name": SchedulingGate.FABRIC}
     ]
 
-    # Healthy now: a new pod gets the affinity only -- and loses a gate from its template
+    # Usable now: a new pod gets the affinity only -- and loses a gate from its template.
+    # The webhook reuses a view for 0.25 s, and the release can beat that on a fast machine
+    # (the view cached by trainer-1's review said "no status yet"): poll the review itself.
     inherited = pod("trainer-2", schedulingGates=[{"name": SchedulingGate.FABRIC}])
     inherited["metadata"]["labels"] = {LabelKey.GATED_BY: "pool-a", "app": "t"}
-    response = webhook.review(MUTATE_PODS, inherited)
-    assert response["response"]["allowed"] is True and not response["response"].get("warnings")
+    response = wait_for(
+        lambda: (
+            (r := webhook.review(MUTATE_PODS, inherited))
+            and not r["response"].get("warnings")
+            and r
+        ),
+        what="the webhook sees pool-a Usable",
+    )
+    assert response["response"]["allowed"] is True
     admitted = patched(inherited, response)
     assert "schedulingGates" not in admitted["spec"]
     assert admitted["metadata"]["labels"] == {"app": "t"}
