@@ -556,7 +556,7 @@ def test_agent_pods_detail_says_only_what_explains_missing_reports() -> None:
 def test_operator_verdicts_fold_on_top_of_the_report_and_never_undo_each_other() -> None:
     """fleet.consistency and topology.agreement are both folded into a node's record; setting,
     changing or clearing one keeps the other and the report's own values."""
-    from netval.operator.state.validation import fold_verdict
+    from netval.operator.state.node_verdicts import fold_verdict
 
     s = state(["gpu-a"])
     ingest_report(s, report("gpu-a"), at(1))

@@ -33,6 +33,7 @@ from pydantic import AfterValidator, BaseModel, Field, Strict, TypeAdapter, crea
 from pydantic.fields import FieldInfo
 
 from netval.model import spec as spec_module
+from netval.model import spec_fleet
 from netval.model.duration import parse_duration
 from netval.model.manifest import API_GROUP, API_VERSION, KIND
 from netval.model.spec import (
@@ -104,7 +105,7 @@ MODEL_VALIDATORS: dict[tuple[type[BaseModel], str], dict[str, dict[str, Any]]] =
 FIELD_VALIDATORS: dict[Callable[..., Any], dict[str, Any]] = {
     spec_module._unique_priorities: {"x-kubernetes-list-type": "set", "maxItems": 8},
     # key names and count; the CRD says maxProperties (not compared: no model keyword maps)
-    spec_module._fact_map: {},
+    spec_fleet._fact_map: {},
 }
 
 # Where the CRD says more than the model, and why. Everything else must match exactly.

@@ -1,5 +1,5 @@
 """Glue between a validation's state and its fleet: fold a report's facts, re-judge what
-changed, and hand each node's verdict to its record (`validation.set_fleet_verdict`)."""
+changed, and hand each node's verdict to its record (`node_verdicts.set_fleet_verdict`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from netval.model.results import Report
 from netval.model.spec import NetworkValidationSpec
 from netval.operator.consistency.fingerprint import UNLABELLED, observe
 from netval.operator.consistency.fold import configure
-from netval.operator.state import validation as vs
+from netval.operator.state.node_verdicts import settle_fleet
 from netval.operator.state.validation import ValidationState
 
 
@@ -36,4 +36,4 @@ def configure_spec(state: ValidationState, spec: NetworkValidationSpec, now: dat
 
 def apply_changes(state: ValidationState, now: datetime) -> None:
     """Re-judge the cohorts marked dirty (or all, past a rollout's end); cheap when none is."""
-    vs.settle_fleet(state, now)
+    settle_fleet(state, now)

@@ -59,28 +59,22 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Final, Literal
 
-from netval.model.ids import CheckGroup, CheckId, Status, worst
+from netval.model.ids import CheckGroup, Status, worst
 from netval.model.results import CheckResult, Report
 from netval.model.status import NetworkValidationStatus
 from netval.operator.consistency.fingerprint import Fleet
 from netval.operator.consistency.fingerprint import forget as fleet_forget
 from netval.operator.consistency.fingerprint import touch as fleet_touch
 from netval.operator.consistency.fold import NodeVerdict
-from netval.operator.consistency.fold import refresh as fleet_refresh
+from netval.operator.state.node_verdicts import CHECK_BUCKET as _BUCKET
+from netval.operator.state.node_verdicts import apply_fleet_verdict, settle_fleet
+from netval.operator.state.node_verdicts import truncate_failure as _truncate
 from netval.operator.topology.agreement import NetdevView, netdev_views
 
 STALE_AFTER_INTERVALS: Final = 3
-MAX_FAILURE_MESSAGE: Final = 256
 
 NodeHealth = Literal["healthy", "degraded", "unhealthy", "unknown"]
 
-# Index of a status in a node's per-check bucket: pass, warn, fail (error counts as fail).
-_BUCKET: Final[dict[Status, int]] = {
-    Status.PASS: 0,
-    Status.WARN: 1,
-    Status.FAIL: 2,
-    Status.ERROR: 2,
-}
 _HEALTH: Final[dict[Status, NodeHealth]] = {
     Status.SKIP: "healthy",
     Status.PASS: "healthy",
@@ -286,7 +280,7 @@ def ingest_report(
     rec = state.nodes[node] = _digest(report, reported_at, stored, hints)
     verdict = state.fleet_verdicts.get(node)
     if verdict is not None:
-        _apply_fleet(rec, node, verdict, stored.failing_since if stored else {}, reported_at)
+        apply_fleet_verdict(rec, node, verdict, stored.failing_since if stored else {}, reported_at)
     state.newest_generation = max(state.newest_generation, report.generation)
     if node not in state.targeted:
         return IngestResult.NOT_TARGETED
@@ -332,33 +326,6 @@ def forget_node(state: ValidationState, node: str) -> None:
     state.fleet_verdicts.pop(node, None)
     if known:
         state.dirty = True
-
-
-def settle_fleet(state: ValidationState, now: datetime) -> None:
-    """Re-judge the cohorts whose fingerprints or members changed since the last read (all
-    of them once a rollout's `until` passed). Every reader of node health calls it first, so
-    a burst of changes (10,000 first reports) costs one judgement per cohort, not one each."""
-    for node, verdict in fleet_refresh(state.fleet, state.targeted, now).items():
-        set_fleet_verdict(state, node, verdict, now)
-
-
-def set_fleet_verdict(
-    state: ValidationState, node: str, verdict: NodeVerdict | None, now: datetime
-) -> None:
-    """The node's fleet.consistency verdict changed (its cohort was re-judged); None: no
-    verdict (the node left its cohort or the validation)."""
-    if verdict is None:
-        if state.fleet_verdicts.pop(node, None) is None:
-            return
-    elif state.fleet_verdicts.get(node) == verdict:
-        return
-    else:
-        state.fleet_verdicts[node] = verdict
-    rec = state.nodes.get(node)
-    if rec is not None:
-        _apply_fleet(rec, node, verdict, rec.failing_since, now)
-        if node in state.targeted:
-            state.dirty = True
 
 
 def restore_since(state: ValidationState, previous: NetworkValidationStatus) -> None:
@@ -469,62 +436,6 @@ def _digest(
     return rec
 
 
-def fold_verdict(
-    rec: NodeRecord, check: str, status: Status | None, failures: tuple[FailureKey, ...]
-) -> bool:
-    """Set the operator's verdict `check` on `rec` (None and no failures: remove it) and
-    recompute the record from its own values plus every folded verdict; True on a change."""
-    if rec.own is None:
-        rec.own = (rec.status, rec.check_buckets, rec.failures, rec.failing_checks)
-    if status is None and not failures:
-        if rec.folded.pop(check, None) is None:
-            return False
-    elif rec.folded.get(check) == (status, failures):
-        return False
-    else:
-        rec.folded[check] = (status, failures)
-    own_status, buckets, own_failures, failing = rec.own
-    all_buckets = list(buckets)
-    all_failures = list(own_failures)
-    failing_checks = set(failing)
-    for folded_check, (folded_status, folded_failures) in rec.folded.items():
-        bucket = _BUCKET.get(folded_status) if folded_status is not None else None
-        if bucket is not None and folded_status is not None:
-            own_status = worst((own_status, folded_status))
-            all_buckets.append((folded_check, bucket))
-        if folded_failures:
-            all_failures.extend(folded_failures)
-            failing_checks.add(folded_check)
-    rec.status = own_status
-    rec.check_buckets = tuple(all_buckets)
-    rec.failures = tuple(sorted(all_failures))
-    rec.failing_checks = tuple(sorted(failing_checks))
-    return True
-
-
-def _apply_fleet(
-    rec: NodeRecord,
-    node: str,
-    verdict: NodeVerdict | None,
-    old_since: dict[tuple[str, str], datetime],
-    now: datetime,
-) -> None:
-    """Fold a fleet.consistency verdict into the record as if the report had carried it."""
-    check = CheckId.FLEET_CONSISTENCY.value
-    since = {k: v for k, v in rec.failing_since.items() if k[0] != check}
-    failures: list[FailureKey] = []
-    status: Status | None = None
-    if verdict is not None:
-        status = verdict.status
-        for key, message in verdict.failing:
-            first = since[(check, key)] = old_since.get((check, key), now)
-            failures.append((first, node, check, key, _truncate(message)))
-    fold_verdict(rec, check, status, tuple(sorted(failures)))
-    if rec.status.is_bad:
-        rec.ok_streak = 0  # taint recovery counts reports without this failing verdict too
-    rec.failing_since = since
-
-
 def _fresh(state: ValidationState, node: str, rec: NodeRecord, now: datetime) -> bool:
     return node not in state.offline and now - rec.reported_at <= state.stale_after
 
@@ -535,12 +446,6 @@ def grace_start(state: ValidationState, node: str) -> datetime:
     if start is None:
         return ready if ready is not None else datetime.min.replace(tzinfo=UTC)
     return max(start, ready) if ready is not None else start
-
-
-def _truncate(message: str) -> str:
-    if len(message) <= MAX_FAILURE_MESSAGE:
-        return message
-    return message[: MAX_FAILURE_MESSAGE - 1] + "\u2026"
 
 
 def require_aware(now: datetime) -> None:

@@ -17,24 +17,22 @@ from typing import TYPE_CHECKING
 from netval.model.ids import CheckId, Status, worst
 from netval.model.spec import NetworkValidationSpec
 from netval.model.topology import TopologyStatus
+from netval.operator.state.node_verdicts import CHECK_BUCKET, fold_verdict
 from netval.operator.topology.summary import fold_topology
 
 if TYPE_CHECKING:
     from netval.operator.state.validation import NodeRecord, ValidationState
 
 TopologyVerdicts = tuple[tuple[str, Status, str], ...]  # (netdev, status, message)
-_BUCKET = {Status.PASS: 0, Status.WARN: 1, Status.FAIL: 2, Status.ERROR: 2}
 _CHECK = CheckId.TOPOLOGY_AGREEMENT.value
 
 
 def apply_verdicts(rec: NodeRecord, verdicts: TopologyVerdicts) -> bool:
     """Fold `verdicts` into `rec` (on top of its own values and any other operator verdict);
     True when anything changed."""
-    from netval.operator.state.validation import fold_verdict
-
     if verdicts == rec.topology_verdicts and (rec.own is not None or not verdicts):
         return False
-    judged = [v for v in verdicts if v[1] in _BUCKET]
+    judged = [v for v in verdicts if v[1] in CHECK_BUCKET]
     status = worst(v[1] for v in judged) if judged else None
     failures = tuple(
         sorted((rec.reported_at, rec.node_name, _CHECK, v[0], v[2]) for v in judged if v[1].is_bad)

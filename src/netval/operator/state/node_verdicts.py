@@ -1,0 +1,118 @@
+"""Verdicts the operator judges across nodes (fleet.consistency, topology.agreement), folded
+into a node's record on top of what its own report said.
+
+A record keeps its report's values (`own`) and one entry per operator check (`folded`);
+`fold_verdict` recomputes the record from both, so each check's fold is idempotent and never
+undoes another's. Pure functions of the record (and, for the fleet, of the validation state).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Final
+
+from netval.model.ids import CheckId, Status, worst
+from netval.operator.consistency.fold import NodeVerdict
+from netval.operator.consistency.fold import refresh as fleet_refresh
+
+if TYPE_CHECKING:
+    from netval.operator.state.validation import FailureKey, NodeRecord, ValidationState
+
+MAX_FAILURE_MESSAGE: Final = 256
+
+# Index of a status in a node's per-check bucket: pass, warn, fail (error counts as fail).
+CHECK_BUCKET: Final[dict[Status, int]] = {
+    Status.PASS: 0,
+    Status.WARN: 1,
+    Status.FAIL: 2,
+    Status.ERROR: 2,
+}
+
+
+def truncate_failure(message: str) -> str:
+    if len(message) <= MAX_FAILURE_MESSAGE:
+        return message
+    return message[: MAX_FAILURE_MESSAGE - 1] + "\u2026"
+
+
+def fold_verdict(
+    rec: NodeRecord, check: str, status: Status | None, failures: tuple[FailureKey, ...]
+) -> bool:
+    """Set the operator's verdict `check` on `rec` (None and no failures: remove it) and
+    recompute the record from its own values plus every folded verdict; True on a change."""
+    if rec.own is None:
+        rec.own = (rec.status, rec.check_buckets, rec.failures, rec.failing_checks)
+    if status is None and not failures:
+        if rec.folded.pop(check, None) is None:
+            return False
+    elif rec.folded.get(check) == (status, failures):
+        return False
+    else:
+        rec.folded[check] = (status, failures)
+    own_status, buckets, own_failures, failing = rec.own
+    all_buckets = list(buckets)
+    all_failures = list(own_failures)
+    failing_checks = set(failing)
+    for folded_check, (folded_status, folded_failures) in rec.folded.items():
+        bucket = CHECK_BUCKET.get(folded_status) if folded_status is not None else None
+        if bucket is not None and folded_status is not None:
+            own_status = worst((own_status, folded_status))
+            all_buckets.append((folded_check, bucket))
+        if folded_failures:
+            all_failures.extend(folded_failures)
+            failing_checks.add(folded_check)
+    rec.status = own_status
+    rec.check_buckets = tuple(all_buckets)
+    rec.failures = tuple(sorted(all_failures))
+    rec.failing_checks = tuple(sorted(failing_checks))
+    return True
+
+
+def apply_fleet_verdict(
+    rec: NodeRecord,
+    node: str,
+    verdict: NodeVerdict | None,
+    old_since: dict[tuple[str, str], datetime],
+    now: datetime,
+) -> None:
+    """Fold a fleet.consistency verdict into the record as if the report had carried it."""
+    check = CheckId.FLEET_CONSISTENCY.value
+    since = {k: v for k, v in rec.failing_since.items() if k[0] != check}
+    failures: list[FailureKey] = []
+    status: Status | None = None
+    if verdict is not None:
+        status = verdict.status
+        for key, message in verdict.failing:
+            first = since[(check, key)] = old_since.get((check, key), now)
+            failures.append((first, node, check, key, truncate_failure(message)))
+    fold_verdict(rec, check, status, tuple(sorted(failures)))
+    if rec.status.is_bad:
+        rec.ok_streak = 0  # taint recovery counts reports without this failing verdict too
+    rec.failing_since = since
+
+
+def settle_fleet(state: ValidationState, now: datetime) -> None:
+    """Re-judge the cohorts whose fingerprints or members changed since the last read (all
+    of them once a rollout's `until` passed). Every reader of node health calls it first, so
+    a burst of changes (10,000 first reports) costs one judgement per cohort, not one each."""
+    for node, verdict in fleet_refresh(state.fleet, state.targeted, now).items():
+        set_fleet_verdict(state, node, verdict, now)
+
+
+def set_fleet_verdict(
+    state: ValidationState, node: str, verdict: NodeVerdict | None, now: datetime
+) -> None:
+    """The node's fleet.consistency verdict changed (its cohort was re-judged); None: no
+    verdict (the node left its cohort or the validation)."""
+    if verdict is None:
+        if state.fleet_verdicts.pop(node, None) is None:
+            return
+    elif state.fleet_verdicts.get(node) == verdict:
+        return
+    else:
+        state.fleet_verdicts[node] = verdict
+    rec = state.nodes.get(node)
+    if rec is not None:
+        apply_fleet_verdict(rec, node, verdict, rec.failing_since, now)
+        if node in state.targeted:
+            state.dirty = True
