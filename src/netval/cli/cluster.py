@@ -141,12 +141,8 @@ def _check_loadtest_flags(args: argparse.Namespace) -> None:
 
 def _render_loadtests(args: argparse.Namespace, loadtests: Objs) -> tuple[str, bool]:
     """(the text, whether every shown test is not Failed) of --loadtests / --loadtest NAME."""
-    from netval.cli.loadtest_view import (
-        is_failed,
-        loadtests_of,
-        render_loadtest,
-        render_loadtest_list,
-    )
+    from netval.cli.loadtest_format import is_failed, loadtests_of
+    from netval.cli.loadtest_view import render_loadtest, render_loadtest_list
 
     now = datetime.now(UTC)
     shown: Sequence[Mapping[str, Any]]
@@ -166,7 +162,8 @@ def _render_loadtests(args: argparse.Namespace, loadtests: Objs) -> tuple[str, b
 
 def _render_validations(args: argparse.Namespace, got: Fetched) -> tuple[str, bool]:
     from netval.cli.consistency_view import render_consistency
-    from netval.cli.loadtest_view import capacity_ratios, loadtests_of, render_beside_matrix
+    from netval.cli.loadtest_format import loadtests_of
+    from netval.cli.loadtest_view import capacity_ratios, render_beside_matrix
     from netval.cli.status_view import is_healthy, render_matrix, render_nodes, render_validation
     from netval.cli.topology_view import render_topology
 
@@ -234,7 +231,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from netval.cli.loadtest_view import loadtests_of
+    from netval.cli.loadtest_format import loadtests_of
     from netval.cli.report_html import render_html
     from netval.cli.status_view import is_healthy
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from netval.cli.loadtest_view import (
+from netval.cli.loadtest_format import (
     aware,
     breach_line,
     breached_subjects,
