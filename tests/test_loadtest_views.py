@@ -297,3 +297,51 @@ def test_timestamps_without_a_zone_read_as_utc() -> None:
     status["lastRun"]["startedAt"] = (NOW - timedelta(minutes=5)).replace(tzinfo=None).isoformat()  # type: ignore[index]
     out = render_loadtest({"metadata": {"name": "x"}, "status": status}, NOW)
     assert "started 5m ago" in out
+
+
+def test_matrix_and_report_without_access_to_load_tests(
+    api: KubeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a viewer who may not list NetworkLoadTests (403), or a cluster without the CRD (404):
+    # the validation's views as before; asking for load tests says why not
+    for code in (403, 404):
+        api.inject("GET", r"/networkloadtests", status=code)
+        main(["status", "fabric", "--matrix"])
+        out = capsys.readouterr().out
+        assert "1.0:1" in out and "under load" not in out
+        target = tmp_path / f"{code}.html"
+        main(["report", "fabric", "--html", str(target)])
+        assert "load-tests" not in Page(target.read_text(encoding="utf-8")).ids
+        capsys.readouterr()
+        assert main(["status", "--loadtests"]) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            "netval: error: this cluster has no NetworkLoadTest resource (the CRD "
+            "networkloadtests.netval.io is not installed)\n"
+            if code == 404
+            else "netval: error: Kubernetes API error: 403 Forbidden\n"
+        )
+        api.clear_faults()
+
+
+def test_the_largest_status_keeps_its_width() -> None:
+    """136 cells of 16 domains with 63-character names, huge figures: bounded lines."""
+    ds = [f"{'x' * 60}{i:03d}" for i in range(16)]
+    big = 1.7e308
+    cells = [
+        {"a": a, "b": b, "flows": 2**40, "perNodeMbps": big, "aggregateMbps": big,
+         "oversubscription": big, "lossPercent": -big, "idleLatencyP99Ms": 1e-300,
+         "loadedLatencyP99Ms": big}
+        for i, a in enumerate(ds) for b in ds[i:]
+    ]  # fmt: skip
+    assert len(cells) == MAX_LOAD_CELLS
+    status = {"lastRun": {"id": "r" * 500, "startedAt": NOW.isoformat(), "nodes": 10_000,
+                          "eastWest": {"cells": cells, "omittedCells": 392}}}  # fmt: skip
+    obj = {"metadata": {"name": "big"}, "spec": {"validation": "v"}, "status": status}
+    out = render_loadtest(obj, NOW)
+    assert max(len(line) for line in out.splitlines()) <= 160
+    assert "domains 9-16 of 16" in out and ">999:1" in out and "1.70e308" in out
+    assert "... 96 more pair(s)" in out and "392 more domain pair(s)" in out
+    page = Page(render_html({"metadata": {"name": "v"}}, now=NOW, loadtests=[obj]))
+    check_self_contained(page)
+    assert page.text.count(">999:1") == 2 * (MAX_LOAD_CELLS - 16)  # both halves, heatmap only
