@@ -276,3 +276,24 @@ def _send(broker: MosquittoBroker, messages: list[tuple[str, bytes]]) -> None:
                 await client.publish(name, payload, qos=1)
 
     asyncio.run(main())
+
+
+def test_deleting_the_validation_aborts_its_run(
+    lt_operator: OperatorRuntime, cluster: KubeCluster, mosquitto_broker: MosquittoBroker
+) -> None:
+    with fake_agents(mosquitto_broker, POOL, FABRIC, answering=False) as agents:
+        cluster.create(loadtest("long", duration="300s"))
+        running = wait_netload(cluster, "long", lambda s: s.get("phase") == "Running", "Running")
+        run_id = running["lastRun"]["id"]
+        wait_for(lambda: len(agents.plans.get((run_id, 0), {})) == len(FABRIC.leaf_of),
+                 timeout=30, what="every node's plan of the first stage")  # fmt: skip
+        cluster.delete(NV, "networkvalidations", POOL)
+        aborted = wait_netload(cluster, "long", lambda s: s.get("phase") == "Failed", "Aborted")
+        assert cond(aborted, "Complete")["reason"] == "Aborted"
+        assert f"NetworkValidation {POOL!r} deleted" in cond(aborted, "Complete")["message"]
+        assert aborted["lastRun"]["finishedAt"]
+        # the retained plans were replaced (not just cleared): an agent that reconnects
+        # reads the abort
+        wait_for(lambda: {n for n, a in agents.aborts.items() if a.run == run_id}
+                 >= set(FABRIC.leaf_of), timeout=30, what="LoadAbort on every plan topic")  # fmt: skip
+    assert not lt_operator.loadtests.runs

@@ -317,6 +317,11 @@ class LoadTests:
 
     def _start(self, test: _Test, settings: RunSettings, busy: set[str], now: datetime) -> None:
         assert test.spec is not None
+        if settings.validation not in self.store.specs:  # deleted since it was settled
+            test.settled = settle(test.spec.model_dump(by_alias=True), None)
+            if isinstance(test.settled, SpecProblem):
+                self._could_not_run(test, test.settled, now)
+            return
         run_id = make_run_id(test.name, now)
         seed = int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:8], "big")
         found = candidates(self.store, settings.validation, busy, now)
