@@ -34,8 +34,8 @@ BASE_RULES: dict[Rule, set[str]] = {
     ("cluster", "netval.io", "networkvalidations", None): {"get", "list", "watch", "patch"},
     ("cluster", "netval.io", "networkvalidations/status", None): {"patch"},
     ("cluster", "netval.io", "networkvalidations/finalizers", None): {"update"},
-    # NetworkLoadTest (handlers/loadtests.py, loadtest/runner.py): Kopf's watch, finalizer
-    # and annotations; the coordinator's status patches.
+    # NetworkLoadTest (handlers/loadtests.py, loadtest/runner.py): Kopf's watch and
+    # annotations (no finalizer); the coordinator's status patches.
     ("cluster", "netval.io", "networkloadtests", None): {"get", "list", "watch", "patch"},
     ("cluster", "netval.io", "networkloadtests/status", None): {"patch"},
     # skipBusyNodes: nodes running pods that request GPUs (KubeApi.gpu_pod_nodes)

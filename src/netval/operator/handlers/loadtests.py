@@ -47,6 +47,14 @@ async def netload_apply(
         raise kopf.PermanentError(f"{outcome.reason.value}: {outcome.message}")
 
 
-@kopf.on.delete(API_GROUP, VERSION, LOADTEST_PLURAL)
-async def netload_delete(name: str, memo: kopf.Memo, **_: Any) -> None:
-    await _runtime(memo).loadtests.delete(name)
+# The watch's DELETED event, not `kopf.on.delete`: no finalizer on NetworkLoadTests, so one
+# is never stuck in deletion without an operator (nor left for the uninstall hook). A test
+# deleted while no operator ran has no run to abort: its agents stop at their plan's
+# deadline, and the next leader reads no run of it.
+@kopf.on.event(API_GROUP, VERSION, LOADTEST_PLURAL)
+async def netload_delete(type: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    if type != "DELETED":
+        return
+    runtime = started_runtime(memo)
+    if runtime is not None:
+        await runtime.loadtests.delete(name)
