@@ -153,7 +153,7 @@ def _loadtest_metrics(rt: OperatorRuntime) -> Iterator[CounterMetricFamily | Gau
     yield CounterMetricFamily(
         "netval_loadtest_status_write_failures",
         "NetworkLoadTest status patches that failed (retried)",
-        value=lt.write_failures,
+        value=lt.writer.failures,
     )
     over = GaugeMetricFamily(
         "netval_loadtest_max_oversubscription",

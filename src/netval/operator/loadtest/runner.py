@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from netval.model.loadplan import MAX_PLAN_SECONDS, LoadAbort, decode_result, encode
@@ -52,6 +51,7 @@ from netval.operator.loadtest.aggregate import Aggregator, Received
 from netval.operator.loadtest.participants import candidates
 from netval.operator.loadtest.plan import RunPlan, make_run_id, plan_run
 from netval.operator.loadtest.schedule import Due, due_at, pick_starts, run_over
+from netval.operator.loadtest.status_writer import LoadStatusWriter
 from netval.operator.loadtest.validate import RunSettings, SpecProblem, parse_spec, settle
 from netval.operator.state.store import Store, utcnow
 
@@ -117,8 +117,7 @@ class LoadTests:
         self.last_runs: dict[str, LoadRun] = {}  # test -> its last finished run (metrics)
         self.results: Counter[str] = Counter()  # loadresult messages by outcome
         self.runs_finished: Counter[str] = Counter()  # by phase
-        self.write_failures = 0
-        self._written: dict[str, dict[str, object]] = {}
+        self.writer = LoadStatusWriter(kube)
         self._holds: dict[str, datetime] = {}  # retained group -> when it is cleared
 
     # -- what Kopf tells ------------------------------------------------------------------
@@ -178,7 +177,7 @@ class LoadTests:
             await self._write(name)
         self.tests.pop(name, None)
         self.last_runs.pop(name, None)
-        self._written.pop(name, None)
+        self.writer.forget(name)
 
     def validation_deleted(self, validation: str) -> None:
         run = self.runs.get(validation)
@@ -410,24 +409,8 @@ class LoadTests:
 
     async def _write(self, name: str) -> None:
         test = self.tests.get(name)
-        if test is None or test.status is None:
-            return
-        patch = test.status.to_patch()
-        if self._written.get(name) == patch:
-            return
-        try:
-            await self.kube.patch_loadtest_status(name, patch)
-        except ApiException as exc:
-            if exc.status == 404:
-                return  # deleted meanwhile
-            self.write_failures += 1
-            log.warning("NetworkLoadTest %s status: %s", name, error_text(exc))
-            return
-        except Exception as exc:
-            self.write_failures += 1
-            log.warning("NetworkLoadTest %s status: %s", name, error_text(exc))
-            return
-        self._written[name] = patch
+        if test is not None and test.status is not None:
+            await self.writer.write(name, test.status)
 
     # -- helpers --------------------------------------------------------------------------
 
