@@ -299,3 +299,34 @@ def test_deleting_the_validation_aborts_its_run(
         wait_for(lambda: {n for n, a in agents.aborts.items() if a.run == run_id}
                  >= set(FABRIC.leaf_of), timeout=30, what="LoadAbort on every plan topic")  # fmt: skip
     assert not lt_operator.loadtests.runs
+
+
+def test_a_run_lost_to_an_operator_restart_is_aborted_by_the_next_one(
+    cluster: KubeCluster, mosquitto_broker: MosquittoBroker
+) -> None:
+    memo = kopf.Memo(settings=settings_for(mosquitto_broker))
+    with fake_agents(mosquitto_broker, POOL, FABRIC, answering=False) as agents:
+        with kopf_operator(cluster, modules=["netval.operator.handlers"], memo=memo):
+            runtime = wait_for(lambda: memo.get("runtime"), timeout=30, what="operator runtime")
+            wait_for(lambda: runtime.ingest.synced.is_set(), timeout=30, what="synced")
+            _fleet(cluster, mosquitto_broker)
+            wait_for(lambda: len(runtime.store.states.get(POOL, _Empty).nodes) == 6,
+                     timeout=30, what="reports folded")  # fmt: skip
+            cluster.create(loadtest("across-restart", duration="300s"))
+            running = wait_netload(cluster, "across-restart",
+                                   lambda s: s.get("phase") == "Running", "Running")  # fmt: skip
+            run_id = running["lastRun"]["id"]
+            wait_for(lambda: len(agents.plans.get((run_id, 0), {})) == 6, timeout=30,
+                     what="the first stage's plans")  # fmt: skip
+        # the next term (a restart, a failover) finds the test Running: nobody folds it now
+        memo = kopf.Memo(settings=settings_for(mosquitto_broker))
+        with kopf_operator(cluster, modules=["netval.operator.handlers"], memo=memo):
+            status = wait_netload(cluster, "across-restart",
+                                  lambda s: s.get("phase") == "Failed", "Aborted")  # fmt: skip
+            assert cond(status, "Complete")["reason"] == "Aborted"
+            assert "restarted" in cond(status, "Complete")["message"]
+            assert status["lastRun"]["id"] == run_id and status["lastRun"]["finishedAt"]
+            wait_for(lambda: {n for n, a in agents.aborts.items() if a.run == run_id}
+                     >= set(FABRIC.leaf_of), timeout=30, what="LoadAbort to every node")  # fmt: skip
+            runtime = memo["runtime"]
+            assert not runtime.loadtests.runs  # a one-shot test: no new run

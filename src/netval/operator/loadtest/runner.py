@@ -119,6 +119,8 @@ class LoadTests:
         self.runs_finished: Counter[str] = Counter()  # by phase
         self.writer = LoadStatusWriter(kube)
         self._holds: dict[str, datetime] = {}  # retained group -> when it is cleared
+        # runs of an earlier term: group -> (validation, the LoadAbort, nodes it went to)
+        self._lost: dict[str, tuple[str, bytes, set[str]]] = {}
 
     # -- what Kopf tells ------------------------------------------------------------------
 
@@ -220,6 +222,7 @@ class LoadTests:
         for run in list(self.runs.values()):
             self._advance(run, now)
         await self._start_due(now)
+        self._abort_lost()
         self._release_holds(now)
         for name in list(self.tests):
             await self._write(name)
@@ -368,27 +371,37 @@ class LoadTests:
     def _lost_run(self, test: _Test, now: datetime) -> None:
         last = test.status.last_run if test.status is not None else None
         message = f"run {last.id if last else '?'} was lost: the operator restarted during it"
-        validation = test.spec.validation if test.spec is not None else None
-        state = self.store.states.get(validation) if validation else None
-        if last is not None and state is not None and validation is not None:
+        if last is not None and test.spec is not None:
             try:
-                check_topic_level(validation)
+                check_topic_level(test.spec.validation)
                 abort = encode(LoadAbort(run=last.id, reason=message))
-                group = f"abort:{validation}:{last.id}"
-                self.set_retained(group, {
-                    topic(validation, n, TopicKind.LOAD_PLAN): abort for n in sorted(state.targeted)
-                })  # fmt: skip
-                self._holds[group] = now + timedelta(seconds=MAX_PLAN_SECONDS)
             except ValueError:
                 pass
+            else:
+                group = f"abort:{test.spec.validation}:{last.id}"
+                self._lost[group] = (test.spec.validation, abort, set())
+                self._holds[group] = now + timedelta(seconds=MAX_PLAN_SECONDS)
         limit = test.spec.history_limit if test.spec is not None else 0
         test.status = render.aborted(message, generation=test.generation, now=now,
                                      previous=test.status, history_limit=limit)  # fmt: skip
+
+    def _abort_lost(self) -> None:
+        """The plans of a lost run are replaced on every node the validation targets, as the
+        new term learns them (at start-up the nodes come after the tests)."""
+        for group, (validation, abort, sent) in self._lost.items():
+            state = self.store.states.get(validation)
+            nodes = state.targeted if state is not None else set()
+            if nodes - sent:
+                sent |= nodes
+                self.set_retained(group, {
+                    topic(validation, n, TopicKind.LOAD_PLAN): abort for n in sorted(sent)
+                })  # fmt: skip
 
     def _release_holds(self, now: datetime) -> None:
         for group, until in list(self._holds.items()):
             if now >= until:
                 del self._holds[group]
+                self._lost.pop(group, None)
                 self.set_retained(group, {})
 
     # -- status ---------------------------------------------------------------------------
