@@ -330,3 +330,39 @@ def test_a_run_lost_to_an_operator_restart_is_aborted_by_the_next_one(
                      >= set(FABRIC.leaf_of), timeout=30, what="LoadAbort to every node")  # fmt: skip
             runtime = memo["runtime"]
             assert not runtime.loadtests.runs  # a one-shot test: no new run
+
+
+def _pod(name: str, node: str, resources: dict[str, Any]) -> dict[str, Any]:
+    container = {"name": "main", "image": "busybox", "resources": resources}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"nodeName": node, "containers": [container]},
+    }
+
+
+def test_busy_nodes_are_skipped_and_a_scheduled_test_says_when_it_runs(
+    lt_operator: OperatorRuntime, cluster: KubeCluster
+) -> None:
+    gpu = {"limits": {"nvidia.com/gpu": "8"}}
+    cluster.create(_pod("training", "node-0-00", gpu))
+    cluster.create(_pod("finished", "node-1-00", gpu))
+    # the API ignores status on create: the pod finishes through its status subresource
+    cluster.patch("v1", "pods", "finished", {"status": {"phase": "Succeeded"}}, "default",
+                  subresource="status")  # fmt: skip
+    cluster.create(_pod("cpu-only", "node-1-01", {"requests": {"cpu": "2"}}))
+    cluster.create(loadtest("now"))
+    running = wait_netload(cluster, "now", lambda s: s.get("phase") == "Running", "Running")
+    assert running["lastRun"]["skippedCount"] == 1
+    plan = lt_operator.loadtests.runs[POOL].plan
+    assert [(n, r.value) for n, r in plan.skipped] == [("node-0-00", "Busy")]
+    assert "node-1-00" in plan.domain_of and "node-1-01" in plan.domain_of
+    cluster.delete(NV, "networkloadtests", "now")
+    wait_for(lambda: not lt_operator.loadtests.runs, timeout=30, what="the run aborted")
+
+    cluster.create(loadtest("yearly", schedule="0 0 1 1 *"))
+    status = wait_netload(cluster, "yearly", lambda s: s.get("nextRunAt"), "nextRunAt")
+    assert status["phase"] == "Pending"
+    assert cond(status, "Complete")["reason"] == "Waiting"
+    assert status["nextRunAt"].startswith(f"{datetime.now(UTC).year + 1}-01-01T00:00:00")
