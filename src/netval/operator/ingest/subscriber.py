@@ -1,5 +1,10 @@
 """MQTT ingest: one subscription for every agent's report and state topics.
 
+NetworkLoadTest results (`loadresult` topics) are subscribed to on the same connection when
+a taker is given (`on_load_result`) and handed over undecoded, by topic: the load-test
+coordinator decodes and counts them. The retained messages the operator keeps are grouped
+(`set_retained(..., group=)`: agent assignments, each load-test run's plans).
+
 Messages are decoded by `netval.operator.ingest.decode`; a dropped one is counted by reason
 and logged (rate-limited); whatever raises while a message is handled is an `internal_error`
 drop, never the session's end. The same connection keeps the operator's own retained
