@@ -30,12 +30,12 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Final
 
 from pydantic import ValidationError
 
-from netval.model.loadplan import MAX_PLAN_SECONDS, LoadAbort, decode_result, encode
+from netval.model.loadplan import decode_result, encode
 from netval.model.loadtest import (
     LoadConditionType,
     LoadReason,
@@ -44,9 +44,10 @@ from netval.model.loadtest import (
     NetworkLoadTestStatus,
     RunPhase,
 )
-from netval.model.topics import TopicKind, check_topic_level, topic
+from netval.model.topics import TopicKind, topic
 from netval.operator.kube.api import KubeApi, error_text
 from netval.operator.loadtest import status as render
+from netval.operator.loadtest.aborts import RetainedAborts, RetainedSink
 from netval.operator.loadtest.aggregate import Aggregator, Received
 from netval.operator.loadtest.participants import candidates
 from netval.operator.loadtest.plan import RunPlan, make_run_id, plan_run
@@ -58,7 +59,6 @@ from netval.operator.state.store import Store, utcnow
 log = logging.getLogger("netval.operator.loadtest")
 
 TICK_SECONDS: Final = 0.5
-ABORT_HOLD_SECONDS: Final = 5.0  # a LoadAbort stays retained at least this long
 # Outcomes of loadresult messages (a bounded label set for the metrics).
 RESULT_OUTCOMES: Final = ("counted", "invalid", "mismatch", "no_run", "not_counted")
 # A finished run's reason (Complete) that means "it ran": a one-shot test runs no more.
@@ -71,8 +71,6 @@ _RAN: Final = frozenset(
         LoadReason.EXPECTATIONS_BREACHED,
     }
 )
-
-RetainedSink = Callable[[str, Mapping[str, bytes]], None]  # (group, topic -> payload)
 
 
 @dataclass(slots=True)
@@ -118,9 +116,7 @@ class LoadTests:
         self.results: Counter[str] = Counter()  # loadresult messages by outcome
         self.runs_finished: Counter[str] = Counter()  # by phase
         self.writer = LoadStatusWriter(kube)
-        self._holds: dict[str, datetime] = {}  # retained group -> when it is cleared
-        # runs of an earlier term: group -> (validation, the LoadAbort, nodes it went to)
-        self._lost: dict[str, tuple[str, bytes, set[str]]] = {}
+        self.aborts = RetainedAborts(set_retained)
 
     # -- what Kopf tells ------------------------------------------------------------------
 
@@ -222,8 +218,7 @@ class LoadTests:
         for run in list(self.runs.values()):
             self._advance(run, now)
         await self._start_due(now)
-        self._abort_lost()
-        self._release_holds(now)
+        self.aborts.refresh(self._targeted, now)
         for name in list(self.tests):
             await self._write(name)
 
@@ -335,7 +330,7 @@ class LoadTests:
             return
         run = _Run(test=test.name, plan=plan, aggregator=Aggregator(plan))
         self.runs[settings.validation] = run
-        self._holds.pop(_group(run), None)
+        self.aborts.forget(_group(run))
         first = LoadRun(id=run_id, started_at=plan.stages[0].start, nodes=len(plan.domain_of),
                         skipped_count=len(plan.skipped))  # fmt: skip
         test.status = render.running(
@@ -353,13 +348,10 @@ class LoadTests:
 
     def _abort(self, run: _Run, message: str) -> None:
         now = self.clock()
-        validation = run.plan.settings.validation
-        del self.runs[validation]
-        abort = encode(LoadAbort(run=run.plan.run_id, reason=message[:256]))
-        aborts = {name: abort for name in run.retained}
-        self.set_retained(_group(run), aborts)
+        del self.runs[run.plan.settings.validation]
         published = run.plan.stages[max(0, run.published - 1)].deadline if run.published else now
-        self._holds[_group(run)] = max(published, now + timedelta(seconds=ABORT_HOLD_SECONDS))
+        self.aborts.abort(_group(run), run.plan.run_id, run.retained, message,
+                          last_deadline=published, now=now)  # fmt: skip
         self.runs_finished[RunPhase.FAILED.value] += 1
         test = self.tests.get(run.test)
         if test is not None and test.spec is not None:
@@ -372,37 +364,14 @@ class LoadTests:
         last = test.status.last_run if test.status is not None else None
         message = f"run {last.id if last else '?'} was lost: the operator restarted during it"
         if last is not None and test.spec is not None:
-            try:
-                check_topic_level(test.spec.validation)
-                abort = encode(LoadAbort(run=last.id, reason=message))
-            except ValueError:
-                pass
-            else:
-                group = f"abort:{test.spec.validation}:{last.id}"
-                self._lost[group] = (test.spec.validation, abort, set())
-                self._holds[group] = now + timedelta(seconds=MAX_PLAN_SECONDS)
+            self.aborts.lost(test.spec.validation, last.id, message, now)
         limit = test.spec.history_limit if test.spec is not None else 0
         test.status = render.aborted(message, generation=test.generation, now=now,
                                      previous=test.status, history_limit=limit)  # fmt: skip
 
-    def _abort_lost(self) -> None:
-        """The plans of a lost run are replaced on every node the validation targets, as the
-        new term learns them (at start-up the nodes come after the tests)."""
-        for group, (validation, abort, sent) in self._lost.items():
-            state = self.store.states.get(validation)
-            nodes = state.targeted if state is not None else set()
-            if nodes - sent:
-                sent |= nodes
-                self.set_retained(group, {
-                    topic(validation, n, TopicKind.LOAD_PLAN): abort for n in sorted(sent)
-                })  # fmt: skip
-
-    def _release_holds(self, now: datetime) -> None:
-        for group, until in list(self._holds.items()):
-            if now >= until:
-                del self._holds[group]
-                self._lost.pop(group, None)
-                self.set_retained(group, {})
+    def _targeted(self, validation: str) -> set[str]:
+        state = self.store.states.get(validation)
+        return set(state.targeted) if state is not None else set()
 
     # -- status ---------------------------------------------------------------------------
 
