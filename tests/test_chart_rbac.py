@@ -34,6 +34,12 @@ BASE_RULES: dict[Rule, set[str]] = {
     ("cluster", "netval.io", "networkvalidations", None): {"get", "list", "watch", "patch"},
     ("cluster", "netval.io", "networkvalidations/status", None): {"patch"},
     ("cluster", "netval.io", "networkvalidations/finalizers", None): {"update"},
+    # NetworkLoadTest (handlers/loadtests.py, loadtest/runner.py): Kopf's watch and
+    # annotations (no finalizer); the coordinator's status patches.
+    ("cluster", "netval.io", "networkloadtests", None): {"get", "list", "watch", "patch"},
+    ("cluster", "netval.io", "networkloadtests/status", None): {"patch"},
+    # skipBusyNodes: nodes running pods that request GPUs (KubeApi.gpu_pod_nodes)
+    ("cluster", "", "pods", None): {"list"},
     # No update: nothing PUTs a Node (kube_api.set_node_gating patches with resourceVersion).
     ("cluster", "", "nodes", None): {"get", "list", "watch", "patch"},
     ("cluster", "apiextensions.k8s.io", "customresourcedefinitions", None): {"list", "watch"},

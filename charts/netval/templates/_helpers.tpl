@@ -338,6 +338,8 @@ topic write netval/v1/+/+/report
 topic readwrite netval/v1/+/+/state
 topic readwrite netval/v1/+/+/endpoint
 topic read netval/v1/+/+/assignment
+topic write netval/v1/+/+/loadresult
+topic read netval/v1/+/+/loadplan
 {{- end }}
 {{- end -}}
 

@@ -1,6 +1,6 @@
 """The operator's Prometheus metrics: MQTT ingest (accepted, dropped by reason, retained
 replay gaps, parked messages dropped), status and gating writes, Kubernetes API retries,
-validations and nodes by health."""
+validations and nodes by health, NetworkLoadTest runs and their last figures."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from netval.model.loadtest import RunPhase
 from netval.operator.ingest.decode import INGEST_DROP_REASONS
+from netval.operator.loadtest.runner import RESULT_OUTCOMES
 from netval.operator.status.event_budget import SUMMARISED_REASONS
 
 if TYPE_CHECKING:
@@ -124,6 +126,63 @@ class _RuntimeCollector(Collector):
             for state in ("targeted", "reporting", "passing", "warning", "failing", "stale"):
                 nodes.add_metric([name, state], getattr(counts, state))
         yield nodes
+        yield from _loadtest_metrics(rt)
+
+
+def _loadtest_metrics(rt: OperatorRuntime) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """NetworkLoadTest figures; labels are bounded: per test (objects the users made),
+    per endpoint of a test (at most 64), phases and outcomes are fixed sets."""
+    lt = rt.loadtests
+    runs = CounterMetricFamily(
+        "netval_loadtest_runs", "Load-test runs ended (this term), by phase", labels=["phase"]
+    )
+    for phase in (RunPhase.SUCCEEDED, RunPhase.FAILED):
+        runs.add_metric([phase.value], lt.runs_finished.get(phase.value, 0))
+    yield runs
+    yield GaugeMetricFamily(
+        "netval_loadtest_running", "Load-test runs under way", value=len(lt.runs)
+    )
+    results = CounterMetricFamily(
+        "netval_loadtest_results",
+        "loadresult messages by outcome (invalid, mismatch, no_run, not_counted: not counted)",
+        labels=["outcome"],
+    )
+    for outcome in RESULT_OUTCOMES:
+        results.add_metric([outcome], lt.results.get(outcome, 0))
+    yield results
+    yield CounterMetricFamily(
+        "netval_loadtest_status_write_failures",
+        "NetworkLoadTest status patches that failed (retried)",
+        value=lt.writer.failures,
+    )
+    over = GaugeMetricFamily(
+        "netval_loadtest_max_oversubscription",
+        "The last run's worst cross-domain oversubscription, per test",
+        labels=["test"],
+    )
+    refused = GaugeMetricFamily(
+        "netval_loadtest_refused_flows", "Flows the last run refused, per test", labels=["test"]
+    )
+    breaches = GaugeMetricFamily(
+        "netval_loadtest_breaches", "Expectations the last run breached, per test", labels=["test"]
+    )
+    storage = GaugeMetricFamily(
+        "netval_loadtest_storage_per_node_mbytes_per_second",
+        "The last run's per-node storage read rate under concurrent load (10^6 B/s), per test"
+        " and endpoint: the slowest node (min) and the median",
+        labels=["test", "endpoint", "stat"],
+    )
+    for test, run in sorted(lt.last_runs.items()):
+        if run.max_oversubscription is not None:
+            over.add_metric([test], run.max_oversubscription)
+        refused.add_metric([test], run.refused_flows)
+        breaches.add_metric([test], len(run.breaches))
+        for s in run.storage:
+            if s.per_node_m_bps_min is not None:
+                storage.add_metric([test, s.endpoint, "min"], s.per_node_m_bps_min)
+            if s.per_node_m_bps_median is not None:
+                storage.add_metric([test, s.endpoint, "median"], s.per_node_m_bps_median)
+    yield from (over, refused, breaches, storage)
 
 
 def operator_registry(runtime: OperatorRuntime) -> CollectorRegistry:

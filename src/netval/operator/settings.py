@@ -13,6 +13,7 @@ from typing import Any, Final
 
 from netval.infra.mqtt_settings import MqttSettings, mqtt_settings_from_env, read_password_file
 from netval.infra.telemetry import TelemetryConfigError, sampler_from_env
+from netval.model.loadplan import MAX_MBPS
 
 ENV_NAMESPACE: Final = "NETVAL_NAMESPACE"
 ENV_AGENT_IMAGE: Final = "NETVAL_AGENT_IMAGE"
@@ -24,6 +25,7 @@ ENV_STATUS_WINDOW: Final = "NETVAL_STATUS_WINDOW_SECONDS"
 ENV_AGENT_RESOURCES: Final = "NETVAL_AGENT_RESOURCES"
 ENV_AGENT_TOLERATIONS: Final = "NETVAL_AGENT_TOLERATIONS"
 ENV_KUEUE_ENABLED: Final = "NETVAL_KUEUE_ENABLED"
+ENV_LOADTEST_MAX_RATE: Final = "NETVAL_LOADTEST_MAX_RATE_MBPS"  # chart: loadTests.maxRateMbps
 ENV_AGENT_NAMESPACE: Final = "NETVAL_AGENT_NAMESPACE"
 ENV_AGENT_IMAGE_PULL_SECRETS: Final = "NETVAL_AGENT_IMAGE_PULL_SECRETS"
 ENV_AGENT_PRIORITY_CLASS_NAME: Final = "NETVAL_AGENT_PRIORITY_CLASS_NAME"
@@ -78,6 +80,9 @@ class OperatorSettings:
     agent_enroll_ca_configmap: str | None = None
     # The broker ACL start check's credential without per-node identity (None: no check).
     acl_probe: MqttSettings | None = None
+    # NetworkLoadTest: the cluster's per-flow ceiling, Mbit/s (0: none). A spec above it is
+    # refused (InvalidSpec, spec.maxRateMbps); a spec without a cap of its own gets it.
+    loadtest_max_rate_mbps: float = 0.0
 
 
 def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorSettings:
@@ -137,7 +142,19 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
         agent_enroll_url=_enroll_url(env),
         agent_enroll_ca_configmap=env.get(ENV_AGENT_ENROLL_CA_CONFIGMAP, "").strip() or None,
         acl_probe=_acl_probe(env, mqtt),
+        loadtest_max_rate_mbps=_max_rate(env),
     )
+
+
+def _max_rate(env: Mapping[str, str]) -> float:
+    text = env.get(ENV_LOADTEST_MAX_RATE, "").strip() or "0"
+    try:
+        value = float(text)
+    except ValueError:
+        raise OperatorConfigError(f"{ENV_LOADTEST_MAX_RATE}: not a number: {text!r}") from None
+    if not 0 <= value <= MAX_MBPS:
+        raise OperatorConfigError(f"{ENV_LOADTEST_MAX_RATE}: must be 0..{MAX_MBPS:g}, got {text}")
+    return value
 
 
 # A DNS subdomain (RFC 1123): what names of namespaces, Secrets and PriorityClasses must be.

@@ -7,6 +7,8 @@
 - `gating` (`gating.node_writer.NodeGating`): node labels and taints, the Gating condition.
 - `topology_labels` (`topology.label_writer.TopologyLabels`): `topology.netval.io/*` labels.
 - `events` (`status.events.Events`): the Events all of them post.
+- `loadtests` (`loadtest.runner.LoadTests`): NetworkLoadTest runs (plans out, results in,
+  their status), on the same MQTT connection as the ingest.
 - targets: when a spec or the targeted nodes changed, the agent assignments and the
   peers-port check are redone once in the next status window, not per Node event (a
   start-up delivers one event per node, each would redo all targeted nodes).
@@ -32,6 +34,7 @@ from netval.operator.gating.node_writer import NodeGating
 from netval.operator.ingest.assignments import assignments, leftover_topics
 from netval.operator.ingest.subscriber import ReportIngest
 from netval.operator.kube.api import KubeApi, error_text
+from netval.operator.loadtest.runner import LoadTests
 from netval.operator.settings import OperatorSettings
 from netval.operator.state.peer_ports import PeerPortCheck
 from netval.operator.state.store import Store, ValidationView, utcnow
@@ -72,8 +75,15 @@ class OperatorRuntime:
             gating_conditions=self.gating.conditions,
             before_round=self.before_round,
         )
+        self.loadtests = LoadTests(
+            kube,
+            self.store,
+            lambda group, desired: self.ingest.set_retained(desired, group=group),
+            max_rate_ceiling_mbps=settings.loadtest_max_rate_mbps,
+        )
         self.ingest = ReportIngest(
             settings.mqtt,
+            on_load_result=self.loadtests.on_result,
             on_report=self.on_report,
             on_state=self.store.on_state,
             on_replayed=self.store.note_replay,
@@ -104,6 +114,7 @@ class OperatorRuntime:
             supervised_task("netval-status-writer", lambda: self.status.loop(synced)),
             supervised_task("netval-node-gating", lambda: self.gating.loop(synced)),
             supervised_task("netval-topology-labels", lambda: self.topology_labels.loop(synced)),
+            supervised_task("netval-loadtests", self.loadtests.run),
         ]
 
     async def stop(self) -> None:
@@ -152,6 +163,7 @@ class OperatorRuntime:
         await self.status.write(name, status, self.store.previous.get(name))
 
     def remove_validation(self, name: str) -> None:
+        self.loadtests.validation_deleted(name)  # before its plan topics are cleared
         self.gating.forget(name)
         self.status.forget(name)
         nodes = self.store.remove_validation(name)

@@ -1,5 +1,10 @@
 """MQTT ingest: one subscription for every agent's report and state topics.
 
+NetworkLoadTest results (`loadresult` topics) are subscribed to on the same connection when
+a taker is given (`on_load_result`) and handed over undecoded, by topic: the load-test
+coordinator decodes and counts them. The retained messages the operator keeps are grouped
+(`set_retained(..., group=)`: agent assignments, each load-test run's plans).
+
 Messages are decoded by `netval.operator.ingest.decode`; a dropped one is counted by reason
 and logged (rate-limited); whatever raises while a message is handled is an `internal_error`
 drop, never the session's end. The same connection keeps the operator's own retained
@@ -32,7 +37,7 @@ from netval.infra.mqtt_client import backoff_delay, make_client
 from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.telemetry import process_span
 from netval.model.results import Report
-from netval.model.topics import DropReason, TopicKind, subscription
+from netval.model.topics import DropReason, TopicKind, parse_topic, subscription
 from netval.operator.ingest.decode import Dropped, StateChange, decode_message
 from netval.operator.leadership.fence import WRITE_FENCE
 
@@ -57,6 +62,8 @@ RETAINED_RETRY_CAP: Final = 10.0
 # Topics to clear, at most: beyond, the oldest requests are dropped (and counted).
 MAX_CLEARS: Final = 200_000
 
+_LOAD_RESULT_SUFFIX: Final = f"/{TopicKind.LOAD_RESULT.value}"
+
 ReplayKey = tuple[str, str]  # (validation, node) of a retained report
 
 
@@ -73,6 +80,7 @@ class IngestStats:
         self.retained_failures = 0  # failed publishes of the operator's retained messages
         self.clears_dropped = 0  # topics to clear beyond MAX_CLEARS
         self.cleared_late = 0  # messages of a just-deleted validation, cleared on arrival
+        self.load_results = 0  # loadresult messages handed to the load-test coordinator
         self._last_log: dict[DropReason, float] = {}
         self._last_topic_log: dict[str, float] = {}
 
@@ -118,6 +126,7 @@ class ReportIngest:
         on_state: Callable[[StateChange], None],
         on_replayed: Callable[[frozenset[ReplayKey]], None] = lambda keys: None,
         deleted: Callable[[str], bool] = lambda validation: False,
+        on_load_result: Callable[[str, str, bytes], None] | None = None,
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
         stable_after: float = STABLE_SESSION_SECONDS,
@@ -130,6 +139,9 @@ class ReportIngest:
         self.on_replayed = on_replayed
         # a validation deleted moments ago: what its agents still publish is cleared
         self.deleted = deleted
+        # NetworkLoadTest results (validation, node, raw payload): decoded and counted by the
+        # load-test coordinator; the subscription exists only when someone takes them
+        self.on_load_result = on_load_result
         self.stable_after = stable_after
         # the retained reports of the current session's replay
         self.replayed: set[ReplayKey] = set()
@@ -140,17 +152,23 @@ class ReportIngest:
         self.synced = asyncio.Event()
         # retained messages the operator owns (agent assignments): topic -> payload
         self._desired: dict[str, bytes] = {}
+        self._groups: dict[str, dict[str, bytes]] = {}  # set_retained's groups
         self._published: dict[str, bytes] = {}
         self._retained_changed = asyncio.Event()
         self._backoff_base = backoff_base
         self._backoff_cap = backoff_cap
         self._rng = random.Random()  # noqa: S311 - jitter
 
-    def set_retained(self, desired: Mapping[str, bytes]) -> None:
-        """The retained messages the operator wants on the broker; the rest it published
-        before are cleared. Sent by the connection task, again after every reconnect (a
+    def set_retained(self, desired: Mapping[str, bytes], *, group: str = "assignments") -> None:
+        """The retained messages the operator wants on the broker for one `group` (agent
+        assignments; a load-test run's plans); what it published before and no group wants
+        any more is cleared. Sent by the connection task, again after every reconnect (a
         broker without persistence forgets them)."""
-        self._desired = dict(desired)
+        if desired:
+            self._groups[group] = dict(desired)
+        else:
+            self._groups.pop(group, None)
+        self._desired = {name: p for wanted in self._groups.values() for name, p in wanted.items()}
         self._retained_changed.set()
 
     def clear_retained(self, topics: list[str]) -> None:
@@ -224,6 +242,12 @@ class ReportIngest:
         whatever goes wrong with one message is that message's drop, not the session's end
         (the broker would replay a retained poison on every reconnect)."""
         try:
+            if self.on_load_result is not None and topic_name.endswith(_LOAD_RESULT_SUFFIX):
+                parsed = parse_topic(topic_name)
+                if parsed is not None and parsed.kind is TopicKind.LOAD_RESULT:
+                    self.stats.load_results += 1
+                    self.on_load_result(parsed.validation, parsed.node, payload)
+                    return
             decoded = decode_message(topic_name, payload)
             if isinstance(decoded, Dropped):
                 self.stats.drop(decoded)
@@ -280,9 +304,10 @@ class ReportIngest:
             self.replayed = set()
             self._replaying = True
             self._live_seen = False
-            await client.subscribe(
-                [(subscription(TopicKind.REPORT), 1), (subscription(TopicKind.STATE), 1)]
-            )
+            topics = [(subscription(TopicKind.REPORT), 1), (subscription(TopicKind.STATE), 1)]
+            if self.on_load_result is not None:
+                topics.append((subscription(TopicKind.LOAD_RESULT), 1))
+            await client.subscribe(topics)
             self.stats.sessions += 1
             sync = asyncio.create_task(self._mark_synced(client))
             self._published = {}  # a new session: publish everything again

@@ -47,6 +47,7 @@ log = logging.getLogger("netval.operator.kube")
 
 VERSION: Final = "v1alpha1"
 PLURAL: Final = "networkvalidations"
+LOADTEST_PLURAL: Final = "networkloadtests"
 EVENT_NAMESPACE: Final = "default"
 MAX_EVENT_MESSAGE: Final = 1024
 NODE_WRITE_ATTEMPTS: Final = 5
@@ -428,3 +429,51 @@ class KubeApi:
             {"status": status},
             _attempts=1,
         )
+
+    # -- NetworkLoadTest (netval.operator.loadtest.runner) ----------------------------------
+
+    async def patch_loadtest_status(self, name: str, status: dict[str, Any]) -> None:
+        """A merge patch of a NetworkLoadTest's status, one attempt (the coordinator writes
+        again at its next tick with what it knows then)."""
+        await self._run(
+            self._status_pool,
+            self.custom.patch_cluster_custom_object_status,
+            API_GROUP,
+            VERSION,
+            LOADTEST_PLURAL,
+            name,
+            {"status": status},
+            _attempts=1,
+        )
+
+    async def gpu_pod_nodes(self, page: int = NODE_PAGE) -> set[str]:
+        """The nodes running a pod that requests GPUs: paged lists of the Pods scheduled
+        and not finished (a field selector: the apiserver filters), read page by page so
+        10,000 nodes' pods are never held at once."""
+
+        def listed() -> set[str]:
+            found: set[str] = set()
+            pods = paged_items(
+                self.core.list_pod_for_all_namespaces,
+                page=page,
+                field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+            )
+            for pod in pods:
+                spec = pod.get("spec") or {}
+                if spec.get("nodeName") and requests_gpus(spec):
+                    found.add(str(spec["nodeName"]))
+            return found
+
+        return await self._run(self._other_pool, listed)
+
+
+def requests_gpus(pod_spec: Mapping[str, Any]) -> bool:
+    """A pod spec whose containers request or limit a `<vendor>/gpu` resource (nvidia.com,
+    amd.com, gpu.intel.com ...)."""
+    for container in [*(pod_spec.get("containers") or []), *(pod_spec.get("initContainers") or [])]:
+        resources = (container or {}).get("resources") or {}
+        for kind in ("requests", "limits"):
+            for resource, amount in ((resources.get(kind) or {}) or {}).items():
+                if str(resource).endswith("/gpu") and str(amount) not in ("0", ""):
+                    return True
+    return False
