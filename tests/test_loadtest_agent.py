@@ -1,0 +1,301 @@
+"""The agent's side of NetworkLoadTest (`netval.agent.loadtest`) in one process on loopback:
+plan intake (garbage and hostile-but-valid plans never crash and are counted; retained
+redelivery, expired and foreign plans are ignored), real flows between two executors through
+real peer responders (the per-flow cap holds, one result per plan, an abort stops the flows
+within 2 s), and the sink's gate (an unplanned load flow is refused). The fabric-scale test
+is tests/test_loadtest_netns.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from netval.agent.loadtest.executor import LoadExecutor, fit
+from netval.agent.loadtest.flows import send_flow
+from netval.agent.loadtest.latency import subsample
+from netval.agent.loadtest.plan_intake import PlanIntake, Refusal, Refused, Run, Stop
+from netval.agent.peers.endpoints import Endpoint
+from netval.agent.peers.responder import PeerResponder
+from netval.agent.peers.wire import load_token
+from netval.model.loadplan import (
+    MAX_LATENCY_SAMPLES,
+    FlowTask,
+    LatencyResult,
+    LatencyTask,
+    LoadAbort,
+    LoadPlan,
+    LoadResult,
+    decode_result,
+    encode,
+)
+from netval.model.spec import NetworkValidationSpec
+
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SPEC = NetworkValidationSpec.model_validate({"checks": {"peers": {"enabled": True}}})
+ADDRESS = {"a": "127.0.0.2", "b": "127.0.0.3"}
+STRANGER = "127.0.0.9"
+
+
+def plan_for(
+    node: str,
+    peer: str,
+    *,
+    run: str = "run-1",
+    stage: int = 0,
+    lead: float = 0.5,
+    warmup: float = 0.5,
+    seconds: float = 2.0,
+    cap: float = 0.0,
+    now: datetime | None = None,
+) -> LoadPlan:
+    now = now or datetime.now(UTC)
+    start = now + timedelta(seconds=lead)
+    return LoadPlan(
+        run=run,
+        stage=stage,
+        validation="pool",
+        node=node,
+        issued_at=now,
+        deadline=start + timedelta(seconds=warmup + seconds + 2),
+        max_rate_mbps=cap,
+        tasks=[
+            FlowTask(window="r0:cross", peer=peer, start=start, warmup_seconds=warmup,
+                     seconds=seconds),
+            LatencyTask(window="r0:cross", peer=peer, start=start + timedelta(seconds=warmup),
+                        seconds=seconds, interval_ms=50, loaded=True),
+        ],
+    )  # fmt: skip
+
+
+# -- intake --------------------------------------------------------------------------------
+
+
+def test_intake_runs_a_plan_once_and_ignores_redelivery_expiry_and_foreign_plans() -> None:
+    intake = PlanIntake("pool", "a")
+    now = datetime.now(UTC)
+    plan = plan_for("a", "b", now=now)
+    assert isinstance(intake.decide(encode(plan), now), Run)
+    repeated = intake.decide(encode(plan), now)  # the retained plan after a reconnect
+    assert isinstance(repeated, Refused) and repeated.reason is Refusal.REPEATED
+    later = plan_for("a", "b", stage=1, now=now - timedelta(seconds=60))
+    expired = intake.decide(encode(later), now)
+    assert isinstance(expired, Refused) and expired.reason is Refusal.EXPIRED
+    foreign = intake.decide(encode(plan_for("b", "a", stage=2, now=now)), now)
+    assert isinstance(foreign, Refused) and foreign.reason is Refusal.NOT_MINE
+    assert intake.decide(encode(LoadAbort(run="run-1", reason="deleted")), now) == Stop(
+        "run-1", "deleted"
+    )
+    assert intake.decide(b"", now) == Stop(None, "the retained plan was cleared")
+    assert dict(intake.refused) == {
+        Refusal.REPEATED: 1,
+        Refusal.EXPIRED: 1,
+        Refusal.NOT_MINE: 1,
+    }
+
+
+@FUZZ
+@given(st.binary(max_size=400))
+def test_garbage_plans_never_crash_and_are_counted(payload: bytes) -> None:
+    intake = PlanIntake("pool", "a")
+    decision = intake.decide(payload, datetime.now(UTC))
+    if isinstance(decision, Refused):
+        assert intake.refused[decision.reason] == 1
+    else:
+        assert isinstance(decision, Stop)  # only the empty payload stops without decoding
+
+
+HOSTILE = st.one_of(
+    st.sampled_from([float("nan"), float("inf"), 1e308, 10**400, -1, 0, "", "x" * 3000,
+                     "9999-12-31T23:59:59Z", "0001-01-01T00:00:00Z", None, True, [], {}]),
+    st.floats(), st.integers(), st.text(max_size=30),
+)  # fmt: skip
+
+
+def _paths(doc: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    if isinstance(doc, dict):
+        return [p for k, v in doc.items() for p in _paths(v, (*path, k))]
+    if isinstance(doc, list):
+        return [p for i, v in enumerate(doc) for p in _paths(v, (*path, i))] or [path]
+    return [path]
+
+
+@FUZZ
+@given(st.data())
+def test_hostile_but_schema_shaped_plans_never_crash(data: st.DataObject) -> None:
+    now = datetime.now(UTC)
+    doc = json.loads(encode(plan_for("a", "b", now=now)))
+    for _ in range(data.draw(st.integers(1, 3))):
+        path = data.draw(st.sampled_from(_paths(doc)))
+        target = doc
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = data.draw(HOSTILE)
+    try:
+        payload = json.dumps(doc).encode()
+    except ValueError:
+        payload = repr(doc).encode()
+    intake = PlanIntake("pool", "a")
+    decision = intake.decide(payload, now)
+    if isinstance(decision, Run):
+        plan = decision.plan
+        assert plan.node == "a" and plan.validation == "pool" and plan.deadline > now
+        assert (plan.deadline - plan.issued_at).total_seconds() <= 600
+    elif isinstance(decision, Refused):
+        assert sum(intake.refused.values()) == 1
+
+
+def test_results_are_thinned_to_fit_and_samples_subsampled_evenly() -> None:
+    assert subsample(list(range(1000)))[:3] == [0, 4, 8]
+    assert len(subsample([float(i) for i in range(1000)])) == MAX_LATENCY_SAMPLES
+    latency = [
+        LatencyResult(window=f"w{i}", peer="b", loaded=True, sent=256, received=256,
+                      samples_ms=[1.23456789 + i] * MAX_LATENCY_SAMPLES)
+        for i in range(512)
+    ]  # fmt: skip
+    big = LoadResult(run="run-1", stage=0, validation="pool", node="a",
+                     sent_at=datetime.now(UTC), latency=latency)  # fmt: skip
+    small = fit(big, budget=500_000)
+    assert len(encode(small)) <= 500_000
+    assert decode_result(encode(small)).latency[0].sent == 256
+    assert 0 < len(small.latency[0].samples_ms) < MAX_LATENCY_SAMPLES
+
+
+# -- two executors on loopback -------------------------------------------------------------
+
+
+@dataclass
+class Node:
+    name: str
+    executor: LoadExecutor
+    responder: PeerResponder
+    results: list[LoadResult]
+
+
+@asynccontextmanager
+async def pair() -> AsyncIterator[dict[str, Node]]:
+    responders = {n: PeerResponder(a, 0) for n, a in ADDRESS.items()}
+    for r in responders.values():
+        await r.start()
+    nodes: dict[str, Node] = {}
+    try:
+        for name, responder in responders.items():
+            peers = {
+                n: Endpoint(ADDRESS[n], r.udp_port, "d") for n, r in responders.items() if n != name
+            }
+            executor = LoadExecutor(
+                validation="pool",
+                node=name,
+                endpoints=lambda peers=peers: peers,  # type: ignore[misc]
+                source=lambda name=name: ADDRESS[name],  # type: ignore[misc]
+                spec=lambda: SPEC,
+            )
+            results: list[LoadResult] = []
+            executor.publish = lambda p, results=results: results.append(decode_result(p))  # type: ignore[misc]
+            responder.load_gate = executor.admit_flow
+            nodes[name] = Node(name, executor, responder, results)
+        yield nodes
+    finally:
+        for node in nodes.values():
+            await node.executor.close()
+        for r in responders.values():
+            await r.close()
+
+
+async def until(what: str, done: Any, within: float) -> None:
+    deadline = time.monotonic() + within
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_planned_flows_hold_the_cap_and_give_one_result_per_plan() -> None:
+    cap = 80.0
+    async with pair() as nodes:
+        now = datetime.now(UTC)
+        for a, b in (("a", "b"), ("b", "a")):
+            nodes[a].executor.handle(encode(plan_for(a, b, cap=cap, seconds=2.0, now=now)))
+        await until("both results", lambda: all(n.results for n in nodes.values()), 10)
+        for node in nodes.values():
+            [result] = node.results
+            [flow] = result.flows
+            assert flow.error is None, flow
+            seconds = (flow.end - flow.start).total_seconds()
+            mbps = flow.bytes * 8 / seconds / 1e6
+            print(f"\n{node.name}: {mbps:.1f} Mbit/s over {seconds:.2f} s (cap {cap:g})")
+            assert 1.8 <= seconds <= 2.5
+            assert 0.7 * cap <= mbps <= 1.05 * cap
+            [echo] = result.latency
+            assert echo.loaded and echo.sent >= 20 and echo.received >= 0.9 * echo.sent
+            assert node.responder.stats.tcp_load_streams == 1
+            assert not node.executor.busy()
+        # the retained plan again (a reconnect): not run twice
+        nodes["a"].executor.handle(encode(plan_for("a", "b", cap=cap, now=now)))
+        assert not nodes["a"].executor.busy()
+        assert nodes["a"].executor.stats.plans_run == 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_an_abort_stops_the_flows_within_two_seconds() -> None:
+    async with pair() as nodes:
+        now = datetime.now(UTC)
+        for a, b in (("a", "b"), ("b", "a")):
+            nodes[a].executor.handle(encode(plan_for(a, b, seconds=60, cap=200, now=now)))
+        received = nodes["b"].responder.stats
+        await until("load flowing", lambda: received.tcp_load_streams == 1, 5)
+        await asyncio.sleep(1.0)  # into the measured part
+        nodes["a"].executor.handle(encode(LoadAbort(run="run-1", reason="test deleted")))
+        nodes["b"].executor.handle(b"")  # a cleared retained plan stops too
+        stopped = time.monotonic()
+        await until("the executors to stop", lambda: not any(
+            n.executor.busy() for n in nodes.values()), 2.0)  # fmt: skip
+        print(f"\nstopped {time.monotonic() - stopped:.2f} s after the abort")
+        for node in nodes.values():
+            [result] = node.results
+            assert result.flows[0].error == "stopped early"
+            assert node.executor.stats.plans_aborted == 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_the_sink_refuses_load_flows_nobody_planned() -> None:
+    async with pair() as nodes:
+        b = nodes["b"]
+        now = datetime.now(UTC)
+        # b runs nothing: a well-formed load flow from its known peer is refused
+        halt = threading.Event()
+        start = time.time()
+        token = load_token("run-1", "r0:cross")
+        common = {"token": token, "start": start, "measure_start": start + 0.2,
+                  "end": start + 1.0, "cap_mbps": 0.0, "halt": halt}  # fmt: skip
+        outcome = await asyncio.to_thread(
+            send_flow, ADDRESS["b"], b.responder.tcp_port, source=ADDRESS["a"], **common
+        )
+        assert outcome.error is not None and outcome.bytes == 0
+        assert b.responder.stats.tcp_load_refused == 1
+        # b runs the window now: a stranger (not an announced peer) and a wrong token are
+        # still refused, while the planned sender gets in
+        b.executor.handle(encode(plan_for("b", "a", lead=0.0, seconds=3, cap=50, now=now)))
+        for source, tok in ((STRANGER, token), (ADDRESS["a"], token ^ 1)):
+            start = time.time()
+            wrong = {**common, "token": tok, "start": start, "measure_start": start + 0.2,
+                     "end": start + 1.0}  # fmt: skip
+            outcome = await asyncio.to_thread(
+                send_flow, ADDRESS["b"], b.responder.tcp_port, source=source, **wrong
+            )
+            assert outcome.error is not None and outcome.bytes == 0, (source, outcome)
+        assert b.responder.stats.tcp_load_refused == 3
+        assert b.responder.stats.tcp_load_streams == 0
