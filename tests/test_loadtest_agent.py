@@ -8,6 +8,7 @@ is tests/test_loadtest_netns.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -36,6 +37,7 @@ from netval.model.loadplan import (
     LoadAbort,
     LoadPlan,
     LoadResult,
+    StorageTask,
     decode_result,
     encode,
 )
@@ -299,3 +301,63 @@ async def test_the_sink_refuses_load_flows_nobody_planned() -> None:
             assert outcome.error is not None and outcome.bytes == 0, (source, outcome)
         assert b.responder.stats.tcp_load_refused == 3
         assert b.responder.stats.tcp_load_streams == 0
+
+
+# -- storage reads -------------------------------------------------------------------------
+
+OBJECT = b"x" * (256 * 1024)
+
+
+async def _object_server() -> asyncio.Server:
+    """HTTP/1.1: every GET answers the same 256 KiB object, then closes."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while await reader.readline() not in (b"\r\n", b""):
+                pass
+            head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(OBJECT)}\r\n\r\n".encode()
+            writer.write(head + OBJECT)
+            await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_storage_reads_are_bound_by_time_and_a_missing_endpoint_is_an_error() -> None:
+    server = await _object_server()
+    port = server.sockets[0].getsockname()[1]
+    spec = NetworkValidationSpec.model_validate(
+        {"checks": {"storage": {"endpoints": [
+            {"name": "datasets", "protocol": "http", "host": "127.0.0.1", "port": port,
+             "path": "/object"}]}}}
+    )  # fmt: skip
+    executor = LoadExecutor(validation="pool", node="a", endpoints=dict, source=lambda: None,
+                            spec=lambda: spec)  # fmt: skip
+    results: list[LoadResult] = []
+    executor.publish = lambda p: results.append(decode_result(p))
+    now = datetime.now(UTC)
+    start = now + timedelta(seconds=0.3)
+    plan = LoadPlan(
+        run="run-s", stage=3, validation="pool", node="a", issued_at=now,
+        deadline=start + timedelta(seconds=4),
+        tasks=[
+            StorageTask(window="s3:datasets:all", endpoint=name, start=start,
+                        warmup_seconds=0.5, seconds=1.5)
+            for name in ("datasets", "nope")
+        ],
+    )  # fmt: skip
+    try:
+        executor.handle(encode(plan))
+        await until("the storage result", lambda: results, 10)
+    finally:
+        await executor.close()
+        server.close()
+    read, missing = results[0].storage
+    assert read.error is None, read
+    seconds = (read.end - read.start).total_seconds()
+    assert 1.3 <= seconds <= 1.6, seconds
+    assert read.bytes > 10 * len(OBJECT)  # the object read again and again, not once
+    assert missing.error == "no storage endpoint named 'nope' in the validation"
+    assert missing.bytes == 0
