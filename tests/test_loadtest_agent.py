@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -21,14 +22,18 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import generate_latest
 
 from netval.agent.loadtest.executor import LoadExecutor, fit
 from netval.agent.loadtest.flows import send_flow
 from netval.agent.loadtest.latency import subsample
 from netval.agent.loadtest.plan_intake import PlanIntake, Refusal, Refused, Run, Stop
+from netval.agent.metrics import AgentMetrics
 from netval.agent.peers.endpoints import Endpoint
 from netval.agent.peers.responder import PeerResponder
-from netval.agent.peers.wire import load_token
+from netval.agent.peers.service import PeerService
+from netval.agent.peers.wire import TCP_HELLO, load_token
+from netval.agent.storage.slots import SlotReader
 from netval.model.loadplan import (
     MAX_LATENCY_SAMPLES,
     FlowTask,
@@ -361,3 +366,67 @@ async def test_storage_reads_are_bound_by_time_and_a_missing_endpoint_is_an_erro
     assert read.bytes > 10 * len(OBJECT)  # the object read again and again, not once
     assert missing.error == "no storage endpoint named 'nope' in the validation"
     assert missing.bytes == 0
+
+
+# -- while a plan runs: pause, metrics; a stalled sink ---------------------------------------
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_continuous_samples_pause_while_a_plan_runs_and_metrics_count_it() -> None:
+    endpoint = {"name": "d", "protocol": "http", "host": "127.0.0.1", "port": 9, "path": "/o",
+                "minThroughputMBps": 1}  # fmt: skip
+    spec = NetworkValidationSpec.model_validate(
+        {"checks": {"peers": {"enabled": True}, "storage": {"endpoints": [endpoint]}}}
+    )
+    async with pair() as nodes:
+        a = nodes["a"].executor
+        slots = SlotReader("pool", "a")
+        slots.handle_assignment(b'{"storage": {"position": 0, "of": 1}}')
+        slots.paused = a.busy
+        peers = PeerService(validation="pool", node="a", spec=spec)
+        peers.paused = a.busy
+        slot = next(s for s in range(100) if slots.due(s, spec.checks.storage, 60))
+        a.handle(encode(plan_for("a", "b", lead=0.2, seconds=1.0, now=datetime.now(UTC))))
+        assert a.busy()
+        assert await slots.read_slot(slot, spec.checks.storage, 60) == []  # skipped
+        assert await peers.sample_throughput(0) is None
+        metrics = AgentMetrics(interval_seconds=60)
+        metrics.attach_loadtest(a)
+        a.handle(b"garbage")
+        text = generate_latest(metrics.registry).decode()
+        assert "netval_agent_loadtest_running 1.0" in text
+        assert 'netval_agent_loadtest_plans_refused_total{reason="invalid"} 1.0' in text
+        await until("the plan to end", lambda: not a.busy(), 10)
+        text = generate_latest(metrics.registry).decode()
+        assert "netval_agent_loadtest_plans_run_total 1.0" in text
+        assert "netval_agent_loadtest_running 0.0" in text
+        sent = [line for line in text.splitlines() if line.startswith(
+            "netval_agent_loadtest_bytes_sent_total")]  # fmt: skip
+        assert sent and float(sent[0].split()[1]) > 0
+
+
+def test_a_flow_to_a_sink_that_stops_reading_still_ends_on_time() -> None:
+    """The sender never waits on the network past its end: a stalled receiver (full window)
+    cannot keep an agent's flow, or its thread, alive."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        stalled: list[socket.socket] = []
+
+        def accept() -> None:
+            conn, _ = server.accept()
+            conn.sendall(TCP_HELLO)  # then never reads
+            stalled.append(conn)
+
+        threading.Thread(target=accept, daemon=True).start()
+        start = time.time()
+        outcome = send_flow(
+            "127.0.0.1", server.getsockname()[1], source=None, token=1, start=start,
+            measure_start=start + 0.3, end=start + 1.5, cap_mbps=0.0, halt=threading.Event(),
+        )  # fmt: skip
+        overrun = time.time() - (start + 1.5)
+        for conn in stalled:
+            conn.close()
+    assert overrun < 0.5, overrun
+    assert outcome.error is None and outcome.end - outcome.start >= 1.0
