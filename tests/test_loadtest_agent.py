@@ -19,11 +19,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import aiomqtt
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
+import mosquitto
 from netval.agent.loadtest.executor import LoadExecutor, fit
 from netval.agent.loadtest.flows import send_flow
 from netval.agent.loadtest.latency import subsample
@@ -33,7 +35,9 @@ from netval.agent.peers.endpoints import Endpoint
 from netval.agent.peers.responder import PeerResponder
 from netval.agent.peers.service import PeerService
 from netval.agent.peers.wire import TCP_HELLO, load_token
+from netval.agent.publish import ReportPublisher
 from netval.agent.storage.slots import SlotReader
+from netval.infra.mqtt_settings import MqttSettings
 from netval.model.loadplan import (
     MAX_LATENCY_SAMPLES,
     FlowTask,
@@ -430,3 +434,52 @@ def test_a_flow_to_a_sink_that_stops_reading_still_ends_on_time() -> None:
             conn.close()
     assert overrun < 0.5, overrun
     assert outcome.error is None and outcome.end - outcome.start >= 1.0
+
+
+# -- the result's way out: QoS 1, not retained, queued across a broker outage ---------------
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_results_go_out_once_not_retained_even_when_the_broker_was_down(
+    mosquitto_broker: mosquitto.MosquittoBroker,
+) -> None:
+    broker = mosquitto_broker
+    settings = MqttSettings(host=broker.host, port=broker.port, username=broker.username,
+                            password=broker.password)  # fmt: skip
+    publisher = ReportPublisher(settings, "pool", "a", backoff_base=0.05, backoff_cap=0.3,
+                                timeout=3.0, keepalive=5)  # fmt: skip
+    topic_name = "netval/v1/pool/a/loadresult"
+    broker.stop()
+    await publisher.start()
+    try:
+        publisher.publish_message("loadresult", b"first")  # queued: no broker
+        publisher.publish_message("loadresult", b"second")
+        broker.restart()
+        async with aiomqtt.Client(
+            broker.host, broker.port, username=broker.username, password=broker.password
+        ) as client:
+            await client.subscribe(topic_name, qos=1)
+            got: list[tuple[bytes, bool]] = []
+
+            async def read() -> None:
+                async for m in client.messages:
+                    assert isinstance(m.payload, bytes)
+                    got.append((m.payload, m.retain))
+                    if len(got) == 2:
+                        return
+
+            await asyncio.wait_for(read(), 10)
+        assert got == [(b"first", False), (b"second", False)]
+        with pytest.raises(ValueError, match="reserved"):
+            publisher.publish_message("report", b"x")
+    finally:
+        await publisher.stop()
+    # nothing retained: a late subscriber sees nothing
+    broker_client = aiomqtt.Client(
+        broker.host, broker.port, username=broker.username, password=broker.password
+    )
+    async with broker_client as late:
+        await late.subscribe(topic_name, qos=1)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(anext(aiter(late.messages)), 0.5)
