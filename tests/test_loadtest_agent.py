@@ -483,3 +483,24 @@ async def test_results_go_out_once_not_retained_even_when_the_broker_was_down(
         await late.subscribe(topic_name, qos=1)
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(anext(aiter(late.messages)), 0.5)
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_an_agent_stops_at_the_plan_deadline_by_itself() -> None:
+    """The safety net: whatever still runs at the deadline stops, operator or not. A valid
+    plan ends its tasks by the deadline, so this one is built past the model's check."""
+    async with pair() as nodes:
+        now = datetime.now(UTC)
+        valid = plan_for("a", "b", lead=0.2, seconds=30, now=now)
+        plan = LoadPlan.model_construct(
+            **{**dict(valid), "deadline": now + timedelta(seconds=2.0)}  # tasks end at 30 s
+        )
+        nodes["b"].executor.handle(encode(plan_for("b", "a", lead=0.2, seconds=30, now=now)))
+        nodes["a"].executor._start(plan)
+        await until("a's plan to stop at its deadline", lambda: nodes["a"].results, 4.0)
+        stopped = datetime.now(UTC)
+        assert (stopped - plan.deadline).total_seconds() < 1.0
+        [result] = nodes["a"].results
+        assert result.flows[0].error == "stopped early"
+        assert nodes["a"].executor.stats.plans_aborted == 0  # not an abort: the deadline

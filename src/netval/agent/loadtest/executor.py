@@ -1,8 +1,9 @@
 """Run this node's load plans: the async orchestration of `netval.agent.loadtest`.
 
 - `handle(payload)` takes a message of this node's ``loadplan`` topic (`plan_intake`): a new
-  plan starts at once (its tasks wait for their absolute start times), an abort or a cleared
-  plan stops what runs within `STOP_SECONDS`; a stage's plan may arrive while the previous
+  plan starts at once (its tasks wait for their absolute start times), an abort (whatever
+  its run: one run per validation at a time, and silence is the safe answer) or a cleared
+  plan stops everything that runs within `STOP_SECONDS`; a stage's plan may arrive while the previous
   stage's last seconds run, so several plans may run at once.
 - Every plan stops by itself at its `deadline` (an agent that lost the operator stops on its
   own), then its `LoadResult` goes out (QoS 1, not retained), one per plan, within
@@ -138,10 +139,11 @@ class LoadExecutor:
         return bool(self._runs)
 
     def stop(self, run: str | None, reason: str) -> None:
+        """Stop every plan (an abort names its run: logged)."""
         for (run_id, stage), running in self._runs.items():
-            if run is None or run_id == run:
-                log.info("load plan %s stage %d stopped: %s", run_id, stage, reason[:200])
-                running.stop(aborted=True)
+            log.info("load plan %s stage %d stopped (abort of %s): %s", run_id, stage,
+                     run or "everything", reason[:200])  # fmt: skip
+            running.stop(aborted=True)
 
     async def close(self) -> None:
         self.stop(None, "agent stopping")
