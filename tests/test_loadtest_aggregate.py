@@ -276,6 +276,18 @@ def test_status_through_a_run_and_a_scheduled_second_one() -> None:
     assert (s3.phase, s3.next_run_at, s3.last_run) == (RunPhase.FAILED, later, first)
     # the next run pushes the first into the history; history stays within its limit
     status = s3
+    pushed = st.running(
+        LoadRun(id="run-1b", started_at=later, nodes=6),
+        generation=1,
+        now=later,
+        previous=s3,
+        history_limit=2,
+    )
+    # a history row says why the run failed, not only that it finished
+    assert (pushed.history[0].phase, pushed.history[0].reason) == (
+        RunPhase.FAILED,
+        LoadReason.EXPECTATIONS_BREACHED,
+    )
     for i in range(3):
         nxt = LoadRun(id=f"run-{i + 2}", started_at=later, nodes=6)
         status = st.running(nxt, generation=1, now=later, previous=status, history_limit=2)

@@ -12,7 +12,7 @@ import contextlib
 import os
 import socket
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -162,14 +162,17 @@ def kube_errors(not_found: str | None = None) -> Iterator[None]:
 
 @dataclass(frozen=True, slots=True)
 class StatusFile:
-    """What `kubectl get netval[,nodes] -o yaml|json` wrote: validations and maybe Nodes."""
+    """What `kubectl get netval[,netload,nodes] -o yaml|json` wrote: validations, maybe
+    NetworkLoadTests and Nodes."""
 
     validations: list[dict[str, Any]]
     nodes: list[dict[str, Any]]
+    loadtests: list[dict[str, Any]] = field(default_factory=list)
 
 
 def read_status_file(path: Path) -> StatusFile:
-    """A NetworkValidation, or a List of them (and Nodes), from YAML or JSON."""
+    """A NetworkValidation, or a List of them (and Nodes and NetworkLoadTests), from YAML or
+    JSON. It must hold a validation or a load test; the callers say which they need."""
     try:
         doc = load_yaml_document(path, max_bytes=MAX_STATUS_FILE_BYTES)
     except InputFileError as exc:
@@ -184,6 +187,7 @@ def read_status_file(path: Path) -> StatusFile:
     items = doc["items"] if isinstance(doc.get("items"), list) else [doc]
     validations: list[dict[str, Any]] = []
     nodes: list[dict[str, Any]] = []
+    loadtests: list[dict[str, Any]] = []
     for i, item in enumerate(items):
         where = f"{path}: items[{i}]" if item is not doc else str(path)
         if not isinstance(item, dict):
@@ -196,10 +200,13 @@ def read_status_file(path: Path) -> StatusFile:
             validations.append(item)
         elif kind == "Node":
             nodes.append(item)
+        elif kind == "NetworkLoadTest":
+            loadtests.append(item)
         else:
             raise BadInput(
-                f"{where}: field kind: expected NetworkValidation (or Node), got {kind!r}"
+                f"{where}: field kind: expected NetworkValidation (or Node, NetworkLoadTest), "
+                f"got {kind!r}"
             )
-    if not validations:
+    if not validations and not loadtests:
         raise BadInput(f"{path}: holds no NetworkValidation")
-    return StatusFile(validations, nodes)
+    return StatusFile(validations, nodes, loadtests)

@@ -138,7 +138,9 @@ def _cluster_parsers(sub: argparse._SubParsersAction[NetvalParser]) -> None:
         description="Show NetworkValidations: conditions, node counts, failing checks and nodes. "
         "Reads the cluster (in-cluster config, --kubeconfig or KUBECONFIG) or, with --from, a "
         "file written by `kubectl get netval[,nodes] -o yaml`. Exit 0 when every shown "
-        "validation is Healthy, 1 when one is not, 2 on errors (a broken kubeconfig included).",
+        "validation is Healthy, 1 when one is not, 2 on errors (a broken kubeconfig included). "
+        "With --loadtests or --loadtest: NetworkLoadTests instead, exit 1 when a shown one "
+        "Failed; --matrix adds a validation's last load-test run beside its capacity ratios.",
     )
     st.add_argument("name", nargs="?", help="one validation (default: all)")
     st.add_argument(
@@ -172,6 +174,18 @@ def _cluster_parsers(sub: argparse._SubParsersAction[NetvalParser]) -> None:
         help="fabric topology: levels and domains, undiscovered nodes, disagreements with the "
         "node labels (status.topology)",
     )
+    st.add_argument(
+        "--loadtests",
+        action="store_true",
+        help="list NetworkLoadTests instead (of validation NAME if given): phase, passed, nodes, "
+        "max oversubscription, last and next run",
+    )
+    st.add_argument(
+        "--loadtest",
+        metavar="LOADTEST",
+        help="one NetworkLoadTest in detail: oversubscription per domain pair, latency idle vs "
+        "loaded, storage per endpoint, breaches, history (exit 1 when it Failed)",
+    )
     _add_kube(st)
 
     rep = sub.add_parser(
@@ -179,9 +193,10 @@ def _cluster_parsers(sub: argparse._SubParsersAction[NetvalParser]) -> None:
         help="write one validation as a self-contained HTML page (verdict, failures, heatmaps)",
         description="Write a NetworkValidation as one HTML file: a verdict banner, the "
         "failures, conditions and counts, latency and throughput heatmaps per domain pair, "
-        "flagged (low capacity ratio) pairs and suspects. Reads the cluster or, with --from, a file "
-        "(`kubectl get netval NAME -o yaml`). Exit 0 when it is Healthy, 1 when not (the file "
-        "is written either way), 2 on errors.",
+        "flagged (low capacity ratio) pairs and suspects, and the last run of each of its "
+        "NetworkLoadTests (oversubscription heatmap, storage, latency under load). Reads the "
+        "cluster or, with --from, a file (`kubectl get netval NAME[,netload] -o yaml`). Exit 0 "
+        "when it is Healthy, 1 when not (the file is written either way), 2 on errors.",
     )
     rep.add_argument("name", nargs="?", help="the NetworkValidation (optional with --from)")
     rep.add_argument("--html", type=Path, required=True, metavar="FILE", help="file to write")

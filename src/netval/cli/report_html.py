@@ -15,6 +15,8 @@ then the east-west detail: a latency and a throughput heatmap per domain pair (f
 - Colours are computed here, and every coloured cell also shows its numbers (and words such
   as "FLAGGED" or "above max"), so nothing is said by colour alone; text colour is black or
   white, whichever contrasts more with the cell.
+- The NetworkLoadTests of the validation, when the input has any, close the page
+  (`report_html_loadtest`): oversubscription heatmap, latency idle vs loaded, storage bars.
 - Every string taken from the object (names, reasons, messages, domains, check ids) is
   escaped with `html.escape`: they come from users, node labels and agents.
 """
@@ -22,13 +24,15 @@ then the east-west detail: a latency and a throughput heatmap per domain pair (f
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from netval.cli.consistency_view import consistency_section
 from netval.cli.report_html_east_west import east_west_section
 from netval.cli.report_html_format import escape, iso_time, when_html
+from netval.cli.report_html_loadtest import CSS as LOADTEST_CSS
+from netval.cli.report_html_loadtest import loadtest_section
 from netval.cli.report_html_topology import topology_section
 from netval.cli.status_view import fmt_ratio, parse_east_west, parse_status, stale_reasons
 from netval.model.status import ConditionType, NetworkValidationStatus
@@ -273,9 +277,15 @@ def _failures_section(status: NetworkValidationStatus, now: datetime) -> str:
 # -- the page ---------------------------------------------------------------------------------
 
 
-def render_html(obj: Mapping[str, Any], *, now: datetime | None = None) -> str:
+def render_html(
+    obj: Mapping[str, Any],
+    *,
+    now: datetime | None = None,
+    loadtests: Sequence[Mapping[str, Any]] = (),
+) -> str:
     """The report page of one NetworkValidation object (as the API returns it): the verdict,
-    the failures, the conditions and counts, then the east-west detail."""
+    the failures, the conditions and counts, then the east-west detail and, when given, the
+    last run of its NetworkLoadTests."""
     now = now or datetime.now(UTC)
     metadata = obj.get("metadata")
     meta: Mapping[str, Any] = metadata if isinstance(metadata, Mapping) else {}
@@ -311,12 +321,16 @@ def render_html(obj: Mapping[str, Any], *, now: datetime | None = None) -> str:
     body.append(east_west_section(obj))
     body.append(consistency_section(obj))
     body.append(topology_section(obj))
+    css = _CSS
+    if loadtests:
+        body.append(loadtest_section(loadtests, now))
+        css += LOADTEST_CSS
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
         '<meta http-equiv="Content-Security-Policy" '
         "content=\"default-src 'none'; style-src 'unsafe-inline'\">"
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>netval: {escape(name)}</title><style>{_CSS}</style></head>\n"
+        f"<title>netval: {escape(name)}</title><style>{css}</style></head>\n"
         f"<body>{''.join(body)}</body></html>\n"
     )

@@ -183,9 +183,13 @@ def running(
     """A run started: the previous run (if it finished) moves into the history."""
     history = _history(previous, history_limit)
     if previous is not None and previous.last_run is not None and previous.last_run.id != run.id:
-        complete = previous.condition(LoadConditionType.COMPLETE)
-        if previous.phase in (RunPhase.SUCCEEDED, RunPhase.FAILED) and complete is not None:
-            history = [summary(previous.last_run, previous.phase, complete.reason), *history]
+        # The verdict's reason (ExpectationsBreached, Aborted...) is what a history row
+        # explains; Complete's is only RunFinished for every run that ran.
+        verdict = previous.condition(LoadConditionType.PASSED) or previous.condition(
+            LoadConditionType.COMPLETE
+        )
+        if previous.phase in (RunPhase.SUCCEEDED, RunPhase.FAILED) and verdict is not None:
+            history = [summary(previous.last_run, previous.phase, verdict.reason), *history]
     message = f"run {run.id}: {run.nodes} node(s)"
     return _status(
         RunPhase.RUNNING,
