@@ -31,7 +31,7 @@ import aiomqtt
 
 from netval.agent.loadtest.flows import FlowOutcome, send_flow
 from netval.agent.loadtest.latency import echo_samples
-from netval.agent.loadtest.plan_intake import PlanIntake, Refused, Run, Stop
+from netval.agent.loadtest.plan_intake import PlanIntake, Refusal, Refused, Run, Stop
 from netval.agent.loadtest.storage import read_endpoint
 from netval.agent.peers.endpoints import Endpoint
 from netval.agent.peers.target import PeerTarget
@@ -119,7 +119,10 @@ class LoadExecutor:
     def handle(self, payload: bytes) -> None:
         """One message of this node's loadplan topic; never raises for bad input."""
         decision = self.intake.decide(payload, datetime.now(UTC))
-        if isinstance(decision, Refused):
+        if isinstance(decision, Refused) and decision.reason is Refusal.REPEATED:
+            # the retained plan again after a reconnect: expected, not worth a warning
+            log.debug("load plan already taken: %s", decision.detail)
+        elif isinstance(decision, Refused):
             self._log(decision.reason.value, f"load plan ignored ({decision.reason.value}): "
                       f"{decision.detail}")  # fmt: skip
         elif isinstance(decision, Stop):
