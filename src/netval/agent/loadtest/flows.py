@@ -151,9 +151,14 @@ def send_flow(
         if finished <= measured_from:
             return FlowOutcome(0, measure_start, end, error or "no measured time", sent)
         return FlowOutcome(max(acked, 0), measured_from, finished, error, sent)
-    except (OSError, ConnectionError, InterruptedError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        return FlowOutcome(0, measure_start, end, (why or type(exc).__name__)[:200], sent)
+    except OSError as exc:  # ConnectionError, InterruptedError and TimeoutError too
+        why = (exc.strerror or str(exc) or type(exc).__name__)[:200]
+        finished = now()
+        if acked0 is not None and finished > measured_from:
+            # what was measured before the connection broke still says something
+            acked = max(_acked(sock, acked0) - acked0, 0)
+            return FlowOutcome(acked, measured_from, finished, why, sent)
+        return FlowOutcome(0, measure_start, end, why, sent)
     finally:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
