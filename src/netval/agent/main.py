@@ -17,6 +17,7 @@ from netval.agent.collect.live import LiveCollector
 from netval.agent.config import AgentSettings
 from netval.agent.config_watch import ConfigWatcher
 from netval.agent.enroll import enroller_from_env
+from netval.agent.loadtest.executor import LoadExecutor
 from netval.agent.metrics import AgentMetrics, serve_agent_metrics
 from netval.agent.peers.service import PeerService
 from netval.agent.publish import ReportPublisher
@@ -26,6 +27,8 @@ from netval.agent.storage.probe import StorageProber
 from netval.agent.storage.slots import SlotReader
 from netval.agent.topology.discovery import TopologyDiscovery
 from netval.infra.telemetry import make_tracer_provider
+from netval.model.spec import NetworkValidationSpec
+from netval.model.topics import TopicKind
 
 log = logging.getLogger("netval.agent")
 
@@ -82,11 +85,18 @@ async def run_agent(
     subscriptions = list(peers.subscriptions) if peers is not None else []
     if storage.slots.topic not in subscriptions:
         subscriptions.append(storage.slots.topic)
+    load = _load_executor(settings.config.validation, settings.node, peers, spec)
+    if load is not None:
+        subscriptions.append(load.topic)
+        metrics.attach_loadtest(load)
+        storage.slots.paused = load.busy
 
     def on_message(message: aiomqtt.Message) -> None:
         storage.slots.on_message(message)
         if peers is not None:
             peers.on_message(message)
+        if load is not None:
+            load.on_message(message)
 
     publisher = ReportPublisher(
         settings.mqtt,
@@ -97,6 +107,10 @@ async def run_agent(
         tracer=provider.get_tracer("netval.agent"),
     )
     metrics.attach_publisher(publisher.stats)
+    if load is not None:
+        load.publish = lambda payload: publisher.publish_message(
+            TopicKind.LOAD_RESULT.value, payload
+        )
     collector = LiveCollector(interfaces=spec.checks.named_interfaces)
     sampler: BoundedSampler | None = None
     # opens its socket at the first cycle with spec.topology.lldp set (a reload may set it)
@@ -122,6 +136,9 @@ async def run_agent(
             topology=topology,
         )
         sampler = runner.sampler
+        if load is not None:
+            runner.paused = load.busy
+            load.spec = lambda: runner.config.spec  # a reload's endpoints count at once
         metrics.attach_sampler(sampler)
         # Before the baseline: the watcher learns the judged netdevs from it, so a carrier
         # change right after start is an event (not only after the first regular cycle).
@@ -155,6 +172,8 @@ async def run_agent(
     finally:
         for task in tasks:
             task.cancel()
+        if load is not None:
+            await load.close()
         if peers is not None:
             await peers.close()  # clears the retained endpoint before the publisher stops
         await publisher.stop()
@@ -167,3 +186,23 @@ async def run_agent(
         provider.shutdown()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+def _load_executor(
+    validation: str, node: str, peers: PeerService | None, spec: NetworkValidationSpec
+) -> LoadExecutor | None:
+    """The load-test executor when this agent can run a plan's part: peers (flows, echoes)
+    or storage endpoints (reads); None otherwise (nothing subscribes to its plans)."""
+    if peers is None and not spec.checks.storage.endpoints:
+        return None
+    load = LoadExecutor(
+        validation=validation,
+        node=node,
+        endpoints=(lambda: peers.endpoints) if peers is not None else dict,
+        source=(lambda: peers.address) if peers is not None else lambda: None,
+        spec=lambda: spec,
+    )
+    if peers is not None:
+        peers.paused = load.busy
+        peers.load_gate = load.admit_flow
+    return load

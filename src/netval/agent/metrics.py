@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 
 from netval.agent.config_watch import ConfigWatcher
 from netval.agent.enroll import Enroller
+from netval.agent.loadtest.executor import LoadExecutor
 from netval.agent.publish import PublisherStats
 from netval.agent.sampling import BoundedSampler
 from netval.infra.metrics_server import serve_metrics
@@ -122,6 +123,36 @@ class _EnrollCollector(Collector):
         )  # fmt: skip
 
 
+class _LoadCollector(Collector):
+    def __init__(self, executor: LoadExecutor) -> None:
+        self._executor = executor
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        e = self._executor
+        s = e.stats
+        for name, value, doc in (
+            ("netval_agent_loadtest_plans_run", s.plans_run, "Load-test plans started"),
+            ("netval_agent_loadtest_plans_aborted", s.plans_aborted,
+             "Load-test plans stopped by an abort (or a cleared plan) before their end"),
+            ("netval_agent_loadtest_bytes_sent", s.bytes_sent,
+             "Bytes load-test flows handed to the kernel, warm-up included"),
+            ("netval_agent_loadtest_results_published", s.results_published,
+             "Load-test results queued for the operator (one per plan)"),
+        ):  # fmt: skip
+            yield CounterMetricFamily(name, doc, value=value)
+        refused = CounterMetricFamily(
+            "netval_agent_loadtest_plans_refused",
+            "Load-plan messages not run, by reason (invalid, not_mine, expired, repeated)",
+            labels=["reason"],
+        )
+        for reason, n in sorted(e.intake.refused.items()):
+            refused.add_metric([reason.value], n)
+        yield refused
+        yield GaugeMetricFamily(
+            "netval_agent_loadtest_running", "1 while a load-test plan runs", value=int(e.busy())
+        )
+
+
 UNASSIGNED_DOMAIN: Final = "unassigned"  # peer_domain of peers whose domain is not known
 _STATUSES: Final = tuple(Status)
 
@@ -225,6 +256,9 @@ class AgentMetrics:
     def attach_enroller(self, enroller: Enroller) -> None:
         self.enroller = enroller
         self.registry.register(_EnrollCollector(enroller))
+
+    def attach_loadtest(self, executor: LoadExecutor) -> None:
+        self.registry.register(_LoadCollector(executor))
 
     def cycles_start(self) -> None:
         """Probing starts now (after enrollment): the liveness clock starts with it."""

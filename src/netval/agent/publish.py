@@ -31,6 +31,7 @@ import contextlib
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -61,6 +62,7 @@ REPORT: Final = TopicKind.REPORT.value
 STATE: Final = TopicKind.STATE.value
 _RESERVED_SUFFIXES: Final = frozenset({REPORT, STATE})
 _STABLE_AFTER: Final = 10.0  # seconds a connection must hold before the backoff resets
+MAX_QUEUED_MESSAGES: Final = 16
 
 MessageHandler = Callable[[aiomqtt.Message], None]
 
@@ -136,6 +138,8 @@ class ReportPublisher:
         self._pending: Report | None = None  # the single slot
         self._retained: dict[str, bytes] = {}  # suffix -> latest payload
         self._retained_dirty: set[str] = set()
+        # not retained, QoS 1, in order (load-test results); bounded: the oldest goes first
+        self._messages: deque[tuple[str, bytes]] = deque(maxlen=MAX_QUEUED_MESSAGES)
         self._wakeup = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -244,6 +248,15 @@ class ReportPublisher:
             raise ValueError(f"topic suffix {topic_suffix!r} is reserved")
         self._retained[topic_suffix] = bytes(payload)
         self._retained_dirty.add(topic_suffix)
+        self._wakeup.set()
+
+    def publish_message(self, topic_suffix: str, payload: bytes) -> None:
+        """Publish ``payload`` once (QoS 1, not retained) on ``<prefix>/<topic_suffix>``, now
+        or after the next connect; at most MAX_QUEUED_MESSAGES wait (the oldest is dropped)."""
+        check_topic_level(topic_suffix, "topic suffix")
+        if topic_suffix in _RESERVED_SUFFIXES:
+            raise ValueError(f"topic suffix {topic_suffix!r} is reserved")
+        self._messages.append((topic_suffix, bytes(payload)))
         self._wakeup.set()
 
     async def stop(self) -> None:
@@ -432,6 +445,15 @@ class ReportPublisher:
                 raise
             self._published += 1
             self._publish_refusals.taken()
+        while self._messages:
+            suffix, payload = self._messages[0]
+            try:
+                await client.publish(f"{self.prefix}/{suffix}", payload, qos=1, retain=False)
+            except MqttError as exc:
+                if isinstance(exc, PublishRefused):
+                    self._refused_publish(exc)
+                raise
+            self._messages.popleft()
         while self._retained_dirty:
             suffix = self._retained_dirty.pop()
             payload = self._retained[suffix]

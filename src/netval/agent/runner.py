@@ -115,6 +115,8 @@ class ProbeRunner:
         self.reports = 0
         self._last_link_log: dict[str, float] = {}
         self.topology = topology
+        # True while a load-test plan runs: peer and storage probes keep their last results
+        self.paused: Callable[[], bool] = lambda: False
 
     def apply_config(self, config: AgentConfig) -> None:
         """Take a reloaded config: new checks at the next cycle, a new interval from now."""
@@ -223,7 +225,7 @@ class ProbeRunner:
             else:
                 results = self._node_results(taken, started_at, attrs)
                 topology = await self._topology(taken[0])
-            fresh = reason == REASON_INTERVAL
+            fresh = reason == REASON_INTERVAL and not self.paused()
             if spec.checks.storage.endpoints:
                 self._storage = await self._network_group(
                     "storage",

@@ -42,7 +42,7 @@ from netval.agent.peers.endpoints import (
     first_rdma_netdev,
     interface_address,
 )
-from netval.agent.peers.responder import PeerResponder, ResponderLimits
+from netval.agent.peers.responder import LoadGate, PeerResponder, ResponderLimits
 from netval.agent.peers.selection import (
     PeerPlan,
     my_throughput_target,
@@ -122,6 +122,9 @@ class PeerService:
         self._throughput: OrderedDict[str, tuple[CheckResult, float]] = OrderedDict()
         self._last_drop_log: dict[DropReason, float] = {}
         self.throughput_samples = 0
+        # True while a load-test plan runs (netval.agent.loadtest): no samples of our own
+        self.paused: Callable[[], bool] = lambda: False
+        self.load_gate: LoadGate | None = None  # the sink's gate for planned load flows
 
     # -- MQTT in ----------------------------------------------------------------------------
 
@@ -243,6 +246,7 @@ class PeerService:
             )
             return False
         responder = PeerResponder(address, peers.port, limits=self.responder_limits)
+        responder.load_gate = self.load_gate
         try:
             await responder.start()
         except OSError as exc:
@@ -355,7 +359,7 @@ class PeerService:
 
     async def sample_throughput(self, slot: int) -> CheckResult | None:
         """This node's sample of `slot`, if the schedule gives it one."""
-        if not self.spec.checks.peers.enabled or not await self._ensure_ready():
+        if self.paused() or not self.spec.checks.peers.enabled or not await self._ensure_ready():
             return None
         table = {n: e.domain for n, e in self._endpoints.items()}
         pair = my_throughput_target(self.node, self.domain, table, slot)

@@ -83,6 +83,8 @@ class SlotReader:
         self.dropped = 0
         self.reads = 0
         self._measured: dict[str, tuple[CheckResult, float]] = {}
+        # True while a load-test plan runs (netval.agent.loadtest): its slots are skipped
+        self.paused: Callable[[], bool] = lambda: False
 
     # -- the operator's assignment ---------------------------------------------------------
 
@@ -158,7 +160,7 @@ class SlotReader:
     ) -> list[CheckResult]:
         """Read the endpoints due in `slot`, all ending before its guard."""
         due = self.due(slot, checks, interval_seconds)
-        if not due:
+        if not due or self.paused():
             return []
         loop = asyncio.get_running_loop()
         end = (slot + 1) * self.slot_seconds - self.guard_seconds
