@@ -194,3 +194,27 @@ def test_a_foreign_topology_of_that_name_is_left_alone(
     settle(runtime)
     assert levels(topologies(cluster, "v1beta2")["netval-pool-a"]) == [HOST]
     assert calls(cluster, "DELETE", "v1beta2") == 0
+
+
+def test_two_validations_naming_one_topology_the_second_is_told_once(
+    cluster: KubeCluster, operator: tuple[OperatorRuntime, InMemorySpanExporter]
+) -> None:
+    runtime, _ = operator
+    cluster.add_crd(topology_crd("v1beta2"))
+    shared = {"enabled": True, "name": "tas"}
+    cluster.create(publishing("pool-a", publishKueueTopology=shared))
+    cluster.create(publishing("pool-b", publishKueueTopology=shared))
+    made = wait_for(lambda: topologies(cluster, "v1beta2").get("tas"), timeout=30, what="made")
+    assert made["metadata"]["labels"]["netval.io/validation"] == "pool-a"
+
+    def told() -> list[dict[str, Any]]:
+        return [
+            e
+            for e in cluster.list("v1", "events", "default")
+            if e.get("reason") == "KueueTopologyFailed"
+        ]
+
+    (event,) = wait_for(told, timeout=30, what="the Event")
+    assert event["involvedObject"]["name"] == "pool-b" and "pool-a's already" in event["message"]
+    settle(runtime, 5)
+    assert len(told()) == 1

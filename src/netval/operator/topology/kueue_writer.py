@@ -119,9 +119,12 @@ class KueueTopologies:
             return  # levels detected from partial labels would replace the object twice
         self.rounds += 1
         wanted = self.wanted()
-        self.told = {
-            w.validation: self.told[w.validation] for w in wanted if w.validation in self.told
+        opted = {
+            v
+            for v, spec in self.store.specs.items()
+            if spec.topology.publish_kueue_topology.enabled
         }
+        self.told = {v: problem for v, problem in self.told.items() if v in opted}
         key = tuple((w.name, w.levels) for w in wanted)
         if key != self.last_wanted:  # an opt-in or a change is acted on now, not after RETRY
             self.last_wanted, self.hold_until = key, 0.0
