@@ -14,7 +14,8 @@
 #
 # Runs as uid/gid 65532 ("nonroot"), which is also what the chart and the agent DaemonSet set
 # (runAsUser 65532, readOnlyRootFilesystem). Nothing needs root: the agent's reads (sysfs, the
-# ethtool stats ioctl, DCB netlink GET) are unprivileged. No secrets at build time or in the
+# ethtool stats ioctl, DCB netlink GET) are unprivileged; LLDP frames need CAP_NET_RAW, which
+# only the capability interpreter below has. No secrets at build time or in the
 # image: MQTT credentials arrive as mounted files at run time (NETVAL_MQTT_PASSWORD_FILE).
 # No HEALTHCHECK: Kubernetes probes the operator (--liveness) and the agent (/healthz).
 
@@ -49,6 +50,15 @@ RUN groupadd --system --gid 65532 nonroot \
       --shell /usr/sbin/nologin nonroot
 
 COPY --from=builder /opt/netval /opt/netval
+
+# The agent's capability interpreter (spec.topology.lldp; docs/topology.md "Privileges"): a
+# copy of the interpreter with the file capability cap_net_raw+ep, so the non-root agent can
+# open its AF_PACKET socket for LLDP frames. Kubernetes' `capabilities.add` alone only fills
+# the bounding set. Only the agent DaemonSet of a validation with lldp runs it (with NET_RAW
+# in its bounding set); the venv's own interpreter, which runs the operator and the CLI, has
+# no capability. Set here, not in the builder: COPY does not reliably carry xattrs.
+RUN cp "$(readlink -f /opt/netval/bin/python)" /opt/netval/bin/python-netraw \
+ && /opt/netval/bin/python -m netval.infra.file_caps /opt/netval/bin/python-netraw
 
 ENV PATH="/opt/netval/bin:${PATH}" \
     PYTHONDONTWRITEBYTECODE=1 \

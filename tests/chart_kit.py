@@ -108,7 +108,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Every opt-in at once.
     "all-on": {
         "agent": {"namespace": AGENT_NAMESPACE, "priorityClassName": "system-node-critical"},
-        "kueue": {"enabled": True},
+        "kueue": {"enabled": True, "topologies": True},
         "webhook": {"certManager": {"enabled": True}},
         "metrics": {
             "serviceMonitor": {"enabled": True},

@@ -85,10 +85,13 @@ def _hook_docs(variant: str) -> list[dict[str, Any]]:
 # --- the uninstall hook -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", ["default", "agents-namespace"])
+@pytest.mark.parametrize("variant", ["default", "agents-namespace", "all-on"])
 def test_cleanup_rbac_is_exactly_what_it_calls(variant: str) -> None:
     agent_ns = VARIANTS[variant].get("agent", {}).get("namespace") or NAMESPACE
-    assert _granted(variant, HOOK) == cleanup_rules(agent_ns)
+    expected = cleanup_rules(agent_ns)
+    if VARIANTS[variant].get("kueue", {}).get("topologies"):  # --kueue-topologies
+        expected[("cluster", "kueue.x-k8s.io", "topologies", None)] = {"list", "delete"}
+    assert _granted(variant, HOOK) == expected
 
 
 def test_cleanup_exists_only_while_the_hook_runs() -> None:

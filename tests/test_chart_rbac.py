@@ -88,6 +88,11 @@ KUEUE_RULES: dict[Rule, set[str]] = {
     ("cluster", "kueue.x-k8s.io", "admissionchecks", None): {"list", "watch"},
     ("cluster", "kueue.x-k8s.io", "admissionchecks/status", None): {"patch"},
 }
+# spec.topology.publishKueueTopology (operator/topology/kueue_writer.py): its own objects by
+# label, and delete + create (levels are immutable).
+KUEUE_TOPOLOGY_RULES: dict[Rule, set[str]] = {
+    ("cluster", "kueue.x-k8s.io", "topologies", None): {"list", "create", "delete"},
+}
 
 
 def expected_rules(values: dict[str, Any]) -> dict[Rule, set[str]]:
@@ -97,6 +102,8 @@ def expected_rules(values: dict[str, Any]) -> dict[Rule, set[str]]:
         rules.update(copy.deepcopy(WEBHOOK_RULES))
     if values.get("kueue", {}).get("enabled", False):
         rules.update(copy.deepcopy(KUEUE_RULES))
+    if values.get("kueue", {}).get("topologies", False):
+        rules.update(copy.deepcopy(KUEUE_TOPOLOGY_RULES))
     mqtt = values.get("mqtt", {})
     if (
         not mqtt.get("external", {}).get("enabled", False)

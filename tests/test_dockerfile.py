@@ -129,6 +129,21 @@ def test_final_user_is_non_root_and_matches_the_pods(instructions: list[Instruct
     assert int(uid) == manifests.AGENT_UID == 65532
 
 
+def test_the_agent_capability_interpreter_is_made_in_the_final_stage(
+    instructions: list[Instruction],
+) -> None:
+    from netval.operator.agents.agent_pod import NET_RAW_INTERPRETER
+
+    runs = [i.args for i in stages(instructions)[-1] if i.keyword == "RUN"]
+    made = [r for r in runs if NET_RAW_INTERPRETER in r]
+    assert len(made) == 1, "the interpreter the lldp agents run"
+    assert f"-m netval.infra.file_caps {NET_RAW_INTERPRETER}" in made[0]
+    # The venv's own interpreter (operator, CLI) gets no capability.
+    assert "file_caps /opt/netval/bin/python " not in made[0] + " "
+    users = [i for i in stages(instructions)[-1] if i.keyword in {"RUN", "USER"}]
+    assert users[-1].keyword == "USER", "made as root, before the final USER"
+
+
 def test_entrypoint_is_netval(instructions: list[Instruction]) -> None:
     entrypoints = [i for i in stages(instructions)[-1] if i.keyword == "ENTRYPOINT"]
     assert entrypoints

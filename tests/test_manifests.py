@@ -317,6 +317,22 @@ def test_daemonset_container() -> None:
     assert pod_security["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
+def test_lldp_runs_the_capability_interpreter_with_net_raw_only() -> None:
+    lldp = SPEC.model_copy(
+        update={"topology": SPEC.topology.model_copy(update={"lldp": True})}, deep=True
+    )
+    container = _container(_daemonset(lldp))
+    assert container["command"] == ["/opt/netval/bin/python-netraw", "-m", "netval", "agent"]
+    security = container["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["NET_RAW"]}
+    # A file capability is ignored under no_new_privs, which allowPrivilegeEscalation=false sets
+    assert security["allowPrivilegeEscalation"] is True
+    assert security["runAsNonRoot"] is True and security["runAsUser"] == 65532
+    assert security["readOnlyRootFilesystem"] is True
+    # Without lldp: nothing added, and the DaemonSet is what it was.
+    assert _container(_daemonset())["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
 def test_daemonset_env() -> None:
     ds = _daemonset()
     env = _env(ds)

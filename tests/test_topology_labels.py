@@ -159,3 +159,127 @@ def test_labels_are_written_once_per_change(
     wait_for(lambda: all(leaf_label(cluster, n) is None for n in NODES), timeout=30, what="removed")
     settle()
     assert [node_patches(cluster, n) for n in NODES] == [2, 3, 2, 0]
+
+
+# -- routed fabrics: a leaf from the next hop, the spine block from the paths ---------------
+
+SPINE = "topology.netval.io/spine"
+
+
+def routed_report(next_hop: str | None, *paths: list[str | None]) -> TopologyReport:
+    from netval.model.topology import L3Path
+
+    iface = InterfaceTopology(interface="f0", none_reason="no LLDP frame", next_hop=next_hop)
+    return TopologyReport(
+        interfaces=[iface],
+        paths=[
+            L3Path(peer=f"p{i}", destination="10.9.0.1", hops=h, reached=True)
+            for i, h in enumerate(paths)
+        ],
+    )
+
+
+def test_route_view_takes_the_second_hop_of_paths_across_a_spine_only() -> None:
+    from netval.operator.topology.routed import route_view
+
+    report = routed_report(
+        "10.1.1.1",
+        ["10.1.1.1", "10.0.0.1", "10.2.1.1"],  # across spine 10.0.0.1
+        ["10.1.1.1"],  # a peer under the same leaf: no spine
+        ["10.1.1.1", None, "10.2.1.1"],  # the spine did not answer
+    )
+    assert route_view(report) == (("10.1.1.1",), ("10.0.0.1",))
+    assert route_view(TopologyReport()) is None
+
+
+def test_a_next_hop_leaf_only_without_lldp_and_only_when_shared() -> None:
+    from netval.operator.topology.routed import next_hop_leaf, shared_only
+
+    none = [("f0", None, "", "no LLDP frame")]
+    assert next_hop_leaf(none, (("10.1.1.1",), ())) == "10.1.1.1"
+    assert next_hop_leaf([("f0", "leaf-1", "p", None)], (("10.1.1.1",), ())) is None
+    assert next_hop_leaf(none, ((None,), ())) is None
+    assert next_hop_leaf(none, None) is None
+    # per-link /31s: every node its own gateway, which names no shared domain
+    assert shared_only({"a": "10.1.1.1", "b": "10.1.1.1", "c": "10.1.9.1"}) == {
+        "a": "10.1.1.1",
+        "b": "10.1.1.1",
+    }
+
+
+def test_spine_blocks_group_the_spines_nodes_saw_and_need_two_leaves() -> None:
+    from netval.operator.topology.routed import spine_blocks
+
+    leaves = {"a1": "L1", "a2": "L1", "b1": "L2", "c1": "L3", "d1": "L4"}
+    seen = {
+        "a1": ["10.0.0.2"],
+        "a2": ["10.0.0.1"],  # ECMP: another spine seen from the same leaf, so the same block
+        "b1": ["10.0.0.2"],
+        "c1": ["10.9.0.1"],  # pod 2's spines, one leaf only: says nothing the leaf does not
+        "d1": ["10.9.0.2"],
+    }
+    blocks = spine_blocks(seen, leaves, {})
+    assert blocks == {"a1": "10.0.0.1", "a2": "10.0.0.1", "b1": "10.0.0.1"}
+    # A value the block's nodes carry that names one of its spines is kept (no renaming when
+    # a smaller address shows up later).
+    assert spine_blocks(seen, leaves, {"a1": "10.0.0.2", "b1": "10.0.0.2"})["a2"] == "10.0.0.2"
+    # Spines answering from per-link addresses: each leaf sees its own, so nothing is named.
+    per_link = {"a1": ["10.0.1.2"], "a2": ["10.0.1.2"], "b1": ["10.0.2.2"]}
+    assert spine_blocks(per_link, leaves, {}) == {}
+
+
+def test_one_patch_per_node_for_leaf_and_spine() -> None:
+    current = {"a": {LEAF: "L1"}, "b": {LEAF: "L1", SPINE: "s"}, "c": {SPINE: "old"}}
+    changes = plan_label_changes(
+        current, {"a": "L1", "b": "L1"}, frozenset({"a", "b"}), {"a": "s", "b": "s"}
+    )
+    assert changes == {"a": {SPINE: "s"}, "c": {SPINE: None}}
+
+
+def test_a_routed_fabric_gets_leaf_and_spine_labels_once(
+    cluster: KubeCluster,
+    operator: tuple[OperatorRuntime, InMemorySpanExporter],
+    mosquitto_broker: MosquittoBroker,
+) -> None:
+    runtime, _ = operator
+    writer = runtime.topology_labels
+    # gpu-a/b under the ToR 10.1.1.1, gpu-c/d under 10.1.2.1; ECMP over spines .1 and .2
+    fabric = {
+        "gpu-a": ("10.1.1.1", "10.0.0.1", "10.1.2.1"),
+        "gpu-b": ("10.1.1.1", "10.0.0.2", "10.1.2.1"),
+        "gpu-c": ("10.1.2.1", "10.0.0.2", "10.1.1.1"),
+        "gpu-d": ("10.1.2.1", "10.0.0.1", "10.1.1.1"),
+    }
+
+    def send() -> None:
+        messages = []
+        for node, (gateway, spine, far) in fabric.items():
+            r = report(node, started=datetime.now(UTC)).model_copy(
+                update={"topology": routed_report(gateway, [gateway, spine, far])}
+            )
+            messages.append(report_msg(r))
+        publish(mosquitto_broker, messages)
+
+    def labels(node: str) -> tuple[str | None, str | None]:
+        have = cluster.get("v1", "nodes", node)["metadata"].get("labels") or {}
+        return have.get(LEAF), have.get(SPINE)
+
+    spec = {"topology": {"paths": True, "publishLabels": True}, "gating": {"nodeLabel": False}}
+    cluster.create(validation(**spec))
+    send()
+    want = {n: (gw, "10.0.0.1") for n, (gw, _, _) in fabric.items()}
+    wait_for(lambda: {n: labels(n) for n in NODES} == want, timeout=30, what="published")
+    wait_for(lambda: not writer.written, what="writes watched back")
+    start = writer.rounds
+    wait_for(lambda: writer.rounds >= start + 3, what="three more rounds")
+    assert [node_patches(cluster, n) for n in NODES] == [1, 1, 1, 1]  # leaf and spine at once
+
+    before = runtime.store.states["pool-a"].nodes["gpu-a"].reported_at
+    send()
+    wait_for(
+        lambda: runtime.store.states["pool-a"].nodes["gpu-a"].reported_at != before,
+        what="new reports ingested",
+    )
+    start = writer.rounds
+    wait_for(lambda: writer.rounds >= start + 3, what="three more rounds")
+    assert [node_patches(cluster, n) for n in NODES] == [1, 1, 1, 1]  # steady: no write

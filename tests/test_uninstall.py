@@ -296,3 +296,26 @@ def test_without_a_cluster_it_is_a_usage_error(tmp_path: Path) -> None:
         check=False,
     )
     assert bad.returncode == 2 and "NAMESPACE/NAME" in bad.stderr
+
+
+def test_kueue_topologies_netval_wrote_are_deleted(kube: KubeCluster) -> None:
+    from netval.operator.topology.kueue_topology import topology_object
+    from test_kueue_topology_writer import topology_crd
+
+    # Without Kueue: nothing to do, and no failure.
+    done = run_cleanup(kube, "--kueue-topologies")
+    assert done.returncode == 0, done.stderr
+    assert "kueue topologies: no Kueue Topology API" in done.stdout
+
+    kube.add_crd(topology_crd("v1beta2"))
+    kube.create(topology_object("netval-pool", "pool", ["x/leaf"], "v1beta2"))
+    foreign = topology_object("theirs", "pool", ["x/leaf"], "v1beta2")
+    foreign["metadata"]["labels"] = {"team": "ml"}
+    kube.create(foreign)
+    skipped = run_cleanup(kube)  # the chart passes the flag only with kueue.topologies
+    assert "kueue topologies: skipped" in skipped.stdout
+    done = run_cleanup(kube, "--kueue-topologies")
+    assert done.returncode == 0, done.stderr
+    assert "deleted 1 Kueue Topologies" in done.stdout
+    names = {t["metadata"]["name"] for t in kube.list("kueue.x-k8s.io/v1beta2", "topologies")}
+    assert names == {"theirs"}

@@ -274,6 +274,11 @@ def _uninstall_parser(sub: argparse._SubParsersAction[NetvalParser]) -> None:
         help="delete the agent DaemonSets and ConfigMaps the operator rendered there",
     )
     cleanup.add_argument(
+        "--kueue-topologies",
+        action="store_true",
+        help="delete the Kueue Topologies the operator wrote (spec.topology.publishKueueTopology)",
+    )
+    cleanup.add_argument(
         "--timeout", type=_seconds, default=10.0, metavar="S", help="per API call (default 10)"
     )
     cleanup.add_argument(

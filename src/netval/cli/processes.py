@@ -110,6 +110,7 @@ def cmd_uninstall_cleanup(args: argparse.Namespace) -> int:
         CleanupOptions(
             operator_deployment=deployment,
             agent_namespace=args.agent_namespace,
+            kueue_topologies=args.kueue_topologies,
             timeout=args.timeout,
             operator_wait=args.operator_wait,
         )

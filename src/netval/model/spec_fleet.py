@@ -79,6 +79,21 @@ class TopologyVerdict(StrEnum):
 LabelKeyName = Annotated[str, Field(min_length=1, max_length=317, pattern=r"^[^\s=,]+$")]
 
 
+# A Kubernetes object name (DNS subdomain)
+ObjectName = Annotated[
+    str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+]
+
+
+class KueueTopologyPublication(_Spec):
+    """`spec.topology.publishKueueTopology`: keep a Kueue `Topology` object generated from the
+    levels in use (netval.operator.topology.kueue_writer; docs/topology.md, "Kueue")."""
+
+    enabled: bool = False
+    # The Topology's name; null: netval-<validation>
+    name: ObjectName | None = None
+
+
 class TopologySpec(_Spec):
     """`spec.topology` (issue 21; docs/topology.md): discovery and verification."""
 
@@ -93,6 +108,9 @@ class TopologySpec(_Spec):
     # Where no levels are declared: write topology.netval.io/leaf on the targeted Nodes from
     # discovery, only on change (netval.operator.topology.labels; docs/topology.md)
     publish_labels: bool = False
+    publish_kueue_topology: KueueTopologyPublication = Field(
+        default_factory=KueueTopologyPublication
+    )
 
     @model_validator(mode="after")
     def _unique_levels(self) -> TopologySpec:

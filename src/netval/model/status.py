@@ -57,6 +57,8 @@ class EventReason(StrEnum):
     BREAKER_TRIPPED = "BreakerTripped"  # Warning: the breaker withheld taints or held labels
     PEER_PORT_CONFLICT = "PeerPortConflict"  # Warning: two validations share a peers port
     DEPRECATED_FIELD = "DeprecatedField"  # Warning: the spec sets a field read another way now
+    # Warning: the Kueue Topology cannot be kept (no Kueue, no RBAC, its name taken)
+    KUEUE_TOPOLOGY_FAILED = "KueueTopologyFailed"
 
 
 class _Status(BaseModel):

@@ -202,6 +202,23 @@ class ConflictEntry(_Out):
     switches: dict[str, int]  # at most 8 (the fold cuts it; the CRD says maxProperties)
 
 
+MAX_DOMAIN_PAIRS: Final = 32
+
+
+class DomainPair(_Out):
+    """The latest measured figures between two domains of the east-west level (a < b):
+    from the continuous samples and, when a NetworkLoadTest ran, from its last run."""
+
+    a: str
+    b: str
+    pairs: Annotated[int, Field(ge=0)] = 0  # node pairs sampled (continuous samples)
+    capacity_ratio: float | None = None  # intra / cross throughput of lone flows (4.0: 4:1)
+    latency_p99_ms: float | None = None
+    loss_percent: float | None = None
+    oversubscription: float | None = None  # NetworkLoadTest: every node sending at once
+    loaded_latency_p99_ms: float | None = None
+
+
 class TopologyStatus(_Out):
     levels: Annotated[list[LevelSummary], Field(max_length=8)] = Field(default_factory=list)
     levels_source: str = "none"  # "declared" (spec.topology.levels), "detected" or "none"
@@ -215,6 +232,13 @@ class TopologyStatus(_Out):
     listed_conflicts: Annotated[list[ConflictEntry], Field(max_length=MAX_LISTED_DISAGREEMENTS)] = (
         Field(default_factory=list)
     )
+    # per domain pair of the east-west level (peers.topologyKey's), worst first
+    pairs_key: str | None = None
+    domain_pairs: Annotated[list[DomainPair], Field(max_length=MAX_DOMAIN_PAIRS)] = Field(
+        default_factory=list
+    )
+    omitted_pairs: Annotated[int, Field(ge=0)] = 0
+    load_test: str | None = None  # "<NetworkLoadTest>/<run id>" the load figures come from
 
 
 __all__ = [
@@ -225,6 +249,7 @@ __all__ = [
     "TOPOLOGY_LABEL_PREFIX",
     "ConflictEntry",
     "DisagreementEntry",
+    "DomainPair",
     "InterfaceTopology",
     "L3Path",
     "LevelDomain",

@@ -6,6 +6,7 @@
 - `status` (`status.writer.StatusWriter`): one status patch per validation per window.
 - `gating` (`gating.node_writer.NodeGating`): node labels and taints, the Gating condition.
 - `topology_labels` (`topology.label_writer.TopologyLabels`): `topology.netval.io/*` labels.
+- `kueue_topologies` (`topology.kueue_writer.KueueTopologies`): the Kueue Topology objects.
 - `events` (`status.events.Events`): the Events all of them post.
 - `loadtests` (`loadtest.runner.LoadTests`): NetworkLoadTest runs (plans out, results in,
   their status), on the same MQTT connection as the ingest.
@@ -41,6 +42,7 @@ from netval.operator.state.store import Store, ValidationView, utcnow
 from netval.operator.state.validation import IngestResult, ValidationState
 from netval.operator.status.events import Events
 from netval.operator.status.writer import StatusWriter
+from netval.operator.topology.kueue_writer import KueueTopologies
 from netval.operator.topology.label_writer import TopologyLabels
 
 __all__ = ["OperatorRuntime", "ValidationView"]
@@ -65,6 +67,9 @@ class OperatorRuntime:
         self.gating = NodeGating(settings, kube, self.store, self.events)
         self.topology_labels = TopologyLabels(
             settings, kube, self.store, ready=self.gating.validations_loaded
+        )
+        self.kueue_topologies = KueueTopologies(
+            settings, kube, self.store, self.events, ready=self.gating.validations_loaded
         )
         self.status = StatusWriter(
             settings,
@@ -115,6 +120,7 @@ class OperatorRuntime:
             supervised_task("netval-node-gating", lambda: self.gating.loop(synced)),
             supervised_task("netval-topology-labels", lambda: self.topology_labels.loop(synced)),
             supervised_task("netval-loadtests", self.loadtests.run),
+            supervised_task("netval-kueue-topologies", self.kueue_topologies.loop),
         ]
 
     async def stop(self) -> None:

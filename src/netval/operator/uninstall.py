@@ -18,7 +18,10 @@ that `helm uninstall` leaves nothing that changes how the cluster behaves:
    validations can still be deleted once no operator runs;
 6. the agent DaemonSets and ConfigMaps the operator rendered (labelled
    `app.kubernetes.io/managed-by=netval-operator` in the agents' namespace) are deleted: the
-   NetworkValidations that own them stay (with the CRD), so no garbage collector would.
+   NetworkValidations that own them stay (with the CRD), so no garbage collector would;
+7. with `--kueue-topologies`, the Kueue `Topology` objects the operator wrote (labelled
+   managed-by netval-operator with a `netval.io/validation`), in every version served, for
+   the same reason.
 
 Idempotent (a second run finds nothing to do) and tolerant: every step runs even when an
 earlier one failed, every API call has a timeout, a conflicting write is retried on fresh
@@ -52,6 +55,11 @@ from netval.operator.admission.configurations import CONFIGURATION_NAME
 from netval.operator.kube.api import PLURAL, VERSION, load_kube_client
 from netval.operator.kube.paging import paged_items
 from netval.operator.kube.read_modify_write import Written, read_modify_write
+from netval.operator.topology.kueue_topology import (
+    KUEUE_GROUP,
+    SERVED_PREFERENCE,
+    TOPOLOGY_PLURAL,
+)
 
 log = logging.getLogger("netval.uninstall")
 
@@ -71,6 +79,7 @@ EXIT_BAD_INPUT: Final = 2
 class CleanupOptions:
     operator_deployment: tuple[str, str] | None = None  # (namespace, name)
     agent_namespace: str | None = None
+    kueue_topologies: bool = False
     timeout: float = 10.0  # seconds per API call
     operator_wait: float = 60.0  # seconds for the operator's pods to go
 
@@ -365,6 +374,41 @@ class Cleanup:
             counts.append(f"{deleted} {kind}")
         return f"deleted {' and '.join(counts)} in {namespace}"
 
+    def delete_kueue_topologies(self) -> str:
+        if not self.options.kueue_topologies:
+            return "skipped (no --kueue-topologies)"
+        selector = f"{LabelKey.MANAGED_BY}={MANAGED_BY_OPERATOR},{LabelKey.VALIDATION}"
+        deleted, served = 0, []
+        for version in SERVED_PREFERENCE:
+            try:
+                found = list(
+                    self._pages(
+                        self.custom.list_cluster_custom_object,
+                        KUEUE_GROUP,
+                        version,
+                        TOPOLOGY_PLURAL,
+                        label_selector=selector,
+                    )
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue  # that version (or Kueue) is not served
+                raise
+            served.append(version)
+            for obj in found:  # gone from the next version's list once deleted here
+                name = obj["metadata"]["name"]
+                try:
+                    self.custom.delete_cluster_custom_object(
+                        KUEUE_GROUP, version, TOPOLOGY_PLURAL, name, **self._t
+                    )
+                    deleted += 1
+                except ApiException as exc:
+                    if exc.status != 404:
+                        self.report.failures.append(f"kueue: Topology {name}: {_reason(exc)}")
+        if not served:
+            return "no Kueue Topology API"
+        return f"deleted {deleted} Kueue Topologies"
+
     def run(self) -> CleanupReport:
         self._step("operator", self.stop_operator)
         self._step("webhook configurations", self.delete_webhook_configurations)
@@ -372,6 +416,7 @@ class Cleanup:
         self._step("nodes", self.clean_nodes)
         self._step("finalizers", self.remove_finalizers)
         self._step("agents", self.delete_agents)
+        self._step("kueue topologies", self.delete_kueue_topologies)
         return self.report
 
 

@@ -23,6 +23,10 @@ from netval.operator.agents.agent_names import agent_object_name
 
 AGENT_CONTAINER: Final = "agent"
 AGENT_COMMAND: Final = ("netval", "agent")
+# With spec.topology.lldp: the image's copy of the interpreter that holds the file capability
+# cap_net_raw+ep (Dockerfile; docs/topology.md "Privileges").
+NET_RAW_INTERPRETER: Final = "/opt/netval/bin/python-netraw"
+AGENT_NET_RAW_COMMAND: Final = (NET_RAW_INTERPRETER, "-m", "netval", "agent")
 AGENT_SERVICE_ACCOUNT: Final = "netval-agent"  # exists once per namespace; no RBAC bindings
 AGENT_SERVICE_NAME: Final = "netval-agent"  # OTEL_SERVICE_NAME
 AGENT_UID: Final = 65532  # the conventional "nonroot" uid/gid of distroless-style images
@@ -298,3 +302,26 @@ def metrics_port_for(validation: str) -> int:
     select the same node need different ports. Derived from the name (stable across
     restarts and replicas); the pod template advertises it in `prometheus.io/port`."""
     return METRICS_PORT + zlib.crc32(validation.encode()) % METRICS_PORT_SPAN
+
+
+def container_security(spec: NetworkValidationSpec) -> dict[str, Any]:
+    """Non-root, read-only, every capability dropped; with `topology.lldp`, NET_RAW in the
+    bounding set and privilege escalation allowed: the capability interpreter's file
+    capability is ignored under no_new_privs (what allowPrivilegeEscalation: false sets),
+    and the bounding set caps what it can gain at NET_RAW."""
+    lldp = spec.topology.lldp
+    capabilities: dict[str, Any] = {"drop": ["ALL"]}
+    if lldp:
+        capabilities["add"] = ["NET_RAW"]
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": AGENT_UID,
+        "allowPrivilegeEscalation": lldp,
+        "readOnlyRootFilesystem": True,
+        "capabilities": capabilities,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def agent_command(spec: NetworkValidationSpec) -> list[str]:
+    return list(AGENT_NET_RAW_COMMAND if spec.topology.lldp else AGENT_COMMAND)

@@ -12,7 +12,8 @@ Pure functions: no I/O, no clock, no environment. `agents.rollout` applies what 
   written by PyYAML, which the agent reads back with `yaml.safe_load` exactly (JSON text
   read as YAML is not always: `1e-05` would come back as a string).
 - The DaemonSet runs `netval agent` on every node the spec selects, on the host network, as a
-  non-root user with no capabilities and a read-only root filesystem; the agent never talks to
+  non-root user with no capabilities (NET_RAW through the image's capability interpreter with
+  `spec.topology.lldp`) and a read-only root filesystem; the agent never talks to
   the Kubernetes API, so its ServiceAccount has no token and no bindings.
 - The pod template carries `netval.io/restart-hash`, the hash of what the agent reads only
   at start (`restart_document`), so a spec edit rolls the agents only when what the pod runs
@@ -46,7 +47,6 @@ from netval.operator.agents.agent_names import (
     validation_label_value,
 )
 from netval.operator.agents.agent_pod import (
-    AGENT_COMMAND,
     AGENT_CONTAINER,
     AGENT_SERVICE_ACCOUNT,
     AGENT_UID,
@@ -64,8 +64,10 @@ from netval.operator.agents.agent_pod import (
     VOLUME_ENROLL,
     AgentMqttWiring,
     AgentPodOptions,
+    agent_command,
     container_mounts,
     container_ports,
+    container_security,
     default_agent_resources,
     metrics_port_for,
     pod_env,
@@ -143,7 +145,7 @@ def render_daemonset(
                 "name": AGENT_CONTAINER,
                 "image": image,
                 "imagePullPolicy": "IfNotPresent",
-                "command": list(AGENT_COMMAND),
+                "command": agent_command(spec),
                 "env": pod_env(name, spec, mqtt, metrics_port, pod),
                 "ports": container_ports(spec, metrics_port),
                 "volumeMounts": container_mounts(mqtt),
@@ -156,14 +158,7 @@ def render_daemonset(
                     "timeoutSeconds": 2,
                     "failureThreshold": 3,
                 },
-                "securityContext": {
-                    "runAsNonRoot": True,
-                    "runAsUser": AGENT_UID,
-                    "allowPrivilegeEscalation": False,
-                    "readOnlyRootFilesystem": True,
-                    "capabilities": {"drop": ["ALL"]},
-                    "seccompProfile": {"type": "RuntimeDefault"},
-                },
+                "securityContext": container_security(spec),
             }
         ],
         "volumes": pod_volumes(name, mqtt),

@@ -190,6 +190,11 @@ class KubeApi:
             pool, functools.partial(self._retrying, fn, *args, **kwargs)
         )
 
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` (a call of this client's APIs) in the pool of other calls,
+        retried like the rest (`_idempotent=False` for a create)."""
+        return await self._run(self._other_pool, fn, *args, **kwargs)
+
     async def apply_configmap(self, body: dict[str, Any]) -> None:
         await self._run(self._other_pool, self._apply_configmap, body)
 

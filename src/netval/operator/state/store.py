@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from netval.model.keys import LabelKey
+from netval.model.loadtest import LoadRun
 from netval.model.results import Report
 from netval.model.spec import AdmissionMode, AdmissionPolicy, NetworkValidationSpec
 from netval.model.status import ConditionType, NetworkValidationStatus
@@ -125,6 +126,9 @@ class Store:
         # the object Events are about: {apiVersion, kind, metadata: {name, uid}}
         self.bodies: dict[str, Mapping[str, Any]] = {}
         self.previous: dict[str, NetworkValidationStatus] = {}  # the status last written
+        # validation -> the newest finished NetworkLoadTest run on it ("<test>/<run id>", run),
+        # for status.topology.domainPairs (`note_load_run`)
+        self.load_runs: dict[str, tuple[str, LoadRun]] = {}
         self.node_labels: dict[str, dict[str, str]] = {}
         # what netval has on each node: (netval.io/fabric label, our taint present)
         self.node_fabric: dict[str, tuple[str | None, bool]] = {}
@@ -238,6 +242,16 @@ class Store:
         if state is not None:
             vs.set_agents_ready(state, True, utcnow())
 
+    def note_load_run(self, validation: str, test: str, run: LoadRun) -> None:
+        """A NetworkLoadTest run on `validation` finished: its figures go to the validation's
+        status.topology.domainPairs (the newest finished run of any test wins). The hook for
+        the NetworkLoadTest handlers, which call it when they write a finished `lastRun`."""
+        if run.finished_at is None or run.east_west is None:
+            return
+        have = self.load_runs.get(validation)
+        if have is None or have[1].finished_at is None or have[1].finished_at <= run.finished_at:
+            self.load_runs[validation] = (f"{test}/{run.id}", run)
+
     def remove_validation(self, name: str) -> set[str]:
         """Forget the validation and everything parked for it; returns the nodes it knew
         (reported, targeted, offline or parked), whose retained topics may be cleared."""
@@ -253,7 +267,8 @@ class Store:
         for key in [k for k in self.offline_pending if k[0] == name]:
             nodes.add(key[1])
             del self.offline_pending[key]
-        for table in (self.states, self.selectors, self.specs, self.bodies, self.previous):
+        tables = (self.states, self.selectors, self.specs, self.bodies, self.previous)
+        for table in (*tables, self.load_runs):
             table.pop(name, None)
         self.deleted[name] = utcnow()
         while len(self.deleted) > MAX_TOMBSTONES:

@@ -70,6 +70,7 @@ from netval.operator.state.node_verdicts import CHECK_BUCKET as _BUCKET
 from netval.operator.state.node_verdicts import apply_fleet_verdict, settle_fleet
 from netval.operator.state.node_verdicts import truncate_failure as _truncate
 from netval.operator.topology.agreement import NetdevView, netdev_views
+from netval.operator.topology.routed import RouteView, route_view
 
 STALE_AFTER_INTERVALS: Final = 3
 
@@ -121,6 +122,8 @@ class NodeRecord:
     # the report's LLDP section (spec.topology.lldp) as plain tuples, judged against the
     # node labels at status time (netval.operator.topology)
     topology: tuple[NetdevView, ...] | None = None
+    # its L3 path (next hops, spines on cross-leaf paths), for publication (topology.routed)
+    routes: RouteView | None = None
     node_name: str = ""
     # topology.agreement as last judged: (netdev, status, message), carried to the next report
     topology_verdicts: tuple[tuple[str, Status, str], ...] = ()
@@ -428,6 +431,7 @@ def _digest(
         failing_since=since,
         ok_streak=(previous.ok_streak + 1 if previous is not None else 1) if ok else 0,
         topology=netdev_views(report.topology) if report.topology is not None else None,
+        routes=route_view(report.topology) if report.topology is not None else None,
         node_name=node,
     )
     from netval.operator.topology.nodes import carry_over  # it imports this module

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Literal
 
+from netval.model.loadtest import LoadRun
 from netval.model.spec import NetworkValidationSpec
 from netval.model.status import Condition, ConditionType, NetworkValidationStatus, Reason
 from netval.operator.consistency.ingest import apply_changes
@@ -20,6 +21,7 @@ from netval.operator.state.east_west_matrix import east_west
 from netval.operator.state.validation import ValidationState
 from netval.operator.topology.agreement import peer_topology_key
 from netval.operator.topology.nodes import fold_into_nodes
+from netval.operator.topology.pairs import domain_pairs
 
 
 def validation_status(
@@ -30,7 +32,10 @@ def validation_status(
     previous: NetworkValidationStatus | None,
     gate: GatingCondition | None,
     now: datetime,
+    load_run: tuple[str, LoadRun] | None = None,
 ) -> NetworkValidationStatus:
+    """`load_run`: the newest finished NetworkLoadTest run on the validation ("<test>/<run
+    id>", run), whose figures join status.topology.domainPairs."""
     apply_changes(state, now)  # a rollout's `until` passed: its values are Outliers now
     # topology.agreement is judged across nodes and folded into their records first, so it
     # counts in the status like any check
@@ -54,6 +59,17 @@ def validation_status(
             fresh, domains, min_throughput_ratio=spec.checks.peers.min_throughput_ratio
         )
         status = status.model_copy(update={"east_west": summary})
+    if topology is not None and spec is not None:
+        load = load_run[1].east_west if load_run is not None else None
+        pairs, omitted = domain_pairs(status.east_west, load.cells if load is not None else ())
+        key = peer_topology_key(spec, (node_labels.get(n, {}) for n in state.targeted))
+        figures = {
+            "pairs_key": key if pairs else None,
+            "domain_pairs": pairs,
+            "omitted_pairs": omitted,
+            "load_test": load_run[0] if load_run is not None and load is not None else None,
+        }
+        status = status.model_copy(update={"topology": topology.model_copy(update=figures)})
     if spec is not None:
         usable = usable_condition(
             status.nodes,

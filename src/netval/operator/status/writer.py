@@ -185,6 +185,7 @@ class StatusWriter:
             previous=store.previous.get(name),
             gate=self.gating_conditions.get(name),
             now=now,
+            load_run=store.load_runs.get(name),
         )
 
     async def loop(self, synced: asyncio.Event) -> None:

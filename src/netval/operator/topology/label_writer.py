@@ -18,6 +18,8 @@ from netval.operator.rounds import every_window
 from netval.operator.settings import OperatorSettings
 from netval.operator.state.store import Store, utcnow
 from netval.operator.topology import labels as plan
+from netval.operator.topology import routed
+from netval.operator.topology.agreement import NetdevView
 
 log = logging.getLogger("netval.operator")
 
@@ -35,6 +37,9 @@ class TopologyLabels:
         self.store = store
         self.ready = ready  # every validation loaded: before that, removals would be wrong
         self.written: dict[str, plan.LabelPatch] = {}  # node -> written, not yet watched back
+        # node -> the spines its cross-leaf paths ever named (this term): a node's paths go to
+        # a few peers at a time, so one report shows only some of its block's spines
+        self.spines_seen: dict[str, set[str]] = {}
         self.writes = 0
         self.rounds = 0  # rounds planned (tests wait on it, never on time)
 
@@ -63,7 +68,8 @@ class TopologyLabels:
 
     def plan(self, now: datetime) -> dict[str, plan.LabelPatch]:
         del now  # the latest view of each node counts, fresh or not: a label is no health
-        seen = []
+        seen: list[dict[str, tuple[NetdevView, ...]]] = []
+        routes: dict[str, routed.RouteView] = {}
         publishing: set[str] = set()
         labels = self.store.node_labels
         for name, state in self.store.states.items():
@@ -81,9 +87,38 @@ class TopologyLabels:
                     if rec.topology is not None and n in state.targeted
                 }
             )
-        return plan.plan_label_changes(
-            self.current(), plan.desired_leaves(seen), frozenset(publishing)
+            routes.update(
+                (n, rec.routes)
+                for n, rec in state.nodes.items()
+                if rec.routes is not None and n in state.targeted
+            )
+        current = self.current()
+        leaves = plan.desired_leaves(seen)
+        hop_leaves: dict[str, str] = {}
+        for views in seen:
+            for node, view in views.items():
+                value = routed.next_hop_leaf(view, routes.get(node))
+                if node not in leaves and value is not None:
+                    hop_leaves[node] = min(value, hop_leaves.get(node, value))
+        leaves.update(routed.shared_only(hop_leaves))
+        spines = routed.spine_blocks(
+            self.remember_spines(routes, publishing),
+            {**plan.current_values(current, plan.LEAF), **leaves},
+            plan.current_values(current, plan.SPINE),
         )
+        return plan.plan_label_changes(current, leaves, frozenset(publishing), spines)
+
+    def remember_spines(
+        self, routes: dict[str, routed.RouteView], publishing: set[str]
+    ) -> dict[str, set[str]]:
+        for node in set(self.spines_seen) - publishing:
+            del self.spines_seen[node]
+        for node, (_, spines) in routes.items():
+            known = self.spines_seen.setdefault(node, set())
+            for spine in spines:
+                if len(known) < routed.MAX_SPINES_PER_NODE:
+                    known.add(spine)
+        return {n: s for n, s in self.spines_seen.items() if s}
 
     async def apply(self, now: datetime) -> None:
         # Until every validation is loaded and every referenced label key listed, targets

@@ -5,9 +5,8 @@ Only where nothing is declared: a validation publishes when it opts in, declares
 `spec.topology.levels` and its targeted nodes carry no other known scheme (its own
 `topology.netval.io/*` labels do not count as declared). The leaf is the switch LLDP sees on
 every judged netdev of the node (rail-optimised nodes see one leaf per rail: the sorted set
-of them is the node's leaf domain). The spine is not published: LLDP on an L2 fabric sees
-only the switch a netdev is cabled to, and a routed fabric's hops past the first router are
-per-flow (ECMP), so they name no stable domain (docs/topology.md, "Publication").
+of them is the node's leaf domain). LLDP never sees a spine: the spine block, and the leaf
+where LLDP sees nothing, come from the L3 path (`routed`; docs/topology.md, "Publication").
 """
 
 from __future__ import annotations
@@ -28,6 +27,13 @@ _EDGE = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$")
 OWN_LEVEL_KEYS: Final = frozenset(key.value for key in NetvalTopologyLabel)
 
 LabelPatch = dict[str, str | None]  # label key -> value (None removes it)
+LEAF: Final = NetvalTopologyLabel.LEAF.value
+SPINE: Final = NetvalTopologyLabel.SPINE.value
+
+
+def current_values(current: Mapping[str, Mapping[str, str]], key: str) -> dict[str, str]:
+    """node -> its label `key`, for the nodes that carry it."""
+    return {node: labels[key] for node, labels in current.items() if key in labels}
 
 
 def label_value(text: str) -> str:
@@ -76,25 +82,34 @@ def plan_label_changes(
     current: Mapping[str, Mapping[str, str]],
     desired: Mapping[str, str],
     publishing: frozenset[str],
+    spines: Mapping[str, str] | None = None,
 ) -> dict[str, LabelPatch]:
-    """The label patch per Node (only Nodes with a change): the leaf set where discovery gives
-    one and it differs; removed from Nodes no publishing validation targets; left alone on a
-    targeted node with no discovery (an unseen LLDP frame is no recabling)."""
-    leaf = NetvalTopologyLabel.LEAF.value
+    """The label patch per Node (only Nodes with a change, one patch for both labels): the
+    leaf (`desired`) and spine (`spines`) set where discovery gives one and it differs;
+    removed from Nodes no publishing validation targets; left alone on a targeted node with
+    no discovery (an unseen LLDP frame is no recabling)."""
+    wanted = ((NetvalTopologyLabel.LEAF.value, desired), (NetvalTopologyLabel.SPINE.value, spines))
     changes: dict[str, LabelPatch] = {}
     for node, labels in current.items():
-        have = labels.get(leaf)
-        want = desired.get(node)
-        if want is not None and have != want:
-            changes[node] = {leaf: want}
-        elif want is None and node not in publishing and have is not None:
-            changes[node] = {leaf: None}
+        patch: LabelPatch = {}
+        for key, values in wanted:
+            have = labels.get(key)
+            want = (values or {}).get(node)
+            if want is not None and have != want:
+                patch[key] = want
+            elif want is None and node not in publishing and have is not None:
+                patch[key] = None
+        if patch:
+            changes[node] = patch
     return changes
 
 
 __all__ = [
+    "LEAF",
     "OWN_LEVEL_KEYS",
+    "SPINE",
     "LabelPatch",
+    "current_values",
     "desired_leaves",
     "label_value",
     "leaf_of",
