@@ -160,6 +160,9 @@ class LoadTests:
             last_start=previous.last_run.started_at if previous and previous.last_run else None,
         )
         self.tests[name] = test
+        if test.spec is not None and previous is not None and previous.last_run is not None:
+            # a run finished in an earlier term still describes the fabric (status.topology)
+            self.store.note_load_run(test.spec.validation, name, previous.last_run)
         if previous is not None and previous.phase is RunPhase.RUNNING and run is None:
             # a run of an earlier term: nobody folds its results any more (its agents stop
             # at their plan's deadline); said once, and its plan topics cleared
@@ -276,6 +279,7 @@ class LoadTests:
             next_run_at=self._next_at(test),
         )
         self.last_runs[test.name] = result
+        self.store.note_load_run(test.spec.validation, test.name, result)
         self.runs_finished[test.status.phase.value] += 1
         log.info("load test %s: run %s %s", test.name, result.id, test.status.phase.value)
 
