@@ -139,6 +139,7 @@ async def run_agent(
                 storage.slots.run(lambda: runner.config.spec, stop), name="netval-storage-slots"
             )
         )
+
         def apply_config(config: AgentConfig) -> None:
             runner.apply_config(config)
             publisher.full_every = config.spec.report.full_every

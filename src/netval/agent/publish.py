@@ -44,11 +44,11 @@ from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
 from netval.agent.refusal import PUBLISH_REFUSAL_GRACE, PublishRefusals, credential_refused
+from netval.agent.report_digest import ReportCadence
 from netval.infra.mqtt_client import PublishRefused, backoff_delay, make_client
 from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.task_stop import cancel_and_wait
 from netval.infra.telemetry import publish_span, trace_properties
-from netval.agent.report_digest import ReportCadence
 from netval.model.beat import Beat
 from netval.model.results import Report
 from netval.model.topics import (

@@ -41,7 +41,7 @@ class Beat(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    schema_: Annotated[Literal[1], Field(alias="schema", strict=True)] = BEAT_SCHEMA
+    schema_: Annotated[Literal[1], Field(alias="schema")] = BEAT_SCHEMA
     # per agent process, +1 every cycle (full report or beat): a beat seen again (the retained
     # replay) is told from a new one, so it is not counted twice toward taint recovery
     seq: Annotated[int, Field(ge=0, le=MAX_INT, strict=True)]

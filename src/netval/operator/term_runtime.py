@@ -76,6 +76,7 @@ class OperatorRuntime:
             settings.mqtt,
             on_report=self.on_report,
             on_state=self.store.on_state,
+            on_beat=self.store.ingest_beat,
             on_replayed=self.store.note_replay,
             deleted=self.store.is_deleted,
             tracer=self.tracer,
