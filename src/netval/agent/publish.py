@@ -470,6 +470,8 @@ class ReportPublisher:
                 raise
             self._published += 1
             self._publish_refusals.taken()
+            if self._pending is None:  # else a newer full report is the standing one
+                self._cadence.sent(self._sessions)
         beat = self._pending_beat
         if beat is not None:
             self._pending_beat = None

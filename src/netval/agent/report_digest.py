@@ -3,9 +3,9 @@
 
 A cycle's report goes out in full when its material content (`netval.model.beat.report_digest`)
 differs from the standing one (the last report handed to the publisher), when `full_every`
-cycles passed since the last full one, or when the connection was made again since (a broker
-restarted without persistence lost the retained report, and an operator started after it would
-hold none to match beats against). Otherwise the cycle is a `Beat` carrying the standing
+cycles passed since the last full one, or when the connection was made again since the standing
+report was sent (a broker restarted without persistence lost the retained report, and an
+operator started after it would hold none to match beats against). Otherwise the cycle is a `Beat` carrying the standing
 report's digest.
 """
 
@@ -24,7 +24,9 @@ class ReportCadence:
     seq: int = -1  # the last cycle's sequence number (the first cycle is 0)
     digest: str | None = None  # the standing report's
     beats_since_full: int = 0
-    session: int = -1  # the connection the standing report was handed over in
+    # the connection the standing report was acknowledged in (None: not sent yet, its beats
+    # follow it out of the publisher)
+    sent_in: int | None = None
 
     def next(self, report: Report, *, session: int) -> Beat | None:
         """None: publish `report` in full (it becomes the standing report); else the beat
@@ -33,15 +35,19 @@ class ReportCadence:
         digest = report_digest(report)
         if (
             digest != self.digest
-            or session != self.session
+            or (self.sent_in is not None and self.sent_in != session)
             or self.beats_since_full + 1 >= max(1, self.full_every)
         ):
             self.digest = digest
-            self.session = session
+            self.sent_in = None
             self.beats_since_full = 0
             return None
         self.beats_since_full += 1
         return Beat(seq=self.seq, cycle_at=report.started_at, digest=digest, worst=report.status)
+
+    def sent(self, session: int) -> None:
+        """The standing report was acknowledged by the broker in connection `session`."""
+        self.sent_in = session
 
     def forget(self) -> None:
         """The standing report was not sent (too large, replaced): the next is full."""
