@@ -11,11 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from netval.agent.config import AgentConfig
 from netval.agent.report_digest import ReportCadence
 from netval.model import CheckId, CheckResult, Report, Status
 from netval.model.beat import MAX_BEAT_BYTES, Beat, mask_numbers, report_digest
 from netval.model.spec import NetworkValidationSpec
 from netval.model.topics import DropReason, TopicKind, topic
+from netval.operator.agents.agent_configmap import agent_config_document
 from netval.operator.ingest.decode import BeatMessage, Dropped, decode_message
 from netval.operator.state import validation as vs
 from netval.operator.state.beats import BeatOutcome, ingest_beat
@@ -143,6 +145,13 @@ def test_spec_report_full_every_defaults_and_bounds() -> None:
     for bad in (0, 1001, "ten"):
         with pytest.raises(ValueError):
             NetworkValidationSpec.model_validate({"report": {"fullEvery": bad}})
+
+
+def test_full_every_reaches_the_agent_through_the_configmap() -> None:
+    spec = NetworkValidationSpec.model_validate({"report": {"fullEvery": 25}})
+    doc = agent_config_document("pool-a", 3, spec)
+    assert doc["spec"]["report"] == {"fullEvery": 25}
+    assert AgentConfig.model_validate(doc).spec.report.full_every == 25
 
 
 def test_the_beat_is_tens_of_bytes_in_the_shape_the_bench_speaks() -> None:
