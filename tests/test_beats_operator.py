@@ -5,6 +5,7 @@ digest contradicts the held report makes the node stale until its full report ar
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -13,8 +14,13 @@ from kube import KubeCluster, wait_for
 from mosquitto import MosquittoBroker
 from netval.model import Report, Status
 from netval.model.beat import Beat, report_digest
+from netval.model.spec import NetworkValidationSpec
+from netval.operator.ingest.subscriber import ReportIngest
+from netval.operator.state import validation as vs
+from netval.operator.state.store import Store
 from netval.operator.term_runtime import OperatorRuntime
-from operator_env import NODES, publish, report, report_msg, validation, wait_status
+from operator_env import GPU, NODES, publish, report, report_msg, validation, wait_status
+from test_ingest_faults import until, with_ingest
 from test_operator import scrape
 
 
@@ -106,3 +112,46 @@ def test_beats_keep_nodes_fresh_without_api_writes_and_a_mismatch_waits_for_the_
         "gpu-b's full report counted",
     )
     assert not state.nodes["gpu-b"].unconfirmed
+
+
+def test_a_restarted_operator_counts_nodes_fresh_from_their_retained_beats(
+    mosquitto_broker: MosquittoBroker,
+) -> None:
+    """The broker holds each node's full report from nine intervals ago (stale by its own
+    time) and its last beat: an operator starting now (its real ingest against the real
+    broker) counts every node fresh from the beat, before Kopf resumed the CR (parked) as well
+    as after; a node whose retained beat speaks for another report is not counted."""
+    now = datetime.now(UTC)
+    old = now - timedelta(seconds=9 * 60)
+    reports = {n: report(n, started=old) for n in NODES}
+    messages = [report_msg(r) for r in reports.values()]
+    messages += [
+        _beat_msg(r, 9, now - timedelta(seconds=5)) for n, r in reports.items() if n != "gpu-d"
+    ]
+    lost = report("gpu-d", Status.FAIL, started=now - timedelta(seconds=30))
+    messages.append(_beat_msg(reports["gpu-d"], 9, now - timedelta(seconds=5), report_digest(lost)))
+    publish(mosquitto_broker, messages)
+    spec = NetworkValidationSpec.model_validate({"nodeSelector": GPU, "interval": "60s"})
+
+    for parked in (True, False):
+        store = Store()
+        for n in NODES:
+            store.on_node(n, GPU)
+        if not parked:
+            store.upsert_validation("pool-a", generation=1, spec=spec, body={}, status=None)
+
+        async def replay(ingest: ReportIngest) -> None:
+            await until(lambda: sum(ingest.stats.beats.values()) == len(NODES), "the beats")
+
+        ingest = asyncio.run(
+            with_ingest(mosquitto_broker, store, replay, on_beat=store.ingest_beat)
+        )
+        if parked:
+            assert ingest.stats.beats == {"parked": len(NODES)}
+            store.upsert_validation("pool-a", generation=1, spec=spec, body={}, status=None)
+        else:
+            assert ingest.stats.beats == {"matched": len(NODES) - 1, "mismatched": 1}
+        state = store.states["pool-a"]
+        at = datetime.now(UTC)
+        fresh = {n for n in NODES if vs.is_fresh(state, n, at)}
+        assert fresh == set(NODES) - {"gpu-d"}, parked
