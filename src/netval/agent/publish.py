@@ -21,7 +21,9 @@ newest unsent report, a newer one replaces it (counted in ``replaced``), so memo
 whatever the outage length. A report leaves the slot only when the broker acknowledged it
 (PUBACK); a report whose publish failed goes back to the slot unless a newer one arrived.
 Reports are not re-sent after a reconnect once acknowledged (the operator counts consecutive
-reports for taint recovery; a duplicate would count twice).
+reports for taint recovery; a duplicate would count twice), but the first cycle after one goes
+out in full, not as a beat (the broker may have lost the retained report). A beat is never
+retried: the next cycle has its own.
 
 Optionally the same connection subscribes to topic filters (e.g. the operator's retained
 ``assignment``) and hands messages to a callback; subscriptions are renewed on reconnect.

@@ -13,13 +13,14 @@ stored report to match is kept (one per node, bounded) in case its report comes 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Final
 
 from netval.model.beat import Beat
 from netval.operator.state.validation import (
-    BeatAhead,
+    NodeRecord,
     ValidationState,
     is_fresh,
     require_aware,
@@ -29,6 +30,17 @@ from netval.operator.state.validation import (
 MAX_BEATS_AHEAD: Final = 100_000
 # beyond any real streak (gating.recoveryReports is at most 100): the counter stays bounded
 MAX_OK_STREAK: Final = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class BeatAhead:
+    """A beat that vouched for a report the operator does not hold (yet): applied if that
+    report arrives (a beat and its report reordered, or the replay gave the beat first)."""
+
+    digest: str
+    cycle_at: datetime
+    at: datetime  # what it would set `reported_at` to
+    seq: int
 
 
 class BeatOutcome(StrEnum):
@@ -76,4 +88,13 @@ def ingest_beat(
     return BeatOutcome.MATCHED
 
 
-__all__ = ["MAX_BEATS_AHEAD", "BeatOutcome", "ingest_beat"]
+def apply_beat_ahead(state: ValidationState, rec: NodeRecord) -> None:
+    """`rec` was just stored from a report: the beat that came before it for its node, if it
+    vouches for this report, counts from its own time."""
+    ahead = state.beats_ahead.pop(rec.node_name, None)
+    if ahead is not None and ahead.digest == rec.digest and ahead.cycle_at >= rec.started_at:
+        rec.reported_at = max(rec.reported_at, ahead.at)
+        rec.beat_seq = ahead.seq
+
+
+__all__ = ["MAX_BEATS_AHEAD", "BeatAhead", "BeatOutcome", "apply_beat_ahead", "ingest_beat"]

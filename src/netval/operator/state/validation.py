@@ -59,7 +59,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from netval.model.beat import report_digest
 from netval.model.ids import CheckGroup, Status, worst
@@ -73,6 +73,9 @@ from netval.operator.state.node_verdicts import CHECK_BUCKET as _BUCKET
 from netval.operator.state.node_verdicts import apply_fleet_verdict, settle_fleet
 from netval.operator.state.node_verdicts import truncate_failure as _truncate
 from netval.operator.topology.agreement import NetdevView, netdev_views
+
+if TYPE_CHECKING:
+    from netval.operator.state.beats import BeatAhead
 
 STALE_AFTER_INTERVALS: Final = 3
 
@@ -140,17 +143,6 @@ class NodeRecord:
     digest: str = ""
     beat_seq: int = -1
     unconfirmed: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class BeatAhead:
-    """A beat that vouched for a report the operator does not hold (yet): applied if that
-    report arrives (a beat and its report reordered, or replayed beat first)."""
-
-    digest: str
-    cycle_at: datetime
-    at: datetime  # what it would set `reported_at` to
-    seq: int
 
 
 @dataclass(slots=True)
@@ -299,10 +291,10 @@ def ingest_report(
         state.offline.pop(node, None)  # a live report: the agent is evidently running
     hints = state.since_hints.pop(node, None)
     rec = state.nodes[node] = _digest(report, reported_at, stored, hints)
-    ahead = state.beats_ahead.pop(node, None)
-    if ahead is not None and ahead.digest == rec.digest and ahead.cycle_at >= rec.started_at:
-        rec.reported_at = max(rec.reported_at, ahead.at)  # its beat came first
-        rec.beat_seq = ahead.seq
+    if state.beats_ahead:
+        from netval.operator.state.beats import apply_beat_ahead  # it imports this module
+
+        apply_beat_ahead(state, rec)
     verdict = state.fleet_verdicts.get(node)
     if verdict is not None:
         apply_fleet_verdict(rec, node, verdict, stored.failing_since if stored else {}, reported_at)
