@@ -99,6 +99,35 @@ def test_status_subjects_words_and_facts_are_material() -> None:
     )
 
 
+def _with_peers(*peers: tuple[str, str, Status]) -> Report:
+    results = [
+        CheckResult(
+            check=CheckId.PEER_LATENCY,
+            subject=peer,
+            status=status,
+            message=f"rtt p99 0.{len(peer)} ms to {peer} (10.0.0.{len(peer)}:7471)",
+            observed={"domain": domain},
+        )
+        for peer, domain, status in peers
+    ]
+    r = report()
+    return r.model_copy(update={"results": [*r.results, *results]})
+
+
+def test_which_east_west_peers_a_cycle_probed_is_not_material_a_failing_path_is() -> None:
+    """Peers rotate every cycle by design (samplesPerDomain per domain): a passing peer result
+    counts by its domain, so an unchanged fabric beats with peers enabled too."""
+    one = _with_peers(("gpu-b", "rack-1", Status.PASS), ("gpu-c", "rack-2", Status.PASS))
+    other = _with_peers(("gpu-d", "rack-1", Status.PASS), ("gpu-e7", "rack-2", Status.PASS))
+    assert report_digest(one) == report_digest(other)
+    new_domain = _with_peers(("gpu-b", "rack-1", Status.PASS), ("gpu-c", "rack-3", Status.PASS))
+    warned = _with_peers(("gpu-b", "rack-1", Status.WARN), ("gpu-c", "rack-2", Status.PASS))
+    failing = _with_peers(("gpu-b", "rack-1", Status.FAIL), ("gpu-c", "rack-2", Status.PASS))
+    failing_other = _with_peers(("gpu-d", "rack-1", Status.FAIL), ("gpu-c", "rack-2", Status.PASS))
+    digests = [report_digest(r) for r in (one, new_domain, warned, failing, failing_other)]
+    assert len(set(digests)) == len(digests)
+
+
 def test_the_operator_computes_the_agent_s_digest_from_the_published_bytes() -> None:
     sent = report(facts={"mtu": "9000", "nic_model": "15b3:1021"}, message="MTU 9000")
     decoded = decode_message(

@@ -11,7 +11,10 @@ not (docs/architecture.md, "Reports and beats").
 generation, node), its status, every result's (check, subject, status) and its message with
 the measured numbers masked, the facts and the topology section. Measured values (``observed``,
 the numbers in a message, the cycle's times) move every cycle and are not material: a beat
-does not carry them, the next full report does. `report_digest` is the one function agent and
+does not carry them, the next full report does. East-west (``peer.*``) results name the peer
+probed, which rotates every cycle by design: a passing or warning one is material only as
+(check, the peer's topology domain, status); a failing one (fail, error) with its peer and
+words, like any other result. `report_digest` is the one function agent and
 operator both compute, so they agree byte for byte.
 """
 
@@ -25,8 +28,8 @@ from typing import Annotated, Final, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from netval.model.ids import Status
-from netval.model.results import MAX_INT, STARTED_AT_FUTURE, STARTED_AT_PAST, Report
+from netval.model.ids import CheckGroup, Status
+from netval.model.results import MAX_INT, STARTED_AT_FUTURE, STARTED_AT_PAST, CheckResult, Report
 
 BEAT_SCHEMA: Final = 1
 DIGEST_BYTES: Final = 16  # blake2b-128: collisions are no concern between two reports of a node
@@ -72,11 +75,21 @@ def mask_numbers(message: str) -> str:
     return _NUMBER.sub("#", message)
 
 
+def _material_result(r: CheckResult) -> tuple[str, str, str, str]:
+    if r.check.group is CheckGroup.PEER and not r.status.is_bad:
+        domain = r.observed.get("domain")
+        return (
+            r.check.value,
+            f"domain:{domain if isinstance(domain, str) else ''}",
+            r.status.value,
+            "",
+        )
+    return (r.check.value, r.subject, r.status.value, mask_numbers(r.message))
+
+
 def material_content(report: Report) -> dict[str, object]:
     """What of `report` a beat vouches for (see the module docstring), JSON-ready."""
-    results = sorted(
-        (r.check.value, r.subject, r.status.value, mask_numbers(r.message)) for r in report.results
-    )
+    results = sorted({_material_result(r) for r in report.results})
     return {
         "validation": report.validation,
         "generation": report.generation,
