@@ -345,6 +345,8 @@ def test_agent_process_with_a_blocked_sysfs_read(
     peer_port = mosquitto.free_port()
     peers = {"enabled": True, "interface": "lo", "port": peer_port}
     config = agent_config({**LO_CHECKS, "peers": peers}, interval="5s")
+    # every cycle in full: the blocked cycles are alike, and this test reads each one's report
+    config["spec"]["report"] = {"fullEvery": 1}
     env = write_agent_files(tmp_path, mosquitto_broker, config)
     metrics_port = mosquitto.free_port()
     env.update(PYTHONPATH=str(SRC), NETVAL_METRICS_ADDR=f"127.0.0.1:{metrics_port}")

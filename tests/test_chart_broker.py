@@ -280,6 +280,7 @@ def _shared_login_rules(port: int, secrets: dict[str, str]) -> None:
         base = "netval/v1/roce-training-pool/gpu-node-1"
         operator.publish(f"{base}/assignment", b'{"domain": "zone-a"}')
         agent.publish(f"{base}/report", b"{}")
+        agent.publish(f"{base}/beat", b'{"seq": 1}')
         agent.publish(f"{base}/state", b"online")
         agent.publish(f"{base}/endpoint", b'{"port": 7471}')
         agent.publish(f"{base}/assignment", b'{"domain": "forged"}')  # refused by the ACL
@@ -288,6 +289,7 @@ def _shared_login_rules(port: int, secrets: dict[str, str]) -> None:
         assert seen == {
             f"{base}/assignment": b'{"domain": "zone-a"}',
             f"{base}/report": b"{}",
+            f"{base}/beat": b'{"seq": 1}',
             f"{base}/state": b"online",
             f"{base}/endpoint": b'{"port": 7471}',
         }

@@ -90,13 +90,13 @@ def test_a_node_publishes_only_for_itself(identity: Identity) -> None:
     a = identity.node(identity.issue("node-a"))
     b = identity.node(identity.issue("node-b"))
     op = identity.operator()
-    for kind in ("report", "state", "endpoint"):  # as node B, in two validations
+    for kind in ("report", "state", "beat", "endpoint"):  # as node B, in two validations
         a.publish(f"{base('node-b')}/{kind}", b"forged")
         a.publish(f"{base('node-b', 'other')}/{kind}", b"forged")
     a.publish(f"{base('node-b')}/assignment", b"forged")
     a.publish(f"{base('node-a')}/assignment", b"forged")  # its own assignment: operator's
     a.publish("netval/v1/x", b"forged")
-    for kind in ("report", "state", "endpoint"):
+    for kind in ("report", "state", "beat", "endpoint"):
         a.publish(f"{base('node-a')}/{kind}", b"a")
         b.publish(f"{base('node-b')}/{kind}", b"b")
     op.wait_message(f"{base('node-a')}/endpoint", b"a")
@@ -104,7 +104,7 @@ def test_a_node_publishes_only_for_itself(identity: Identity) -> None:
     # The operator got every legitimate message, and nothing forged.
     assert sorted(op.messages) == sorted(
         [(f"{base(n)}/{k}", n[-1].encode()) for n in ("node-a", "node-b")
-         for k in ("report", "state", "endpoint")]
+         for k in ("report", "state", "beat", "endpoint")]
     )  # fmt: skip
 
 

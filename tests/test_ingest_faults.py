@@ -21,7 +21,7 @@ from netval.model import Status
 from netval.model.results import Report
 from netval.model.spec import NetworkValidationSpec
 from netval.model.topics import DropReason
-from netval.operator.ingest.decode import StateChange
+from netval.operator.ingest.decode import BeatMessage, StateChange
 from netval.operator.ingest.subscriber import ReportIngest
 from netval.operator.state.store import Store, utcnow
 from netval.operator.state.validation import is_fresh
@@ -83,11 +83,13 @@ async def with_ingest(
     *,
     on_report: Callable[[Report, bool], Any] | None = None,
     on_state: Callable[[StateChange], Any] | None = None,
+    on_beat: Callable[[BeatMessage, bool], Any] = lambda message, retained: None,
 ) -> ReportIngest:
     ingest = ReportIngest(
         settings_for(broker).mqtt,
         on_report=on_report or store.ingest_report,
         on_state=on_state or store.on_state,
+        on_beat=on_beat,
         backoff_base=0.05,
         backoff_cap=0.2,
     )

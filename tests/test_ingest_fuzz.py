@@ -178,7 +178,9 @@ def world() -> tuple[Store, ReportIngest]:
     store.ingest_report(good_report("gpu-b", Status.FAIL), False)
     mqtt = MqttSettings(host="127.0.0.1", port=1, tls=False, username=None, password=None,
                         ca_file=None, client_id="fuzz")  # fmt: skip
-    ingest = ReportIngest(mqtt, on_report=store.ingest_report, on_state=store.on_state)
+    ingest = ReportIngest(
+        mqtt, on_report=store.ingest_report, on_state=store.on_state, on_beat=store.ingest_beat
+    )
     return store, ingest
 
 
@@ -196,7 +198,8 @@ def assert_patch_is_json(store: Store) -> None:
 
 
 def counted(ingest: ReportIngest) -> int:
-    return ingest.stats.reports + ingest.stats.states + sum(ingest.stats.dropped.values())
+    stats = ingest.stats
+    return stats.reports + stats.states + sum(stats.beats.values()) + sum(stats.dropped.values())
 
 
 # -- properties -------------------------------------------------------------------------
@@ -213,7 +216,7 @@ def test_decode_never_raises_on_garbage(topic: str, payload: bytes) -> None:
 @FUZZ
 @given(
     node=st.sampled_from(list(NODES)) | st.text(min_size=1, max_size=20),
-    kind=st.sampled_from(["report", "state", "endpoint", "assignment", "x"]),
+    kind=st.sampled_from(["report", "state", "beat", "endpoint", "assignment", "x"]),
     payload=st.binary(max_size=2048),
 )
 def test_garbage_on_netval_topics_is_counted_and_harmless(
@@ -223,8 +226,8 @@ def test_garbage_on_netval_topics_is_counted_and_harmless(
     before = {n: store.states[POOL].nodes[n] for n in ("gpu-a", "gpu-b")}
     ingest.handle(f"netval/v1/{POOL}/{node}/{kind}", payload)
     assert ingest.stats.dropped[DropReason.INTERNAL_ERROR] == 0
-    if kind in ("report", "state") and "/" not in node:
-        assert counted(ingest) == 1 or (kind == "report" and not payload)
+    if kind in ("report", "state", "beat") and "/" not in node:
+        assert counted(ingest) == 1 or (kind in ("report", "beat") and not payload)
     if node not in before:
         assert {n: store.states[POOL].nodes[n] for n in before} == before
     assert_patch_is_json(store)

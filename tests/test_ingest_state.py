@@ -81,7 +81,7 @@ def test_parked_tables_are_bounded_and_count_drops(monkeypatch: pytest.MonkeyPat
         store.on_state(StateChange(f"ghost-{i}", "gpu-a", False))
     store.ingest_report(report("gpu-a", Status.FAIL, validation_name="ghost-0"), False)
     assert len(store.pending) == 3 and len(store.offline_pending) == 2
-    assert store.dropped == {"pending": 2, "offline_pending": 3}
+    assert store.dropped == {"pending": 2, "offline_pending": 3, "beats_pending": 0}
     # a key already parked is replaced by its newer message, never dropped
     assert store.pending[("ghost-0", "gpu-a")].report.status is Status.FAIL
     assert store.remove_validation("ghost-0") == {"gpu-a"}

@@ -240,4 +240,5 @@ def test_plans_and_results_live_under_the_node_s_own_topic_level() -> None:
     reads = [a["topic"] for a in acls if a["acltype"] == "subscribePattern"]
     assert all(t.startswith(own) for t in sends)
     assert f"{own}loadresult" in sends and f"{own}loadplan" in reads
+    assert f"{own}beat" in sends and not any(t.endswith("/beat") for t in reads)
     assert not any("loadplan" in t for t in sends) and not any("loadresult" in t for t in reads)

@@ -269,11 +269,11 @@ def test_agents_see_their_switch_and_port_and_a_recabled_node_is_flagged(
     nodes, switches = lab["nodes"], lab["switches"]
     ip(nodes["n2"], "link", "del", "f0")
     cable(nodes["n2"], switches["leaf-2"], "n2", "leaf-2")
-    latest = reports_until(
-        messages,
-        lambda lt: set(lt) >= {"n1", "n3"} and "n2" in lt and switch_of(lt["n2"])[0] == "leaf-2",
-        40,
-    )
+    # n1 and n3 did not change: they beat (issue 23) and their reports above still stand
+    latest = {
+        **latest,
+        **reports_until(messages, lambda lt: "n2" in lt and switch_of(lt["n2"])[0] == "leaf-2", 40),
+    }
     assert switch_of(latest["n2"]) == ("leaf-2", "e2-n2")
     # n3's label corrected to leaf-2 (as the first warning asked): leaf-1 is now n1 against
     # n2, a tie the switch named like the domain settles

@@ -312,9 +312,9 @@ log_timestamp_format %Y-%m-%dT%H:%M:%S
 {{- end -}}
 
 {{/*
-The broker's ACL. Topics: netval/v1/<validation>/<node>/{report,state,endpoint,assignment}
+The broker's ACL. Topics: netval/v1/<validation>/<node>/{report,beat,state,endpoint,assignment}
 (docs/architecture.md "MQTT"). The operator reads everything and writes assignments; the agents write
-their reports, states (the last will included) and endpoint announcements, read their peers'
+their reports, beats, states (the last will included) and endpoint announcements, read their peers'
 endpoints and their assignments, and may not write assignments.
 */}}
 {{- define "netval.brokerAcl" -}}
@@ -335,6 +335,7 @@ topic readwrite $CONTROL/dynamic-security/#
 
 user {{ $b.agentUsername }}
 topic write netval/v1/+/+/report
+topic write netval/v1/+/+/beat
 topic readwrite netval/v1/+/+/state
 topic readwrite netval/v1/+/+/endpoint
 topic read netval/v1/+/+/assignment

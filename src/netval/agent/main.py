@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from netval.agent.collect.link_events import LinkWatcher
 from netval.agent.collect.live import LiveCollector
-from netval.agent.config import AgentSettings
+from netval.agent.config import AgentConfig, AgentSettings
 from netval.agent.config_watch import ConfigWatcher
 from netval.agent.enroll import enroller_from_env
 from netval.agent.loadtest.executor import LoadExecutor
@@ -105,6 +105,7 @@ async def run_agent(
         subscriptions=subscriptions,
         on_message=on_message,
         tracer=provider.get_tracer("netval.agent"),
+        full_every=spec.report.full_every,
     )
     metrics.attach_publisher(publisher.stats)
     if load is not None:
@@ -155,7 +156,12 @@ async def run_agent(
                 storage.slots.run(lambda: runner.config.spec, stop), name="netval-storage-slots"
             )
         )
-        config_watcher = ConfigWatcher(settings.config_path, settings.config, runner.apply_config)
+
+        def apply_config(config: AgentConfig) -> None:
+            runner.apply_config(config)
+            publisher.full_every = config.spec.report.full_every
+
+        config_watcher = ConfigWatcher(settings.config_path, settings.config, apply_config)
         metrics.attach_config(config_watcher)
         tasks += [
             asyncio.create_task(watcher.run(), name="netval-link-events"),

@@ -29,6 +29,11 @@ class _PublisherCollector(Collector):
         s = self._stats()
         for name, value, doc in (
             ("netval_reports_published", s.published, "Reports acknowledged by the broker"),
+            (
+                "netval_beats_published",
+                s.beats,
+                "Beats published instead of an unchanged report (spec.report.fullEvery)",
+            ),
             ("netval_publish_failures", s.publish_failures, "Report publishes that failed"),
             ("netval_reports_replaced", s.replaced, "Unsent reports replaced by newer ones"),
             ("netval_mqtt_reconnects", s.reconnects, "MQTT reconnection attempts"),

@@ -3,6 +3,9 @@
 Topics, all under ``netval/v1/<validation>/<node>/``:
 
 - ``report``: the JSON report, QoS 1, retained.
+- ``beat``: a `netval.model.beat.Beat` instead of the report when nothing material changed
+  (`netval.agent.report_digest`; ``full_every`` cycles at most between two full reports),
+  QoS 0, retained (docs/architecture.md, "Reports and beats").
 - ``state``: ``online`` (retained, on every connect); ``offline`` as the retained last will
   (the broker publishes it when the connection dies: SIGKILL, node loss, keepalive timeout)
   and published explicitly on a clean `ReportPublisher.stop`.
@@ -18,7 +21,9 @@ newest unsent report, a newer one replaces it (counted in ``replaced``), so memo
 whatever the outage length. A report leaves the slot only when the broker acknowledged it
 (PUBACK); a report whose publish failed goes back to the slot unless a newer one arrived.
 Reports are not re-sent after a reconnect once acknowledged (the operator counts consecutive
-reports for taint recovery; a duplicate would count twice).
+reports for taint recovery; a duplicate would count twice), but the first cycle after one goes
+out in full, not as a beat (the broker may have lost the retained report). A beat is never
+retried: the next cycle has its own.
 
 Optionally the same connection subscribes to topic filters (e.g. the operator's retained
 ``assignment``) and hands messages to a callback; subscriptions are renewed on reconnect.
@@ -42,10 +47,12 @@ from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
 from netval.agent.refusal import PUBLISH_REFUSAL_GRACE, PublishRefusals, credential_refused
+from netval.agent.report_digest import ReportCadence
 from netval.infra.mqtt_client import PublishRefused, backoff_delay, make_client
 from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.task_stop import cancel_and_wait
 from netval.infra.telemetry import publish_span, trace_properties
+from netval.model.beat import Beat
 from netval.model.results import Report
 from netval.model.topics import (
     MAX_REPORT_BYTES,
@@ -60,7 +67,8 @@ log = logging.getLogger(__name__)
 
 REPORT: Final = TopicKind.REPORT.value
 STATE: Final = TopicKind.STATE.value
-_RESERVED_SUFFIXES: Final = frozenset({REPORT, STATE})
+BEAT: Final = TopicKind.BEAT.value
+_RESERVED_SUFFIXES: Final = frozenset({REPORT, STATE, BEAT})
 _STABLE_AFTER: Final = 10.0  # seconds a connection must hold before the backoff resets
 MAX_QUEUED_MESSAGES: Final = 16
 
@@ -89,6 +97,7 @@ class PublisherStats:
     # their refusals lasted the grace (then the agent enrolls again)
     credential_refusals: int = 0
     publish_refusals: int = 0  # publishes the broker answered with a failure reason code
+    beats: int = 0  # beats published (QoS 0: handed to the connection)
 
 
 class ReportPublisher:
@@ -110,6 +119,7 @@ class ReportPublisher:
         on_message: MessageHandler | None = None,
         rng: random.Random | None = None,
         tracer: Tracer | None = None,
+        full_every: int = 1,
     ) -> None:
         if keepalive < 1 or timeout <= 0 or stop_timeout <= 0:
             raise ValueError("keepalive, timeout and stop_timeout must be positive")
@@ -123,6 +133,9 @@ class ReportPublisher:
         self.prefix = topic_prefix(validation, node)
         self.report_topic = f"{self.prefix}/{REPORT}"
         self.state_topic = f"{self.prefix}/{STATE}"
+        self.beat_topic = f"{self.prefix}/{BEAT}"
+        # 1 (the default here): every report in full; `netval agent` sets spec.report.fullEvery
+        self._cadence = ReportCadence(full_every=full_every)
         self._keepalive = keepalive
         self._timeout = timeout
         self._backoff_base = backoff_base
@@ -136,6 +149,7 @@ class ReportPublisher:
         self._tracer = tracer or trace.NoOpTracer()
 
         self._pending: Report | None = None  # the single slot
+        self._pending_beat: Beat | None = None  # the newest unsent beat (after the report)
         self._retained: dict[str, bytes] = {}  # suffix -> latest payload
         self._retained_dirty: set[str] = set()
         # not retained, QoS 1, in order (load-test results); bounded: the oldest goes first
@@ -145,6 +159,8 @@ class ReportPublisher:
         self._task: asyncio.Task[None] | None = None
 
         self._published = 0
+        self._beats = 0
+        self._sessions = 0  # connections made so far
         self._publish_failures = 0
         self._replaced = 0
         self._reconnects = 0
@@ -166,6 +182,19 @@ class ReportPublisher:
     @property
     def published(self) -> int:
         return self._published
+
+    @property
+    def beats(self) -> int:
+        return self._beats
+
+    @property
+    def full_every(self) -> int:
+        return self._cadence.full_every
+
+    @full_every.setter
+    def full_every(self, cycles: int) -> None:
+        """spec.report.fullEvery, again after a config reload."""
+        self._cadence.full_every = cycles
 
     @property
     def publish_failures(self) -> int:
@@ -200,8 +229,8 @@ class ReportPublisher:
 
     @property
     def has_pending(self) -> bool:
-        """A report waits in the slot (not yet acknowledged by the broker)."""
-        return self._pending is not None
+        """A report (or a beat) waits in the slot (not yet acknowledged by the broker)."""
+        return self._pending is not None or self._pending_beat is not None
 
     def stats(self) -> PublisherStats:
         return PublisherStats(
@@ -214,6 +243,7 @@ class ReportPublisher:
             credential_refusals=self._credential_refusals
             + self._publish_refusals.credential_refusals,
             publish_refusals=self._publish_refusals.refusals,
+            beats=self._beats,
         )
 
     # ---- public API -----------------------------------------------------------------
@@ -229,14 +259,21 @@ class ReportPublisher:
         self.publish_nowait(report)
 
     def publish_nowait(self, report: Report) -> None:
+        """The cycle's report goes out in full, or as a beat when it matches the standing
+        one (`ReportCadence`)."""
         if report.validation != self.validation or report.node != self.node:
             raise ValueError(
                 f"report for {report.validation}/{report.node} given to the publisher of "
                 f"{self.validation}/{self.node}"
             )
-        if self._pending is not None:
-            self._replaced += 1
-        self._pending = report
+        beat = self._cadence.next(report, session=self._sessions)
+        if beat is not None:
+            self._pending_beat = beat  # an unsent older beat is simply superseded
+        else:
+            if self._pending is not None:
+                self._replaced += 1
+            self._pending = report
+            self._pending_beat = None  # it spoke for the report this one replaces
         self._wakeup.set()
 
     def publish_retained(self, topic_suffix: str, payload: bytes) -> None:
@@ -369,6 +406,7 @@ class ReportPublisher:
                         "MQTT %s: subscription to %s refused: %s", self.settings.url, topic, granted
                     )
             self._retained_dirty = set(self._retained)
+            self._sessions += 1
             self._refused = None
             self._connected = True
             self._connected_at = time.monotonic()
@@ -418,6 +456,8 @@ class ReportPublisher:
                 log.error("report of %d bytes not sent: the limit is %d (results too many or"
                           " too large)", len(payload), MAX_REPORT_BYTES)  # fmt: skip
                 report = None
+                self._cadence.forget()  # no beat may vouch for it
+                self._pending_beat = None
         if report is not None:
             try:
                 with publish_span(
@@ -445,6 +485,17 @@ class ReportPublisher:
                 raise
             self._published += 1
             self._publish_refusals.taken()
+            if self._pending is None:  # else a newer full report is the standing one
+                self._cadence.sent(self._sessions)
+        beat = self._pending_beat
+        if beat is not None:
+            self._pending_beat = None
+            # QoS 0: a lost beat costs one interval of freshness (a node turns stale after
+            # three), while QoS 1 would double the packets per beat (PUBACK) and keep it in
+            # flight; retained: an operator that (re)subscribes learns the node is current
+            # without waiting for its next cycle.
+            await client.publish(self.beat_topic, beat.to_json().encode(), qos=0, retain=True)
+            self._beats += 1
         while self._messages:
             suffix, payload = self._messages[0]
             try:

@@ -366,6 +366,18 @@ class Telemetry(_Spec):
     otlp_endpoint: Annotated[str | None, Field(max_length=1024)] = None
 
 
+# spec.report.fullEvery: cycles between two full reports at most (beats in between, issue 23)
+DEFAULT_FULL_EVERY: Final = 10
+MAX_FULL_EVERY: Final = 1000
+
+
+class ReportCadence(_Spec):
+    """How often an unchanged node publishes its full report (docs/architecture.md, "Reports
+    and beats"); a change is published at once whatever this says."""
+
+    full_every: Annotated[int, Field(ge=1, le=MAX_FULL_EVERY)] = DEFAULT_FULL_EVERY
+
+
 class NetworkValidationSpec(_Spec):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
@@ -375,6 +387,7 @@ class NetworkValidationSpec(_Spec):
     telemetry: Telemetry = Field(default_factory=Telemetry)
     consistency: Consistency = Field(default_factory=Consistency)
     topology: TopologySpec = Field(default_factory=TopologySpec)
+    report: ReportCadence = Field(default_factory=ReportCadence)
 
     @model_validator(mode="before")
     @classmethod

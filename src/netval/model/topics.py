@@ -26,6 +26,7 @@ class DropReason(StrEnum):
     TOO_LARGE = "too_large"
     NOT_UTF8 = "not_utf8"  # operator: a report
     INVALID_REPORT = "invalid_report"  # operator
+    INVALID_BEAT = "invalid_beat"  # operator: a beat that is no `netval.model.beat.Beat`
     NODE_MISMATCH = "node_mismatch"  # operator: a report speaks for another node
     VALIDATION_MISMATCH = "validation_mismatch"  # operator
     BAD_STATE = "bad_state"  # operator: neither online nor offline
@@ -38,6 +39,8 @@ class DropReason(StrEnum):
 class TopicKind(StrEnum):
     REPORT = "report"  # agent -> operator, retained JSON report
     STATE = "state"  # agent -> operator, retained online/offline (last will)
+    # agent -> operator, retained netval.model.beat.Beat (QoS 0): the standing report holds
+    BEAT = "beat"
     ENDPOINT = "endpoint"  # agent -> agents, retained east-west responder announcement
     ASSIGNMENT = "assignment"  # operator -> agent, retained {"domain": ...}
     # NetworkLoadTest (netval.model.loadplan). Under the node's own level like the others, so

@@ -12,8 +12,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from netval.model.loadtest import RunPhase
+from netval.model.topics import DropReason
 from netval.operator.ingest.decode import INGEST_DROP_REASONS
 from netval.operator.loadtest.runner import RESULT_OUTCOMES
+from netval.operator.state.beats import BeatOutcome
 from netval.operator.status.event_budget import SUMMARISED_REASONS
 
 if TYPE_CHECKING:
@@ -38,6 +40,27 @@ class _RuntimeCollector(Collector):
         for reason in INGEST_DROP_REASONS:
             dropped.add_metric([reason.value], stats.dropped.get(reason, 0))
         yield dropped
+        beats = CounterMetricFamily(
+            "netval_operator_beats",
+            "Beats received, by what they did: matched (the report holds: freshness"
+            " refreshed), mismatched (the report is unconfirmed until the next), no_report,"
+            " out_of_order, parked (validation not known yet), invalid (not decoded)",
+            labels=["outcome"],
+        )
+        for outcome in BeatOutcome:
+            beats.add_metric([outcome.value], stats.beats.get(outcome.value, 0))
+        beats.add_metric(["invalid"], stats.dropped.get(DropReason.INVALID_BEAT, 0))
+        yield beats
+        writes = CounterMetricFamily(
+            "netval_operator_api_writes",
+            "Kubernetes API writes by kind: node_patch (fabric label, taint, topology labels),"
+            " status_patch, event; steady state writes no Node and one status per resync",
+            labels=["kind"],
+        )
+        writes.add_metric(["node_patch"], rt.gating.writes + rt.topology_labels.writes)
+        writes.add_metric(["status_patch"], rt.status.writes)
+        writes.add_metric(["event"], rt.events.posted)
+        yield writes
         yield GaugeMetricFamily(
             "netval_operator_mqtt_connected", "1 while subscribed", value=int(stats.connected)
         )
@@ -67,8 +90,9 @@ class _RuntimeCollector(Collector):
         )
         parked = CounterMetricFamily(
             "netval_operator_parked_dropped",
-            "Reports (pending) and states (offline_pending) for unknown validations dropped"
-            " because the table was full (reports: 100,000 entries or 64 MiB)",
+            "Reports (pending), states (offline_pending) and beats (beats_pending) for unknown"
+            " validations dropped because the table was full (reports: 100,000 entries or"
+            " 64 MiB)",
             labels=["table"],
         )
         for table, count in sorted(rt.store.dropped.items()):
@@ -77,7 +101,9 @@ class _RuntimeCollector(Collector):
         yield GaugeMetricFamily(
             "netval_operator_parked",
             "Reports and states held for validations not known yet",
-            value=len(rt.store.pending) + len(rt.store.offline_pending),
+            value=len(rt.store.pending)
+            + len(rt.store.offline_pending)
+            + len(rt.store.beats_pending),
         )
         yield GaugeMetricFamily(
             "netval_operator_parked_bytes",

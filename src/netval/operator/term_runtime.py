@@ -91,6 +91,7 @@ class OperatorRuntime:
             on_load_result=self.loadtests.on_result,
             on_report=self.on_report,
             on_state=self.store.on_state,
+            on_beat=self.store.ingest_beat,
             on_replayed=self.store.note_replay,
             deleted=self.store.is_deleted,
             tracer=self.tracer,

@@ -45,7 +45,7 @@ def node_of_client(username: str) -> str | None:
 
 def node_acls(node: str, validations: Iterable[str]) -> list[dict[str, Any]]:
     """In each validation that targets it, a node writes its own report, state (its will
-    included), endpoint and load-test results, and reads its own assignment, its own
+    included), beat, endpoint and load-test results, and reads its own assignment, its own
     load-test plan and its peers' endpoints. Nothing
     in a validation that does not target it (no `+` in the validation level): a node can
     neither fill a validation it is not part of with reports nor read its endpoints."""
@@ -58,6 +58,7 @@ def node_acls(node: str, validations: Iterable[str]) -> list[dict[str, Any]]:
             for kind in (
                 TopicKind.REPORT,
                 TopicKind.STATE,
+                TopicKind.BEAT,  # its beats (issue 23), retained like the report
                 TopicKind.ENDPOINT,
                 TopicKind.LOAD_RESULT,  # NetworkLoadTest: its own results only
             )

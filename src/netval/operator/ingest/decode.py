@@ -15,6 +15,7 @@ from typing import Final
 
 from pydantic import ValidationError
 
+from netval.model.beat import MAX_BEAT_BYTES, Beat
 from netval.model.results import Report
 from netval.model.topics import (
     MAX_REPORT_BYTES,
@@ -34,6 +35,7 @@ INGEST_DROP_REASONS: Final = (
     DropReason.TOO_LARGE,
     DropReason.NOT_UTF8,
     DropReason.INVALID_REPORT,
+    DropReason.INVALID_BEAT,
     DropReason.NODE_MISMATCH,
     DropReason.VALIDATION_MISMATCH,
     DropReason.BAD_STATE,
@@ -54,7 +56,17 @@ class StateChange:
     online: bool
 
 
-Decoded = Report | StateChange | Dropped | None
+@dataclass(frozen=True, slots=True)
+class BeatMessage:
+    """A validated beat from the node of its topic (the topic names the node: a beat has no
+    node field to disagree with it)."""
+
+    validation: str
+    node: str
+    beat: Beat
+
+
+Decoded = Report | StateChange | BeatMessage | Dropped | None
 
 
 def decode_message(topic_name: str, payload: bytes, *, now: datetime | None = None) -> Decoded:
@@ -65,6 +77,8 @@ def decode_message(topic_name: str, payload: bytes, *, now: datetime | None = No
         return Dropped(DropReason.BAD_TOPIC, f"unexpected topic {topic_name[:200]!r}")
     if parsed.kind is TopicKind.STATE:
         return _decode_state(parsed, payload)
+    if parsed.kind is TopicKind.BEAT:
+        return _decode_beat(parsed, payload, now or datetime.now(UTC))
     if parsed.kind is not TopicKind.REPORT:
         return None
     if not payload:
@@ -95,6 +109,20 @@ def decode_message(topic_name: str, payload: bytes, *, now: datetime | None = No
             f"report on validation {parsed.validation}'s topic claims {report.validation!r}",
         )
     return report
+
+
+def _decode_beat(parsed: ParsedTopic, payload: bytes, now: datetime) -> Decoded:
+    if not payload:
+        return None  # the retained beat cleared
+    if len(payload) > MAX_BEAT_BYTES:
+        return Dropped(DropReason.TOO_LARGE, f"beat of {len(payload)} bytes from {parsed.node}")
+    try:
+        beat = Beat.model_validate_json(payload, context={"now": now})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(payload)"
+        return Dropped(DropReason.INVALID_BEAT, f"beat from {parsed.node}: {where}: {err['msg']}")
+    return BeatMessage(parsed.validation, parsed.node, beat)
 
 
 def _decode_state(parsed: ParsedTopic, payload: bytes) -> Decoded:

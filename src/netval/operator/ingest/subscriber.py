@@ -1,4 +1,4 @@
-"""MQTT ingest: one subscription for every agent's report and state topics.
+"""MQTT ingest: one subscription for every agent's report, state and beat topics.
 
 NetworkLoadTest results (`loadresult` topics) are subscribed to on the same connection when
 a taker is given (`on_load_result`) and handed over undecoded, by topic: the load-test
@@ -38,7 +38,7 @@ from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.telemetry import process_span
 from netval.model.results import Report
 from netval.model.topics import DropReason, TopicKind, parse_topic, subscription
-from netval.operator.ingest.decode import Dropped, StateChange, decode_message
+from netval.operator.ingest.decode import BeatMessage, Dropped, StateChange, decode_message
 from netval.operator.leadership.fence import WRITE_FENCE
 
 log = logging.getLogger("netval.operator.ingest")
@@ -71,6 +71,9 @@ class IngestStats:
     def __init__(self) -> None:
         self.reports = 0
         self.states = 0
+        # valid beats by what they did (netval.operator.state.beats.BeatOutcome values);
+        # invalid ones are `dropped[DropReason.INVALID_BEAT]`
+        self.beats: Counter[str] = Counter()
         self.dropped: Counter[DropReason] = Counter()
         self.connected = False
         self.reconnects = 0
@@ -124,6 +127,7 @@ class ReportIngest:
         *,
         on_report: Callable[[Report, bool], None],
         on_state: Callable[[StateChange], None],
+        on_beat: Callable[[BeatMessage, bool], object] = lambda message, retained: None,
         on_replayed: Callable[[frozenset[ReplayKey]], None] = lambda keys: None,
         deleted: Callable[[str], bool] = lambda validation: False,
         on_load_result: Callable[[str, str, bytes], None] | None = None,
@@ -136,6 +140,7 @@ class ReportIngest:
         self._tracer = tracer or trace.NoOpTracer()  # CONSUMER spans, netval.infra.telemetry
         self.on_report = on_report
         self.on_state = on_state
+        self.on_beat = on_beat  # returns what the beat did (counted by its str), or None
         self.on_replayed = on_replayed
         # a validation deleted moments ago: what its agents still publish is cleared
         self.deleted = deleted
@@ -251,7 +256,9 @@ class ReportIngest:
             decoded = decode_message(topic_name, payload)
             if isinstance(decoded, Dropped):
                 self.stats.drop(decoded)
-            elif isinstance(decoded, Report | StateChange) and self.deleted(decoded.validation):
+            elif isinstance(decoded, Report | StateChange | BeatMessage) and self.deleted(
+                decoded.validation
+            ):
                 if payload:
                     self.stats.cleared_late += 1
                     self.clear_retained([topic_name])
@@ -263,6 +270,9 @@ class ReportIngest:
             elif isinstance(decoded, StateChange):
                 self.on_state(decoded)
                 self.stats.states += 1
+            elif isinstance(decoded, BeatMessage):
+                outcome = self.on_beat(decoded, retained)
+                self.stats.beats[str(outcome) if outcome is not None else "received"] += 1
         except Exception as exc:
             self.stats.internal_error(topic_name, exc)
 
@@ -304,7 +314,13 @@ class ReportIngest:
             self.replayed = set()
             self._replaying = True
             self._live_seen = False
-            topics = [(subscription(TopicKind.REPORT), 1), (subscription(TopicKind.STATE), 1)]
+            # in this order: the broker replays each filter's retained messages in turn, so
+            # a node's report comes before its beat (a beat first is kept until it does)
+            topics = [
+                (subscription(TopicKind.REPORT), 1),
+                (subscription(TopicKind.STATE), 1),
+                (subscription(TopicKind.BEAT), 1),
+            ]
             if self.on_load_result is not None:
                 topics.append((subscription(TopicKind.LOAD_RESULT), 1))
             await client.subscribe(topics)

@@ -56,6 +56,8 @@ def compute_status(
                 last_report = rec.reported_at
             if node in state.offline:
                 stale.append((node, "offline"))
+            elif rec.unconfirmed:
+                stale.append((node, "a beat contradicts its last report; awaiting the next"))
             elif now - rec.reported_at > window:
                 stale.append((node, f"last report {_ago(now - rec.reported_at)} ago"))
             else:

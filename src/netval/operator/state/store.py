@@ -19,8 +19,9 @@ from netval.model.spec import AdmissionMode, AdmissionPolicy, NetworkValidationS
 from netval.model.status import ConditionType, NetworkValidationStatus
 from netval.operator.consistency.ingest import configure_spec, fold_report
 from netval.operator.gating.decisions import has_fabric_taint
-from netval.operator.ingest.decode import StateChange
+from netval.operator.ingest.decode import BeatMessage, StateChange
 from netval.operator.state import validation as vs
+from netval.operator.state.beats import BeatOutcome, ingest_beat
 from netval.operator.state.node_labels import kept_labels, referenced_keys
 from netval.operator.state.validation import IngestResult, NodeHealth, ValidationState
 
@@ -139,7 +140,9 @@ class Store:
         # arrive before Kopf resumes the CRs after a restart).
         self.pending: dict[tuple[str, str], _Pending] = {}
         self.offline_pending: dict[tuple[str, str], tuple[bool, datetime]] = {}
-        self.dropped: dict[str, int] = {"pending": 0, "offline_pending": 0}
+        # the newest beat per node of a validation not known yet: (beat, retained, received)
+        self.beats_pending: dict[tuple[str, str], tuple[BeatMessage, bool, datetime]] = {}
+        self.dropped: dict[str, int] = {"pending": 0, "offline_pending": 0, "beats_pending": 0}
         self.pending_bytes = 0
         # the (validation, node) keys of the last retained replay, and its number
         self.replayed: frozenset[tuple[str, str]] = frozenset()
@@ -171,6 +174,19 @@ class Store:
         if result.stored:
             fold_report(state, report, self.specs.get(report.validation), self.node_labels, now)
         return result
+
+    def ingest_beat(self, message: BeatMessage, retained: bool) -> BeatOutcome:
+        """A beat (`netval.operator.state.beats`); parked like a report while its validation
+        is unknown (a restart's replay comes before Kopf resumes the CRs)."""
+        state = self.states.get(message.validation)
+        key = (message.validation, message.node)
+        if state is None:
+            if key in self.beats_pending or len(self.beats_pending) < PENDING_LIMIT:
+                self.beats_pending[key] = (message, retained, utcnow())
+            else:
+                self.dropped["beats_pending"] += 1
+            return BeatOutcome.PARKED
+        return ingest_beat(state, message.node, message.beat, utcnow(), retained=retained)
 
     def on_state(self, change: StateChange) -> None:
         state = self.states.get(change.validation)
@@ -226,6 +242,9 @@ class Store:
         for key in [k for k in self.offline_pending if k[0] == name]:
             online, at = self.offline_pending.pop(key)
             (vs.node_online if online else vs.node_offline)(state, key[1], at)
+        for key in [k for k in self.beats_pending if k[0] == name]:
+            message, retained, at = self.beats_pending.pop(key)
+            ingest_beat(state, key[1], message.beat, at, retained=retained)
         self.on_targets_changed()
         return state
 
@@ -267,6 +286,9 @@ class Store:
         for key in [k for k in self.offline_pending if k[0] == name]:
             nodes.add(key[1])
             del self.offline_pending[key]
+        for key in [k for k in self.beats_pending if k[0] == name]:
+            nodes.add(key[1])
+            del self.beats_pending[key]
         tables = (self.states, self.selectors, self.specs, self.bodies, self.previous)
         for table in (*tables, self.load_runs):
             table.pop(name, None)
@@ -299,6 +321,10 @@ class Store:
             if key[0] not in self.states and (now - at).total_seconds() >= grace:
                 out.setdefault(key[0], set()).add(key[1])
                 del self.offline_pending[key]
+        for key, (_, _, at) in list(self.beats_pending.items()):
+            if key[0] not in self.states and (now - at).total_seconds() >= grace:
+                out.setdefault(key[0], set()).add(key[1])
+                del self.beats_pending[key]
         return out
 
     def is_deleted(self, name: str) -> bool:

@@ -10,7 +10,9 @@ Semantics (the contract the operator and the tests rely on):
 
 - Freshness. A node is *fresh* when its latest accepted report was received within
   ``STALE_AFTER_INTERVALS`` (3) intervals (age <= 3 x interval) and its retained state is not
-  ``offline``; ``offline`` makes it stale at once. The time is the operator's receive time,
+  ``offline``; ``offline`` makes it stale at once. A beat whose digest matches the stored
+  report counts as that report received again (`netval.operator.state.beats`); one that does
+  not match makes the stored report *unconfirmed*: stale until the node's next report. The time is the operator's receive time,
   not the agent's clock; for a *retained* message (replayed by the broker after the operator
   (re)subscribes, so its receive time says nothing) it is the report's own end time
   (startedAt + durationMs, capped at now), so a long-dead node does not look fresh after an
@@ -57,8 +59,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
+from netval.model.beat import report_digest
 from netval.model.ids import CheckGroup, Status, worst
 from netval.model.results import CheckResult, Report
 from netval.model.status import NetworkValidationStatus
@@ -71,6 +74,9 @@ from netval.operator.state.node_verdicts import apply_fleet_verdict, settle_flee
 from netval.operator.state.node_verdicts import truncate_failure as _truncate
 from netval.operator.topology.agreement import NetdevView, netdev_views
 from netval.operator.topology.routed import RouteView, route_view
+
+if TYPE_CHECKING:
+    from netval.operator.state.beats import BeatAhead
 
 STALE_AFTER_INTERVALS: Final = 3
 
@@ -135,6 +141,11 @@ class NodeRecord:
         tuple[Status, tuple[tuple[str, int], ...], tuple[FailureKey, ...], tuple[str, ...]] | None
     ) = None
     folded: dict[str, tuple[Status | None, tuple[FailureKey, ...]]] = field(default_factory=dict)
+    # beats (issue 23): the report's material digest (netval.model.beat.report_digest), the
+    # newest beat counted for it, and whether a beat contradicted it (then it is not fresh)
+    digest: str = ""
+    beat_seq: int = -1
+    unconfirmed: bool = False
 
 
 @dataclass(slots=True)
@@ -159,6 +170,8 @@ class ValidationState:
     # fleet consistency (issue 22): fingerprints, cohorts, and each node's verdict
     fleet: Fleet = field(default_factory=Fleet)
     fleet_verdicts: dict[str, NodeVerdict] = field(default_factory=dict)
+    # node -> its newest beat that matched no stored report (netval.operator.state.beats)
+    beats_ahead: dict[str, BeatAhead] = field(default_factory=dict)
 
     @property
     def stale_after(self) -> timedelta:
@@ -281,6 +294,10 @@ def ingest_report(
         state.offline.pop(node, None)  # a live report: the agent is evidently running
     hints = state.since_hints.pop(node, None)
     rec = state.nodes[node] = _digest(report, reported_at, stored, hints)
+    if state.beats_ahead:
+        from netval.operator.state.beats import apply_beat_ahead  # it imports this module
+
+        apply_beat_ahead(state, rec)
     verdict = state.fleet_verdicts.get(node)
     if verdict is not None:
         apply_fleet_verdict(rec, node, verdict, stored.failing_since if stored else {}, reported_at)
@@ -325,6 +342,7 @@ def forget_node(state: ValidationState, node: str) -> None:
     state.targeted.discard(node)
     state.targeted_since.pop(node, None)
     state.since_hints.pop(node, None)
+    state.beats_ahead.pop(node, None)
     fleet_forget(state.fleet, node)
     state.fleet_verdicts.pop(node, None)
     if known:
@@ -368,6 +386,8 @@ def next_deadline(state: ValidationState, now: datetime) -> datetime | None:
         if node in state.offline:
             continue
         rec = state.nodes.get(node)
+        if rec is not None and rec.unconfirmed:
+            continue  # stale already, until its next report
         start = rec.reported_at if rec is not None else grace_start(state, node)
         at = start + window
         if at >= now and (best is None or at < best):
@@ -433,6 +453,7 @@ def _digest(
         topology=netdev_views(report.topology) if report.topology is not None else None,
         routes=route_view(report.topology) if report.topology is not None else None,
         node_name=node,
+        digest=report_digest(report),
     )
     from netval.operator.topology.nodes import carry_over  # it imports this module
 
@@ -441,7 +462,11 @@ def _digest(
 
 
 def _fresh(state: ValidationState, node: str, rec: NodeRecord, now: datetime) -> bool:
-    return node not in state.offline and now - rec.reported_at <= state.stale_after
+    return (
+        not rec.unconfirmed
+        and node not in state.offline
+        and now - rec.reported_at <= state.stale_after
+    )
 
 
 def grace_start(state: ValidationState, node: str) -> datetime:

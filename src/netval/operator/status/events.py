@@ -45,6 +45,7 @@ class Events:
         self._budgets: dict[str, budget.Budget] = {}
         self._queued: list[tuple[str, str, str, str]] = []
         self.dropped = 0  # queued Events dropped because the queue was full
+        self.posted = 0  # Events the API accepted (netval_operator_api_writes{kind="event"})
         # transitions counted in a summary instead of posted, by reason (a metric)
         self.suppressed: Counter[EventReason] = Counter()
 
@@ -110,5 +111,6 @@ class Events:
         }
         try:
             await self.kube.post_event(involved, type=type_, reason=reason, message=message)
+            self.posted += 1
         except Exception as exc:
             log.warning("could not post event for %s: %s", name, error_text(exc))

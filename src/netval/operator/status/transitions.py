@@ -105,7 +105,9 @@ def observe(state: ValidationState, now: datetime) -> dict[str, Seen]:
         if rec is None:
             continue  # awaiting or never reported: nothing was said about it
         age = now - rec.reported_at
-        if age > window:
+        if rec.unconfirmed:
+            seen[node] = Seen(stale="a beat contradicts its last report")
+        elif age > window:
             seen[node] = Seen(stale=f"no report for {int(age.total_seconds())}s")
         elif rec.status.severity >= Status.FAIL.severity and rec.failures:
             first: dict[str, str] = {}
