@@ -277,12 +277,54 @@ def test_endpoint_and_assignment_payloads_are_validated_dropped_and_counted() ->
     assert svc.dropped[DropReason.INVALID_ASSIGNMENT] == 1
     assert svc.dropped[DropReason.BAD_TOPIC] == 2
     announced = [json.loads(p) for s, p in published if s == "endpoint" and p]
-    assert announced == [
-        {"address": "127.0.0.1", "port": 7471, "domain": None},
-        {"address": "127.0.0.1", "port": 7471, "domain": "rack-7"},
-    ]
+    assert announced == [{"address": "127.0.0.1", "port": 7471, "domain": "rack-7"}]
     assert published[-1] == ("endpoint", b"")  # cleared on close
     assert svc.subscriptions == ("netval/v1/v/+/endpoint", "netval/v1/v/a/assignment")
+
+
+def test_the_endpoint_is_announced_only_once_the_assignment_is_known() -> None:
+    """Issue 24's flake: a responder ready before the operator's retained assignment arrived
+    announced `domain: null`, and a peer probing in that gap reported the pair with the
+    wrong domain. The announcement now waits for the assignment, whatever the order."""
+    port = mosquitto.free_port()
+    a = service("node-a", "127.0.0.1", port)
+    b = service("node-b", "127.0.0.2", port)
+    to_b = b.handle
+    sent: list[bytes] = []
+
+    def publish(suffix: str, payload: bytes) -> None:
+        sent.append(payload)
+        to_b(f"netval/v1/v/node-a/{suffix}", payload)
+
+    async def scenario() -> tuple[list[Any], list[Any]]:
+        await a.start(publish)  # responder up, no assignment yet: nothing announced
+        assert a.responder is not None and sent == [] and b.endpoints == {}
+        b.handle("netval/v1/v/node-b/assignment", b'{"domain": "rack-1"}')
+        before = await b.probe_cycle(0)  # b knows no peer: it cannot probe a stale one
+        a.handle("netval/v1/v/node-a/assignment", b'{"domain": "rack-1"}')
+        try:
+            return before, await b.probe_cycle(1)
+        finally:
+            await a.close()
+            await b.close()
+
+    before, after = run(scenario())
+    assert [(r.subject, r.status) for r in before] == [("node-b", Status.SKIP)]
+    assert [json.loads(p)["domain"] for p in sent if p] == ["rack-1"]
+    assert {r.observed["domain"] for r in after} == {"rack-1"}
+    assert {r.subject for r in after} == {"node-a"}
+    # an empty assignment (domain unknown to the operator) is an assignment too
+    c = service("node-c", "127.0.0.3", port)
+    announced: list[bytes] = []
+
+    async def unassigned() -> None:
+        await c.start(lambda _suffix, payload: announced.append(payload))
+        assert announced == []
+        c.handle("netval/v1/v/node-c/assignment", b"{}")
+        await c.close()
+
+    run(unassigned())
+    assert json.loads(announced[0])["domain"] is None and announced[-1] == b""
 
 
 def test_two_services_announce_probe_each_other_and_sample_throughput() -> None:
@@ -384,6 +426,8 @@ def test_the_runner_adds_peer_results_in_their_own_span_and_reuses_them_for_even
     async def scenario() -> tuple[Report, Report]:
         await a.start(lambda s, p: b.handle(f"netval/v1/v/node-a/{s}", p))
         await b.start(lambda s, p: a.handle(f"netval/v1/v/node-b/{s}", p))
+        for svc in (a, b):  # the operator's assignment lets each announce itself
+            svc.handle(f"netval/v1/v/{svc.node}/assignment", b"{}")
         try:
             with LiveCollector(interfaces=["lo"]) as collector:
                 runner = ProbeRunner(

@@ -3,7 +3,8 @@
 - `start()` finds the fabric address (the first address of `peers.interface`, by default of
   the first RDMA netdev), starts the `PeerResponder` there on `peers.port`, and announces it
   retained on ``netval/v1/<validation>/<node>/endpoint`` as ``{address, port, domain}``
-  through the report publisher's connection. Until an address is found, every cycle tries
+  through the report publisher's connection, once the operator's assignment has arrived
+  (never with a domain about to change: a peer would probe and report the wrong pair). Until an address is found, every cycle tries
   again and reports one `skip` result with the reason.
 - The publisher's subscriptions (`subscriptions`, `on_message`) bring every node's endpoint
   of this validation and this node's ``assignment`` (``{"domain": ...}``, published retained
@@ -109,6 +110,10 @@ class PeerService:
             topic(validation, node, TopicKind.ASSIGNMENT),
         )
         self.domain: str | None = None
+        # the operator's assignment arrived (it may say domain None): announcing before it
+        # would publish a domain that is about to change, and a peer probing in that gap
+        # reports the wrong domain pair (issue 24's flake)
+        self.assigned = False
         self.interface: str | None = None
         self.address: str | None = None
         self.responder: PeerResponder | None = None
@@ -178,7 +183,8 @@ class PeerService:
                 return
         else:
             domain = None
-        if domain != self.domain:
+        first, self.assigned = not self.assigned, True
+        if first or domain != self.domain:
             log.info("peer domain of %s: %r -> %r", self.node, self.domain, domain)
             self.domain = domain
             self._plan = None
@@ -258,6 +264,8 @@ class PeerService:
         return True
 
     def _announce(self) -> None:
+        if not self.assigned:
+            return  # see `assigned`; the assignment's arrival announces
         if self._publish is None or self.address is None or self.responder is None:
             return
         payload = json.dumps(
