@@ -38,8 +38,8 @@ class DropReason(StrEnum):
 class TopicKind(StrEnum):
     REPORT = "report"  # agent -> operator, retained JSON report
     STATE = "state"  # agent -> operator, retained online/offline (last will)
-    ENDPOINT = "endpoint"  # agent -> agents, retained east-west responder announcement
-    ASSIGNMENT = "assignment"  # operator -> agent, retained {"domain": ...}
+    ENDPOINT = "endpoint"  # agent -> operator, retained east-west responder announcement
+    ASSIGNMENT = "assignment"  # operator -> agent, retained (model.peer_assignment)
     # NetworkLoadTest (netval.model.loadplan). Under the node's own level like the others, so
     # the per-node ACL pattern covers them: a node reads only its own plan, publishes only
     # its own results.

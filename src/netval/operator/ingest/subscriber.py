@@ -1,4 +1,4 @@
-"""MQTT ingest: one subscription for every agent's report and state topics.
+"""MQTT ingest: one subscription for every agent's report, state and endpoint topics.
 
 Messages are decoded by `netval.operator.ingest.decode`; a dropped one is counted by reason
 and logged (rate-limited); whatever raises while a message is handled is an `internal_error`
@@ -33,7 +33,12 @@ from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.telemetry import process_span
 from netval.model.results import Report
 from netval.model.topics import DropReason, TopicKind, subscription
-from netval.operator.ingest.decode import Dropped, StateChange, decode_message
+from netval.operator.ingest.decode import (
+    Dropped,
+    EndpointAnnounce,
+    StateChange,
+    decode_message,
+)
 from netval.operator.leadership.fence import WRITE_FENCE
 
 log = logging.getLogger("netval.operator.ingest")
@@ -116,6 +121,7 @@ class ReportIngest:
         *,
         on_report: Callable[[Report, bool], None],
         on_state: Callable[[StateChange], None],
+        on_endpoint: Callable[[EndpointAnnounce], None] = lambda announce: None,
         on_replayed: Callable[[frozenset[ReplayKey]], None] = lambda keys: None,
         deleted: Callable[[str], bool] = lambda validation: False,
         backoff_base: float = 0.5,
@@ -127,6 +133,7 @@ class ReportIngest:
         self._tracer = tracer or trace.NoOpTracer()  # CONSUMER spans, netval.infra.telemetry
         self.on_report = on_report
         self.on_state = on_state
+        self.on_endpoint = on_endpoint  # the peer sets in the assignments (peer_sets)
         self.on_replayed = on_replayed
         # a validation deleted moments ago: what its agents still publish is cleared
         self.deleted = deleted
@@ -239,6 +246,8 @@ class ReportIngest:
             elif isinstance(decoded, StateChange):
                 self.on_state(decoded)
                 self.stats.states += 1
+            elif isinstance(decoded, EndpointAnnounce):
+                self.on_endpoint(decoded)
         except Exception as exc:
             self.stats.internal_error(topic_name, exc)
 
@@ -281,7 +290,11 @@ class ReportIngest:
             self._replaying = True
             self._live_seen = False
             await client.subscribe(
-                [(subscription(TopicKind.REPORT), 1), (subscription(TopicKind.STATE), 1)]
+                [
+                    (subscription(TopicKind.REPORT), 1),
+                    (subscription(TopicKind.STATE), 1),
+                    (subscription(TopicKind.ENDPOINT), 1),
+                ]
             )
             self.stats.sessions += 1
             sync = asyncio.create_task(self._mark_synced(client))
