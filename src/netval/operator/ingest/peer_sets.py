@@ -133,9 +133,8 @@ def _window(members: list[str], me: str, start: int, w: int) -> list[str]:
     return out
 
 
-def _others(names: list[str], mine: str, position: int, epoch: int) -> tuple[list[str], int]:
+def _others(others: list[str], position: int, epoch: int) -> tuple[list[str], int]:
     """The other domains of this epoch (see the module docstring) and the round."""
-    others = [d for d in names if d != mine]
     m = SET_DOMAINS - 1
     if len(others) <= m:
         return others, epoch
@@ -168,9 +167,12 @@ def peer_sets(
         for pair in schedule_from_groups(groups, slot):
             sampling.setdefault(pair.prober, []).append((slot, pair.target))
     out: dict[str, PeerSet] = {}
+    others_of: dict[str, list[str]] = {}  # one list per domain, not per node
     for node in targeted:
         mine = domains.get(node) or UNASSIGNED
-        others, round_ = _others(names, mine, position[node], epoch)
+        if mine not in others_of:
+            others_of[mine] = [d for d in names if d != mine]
+        others, round_ = _others(others_of[mine], position[node], epoch)
         chosen: dict[str, list[str]] = {}
         if mine in groups:
             chosen[mine] = _window(groups[mine], node, rank[node] + epoch * w, w)
