@@ -144,3 +144,44 @@ def test_assignments_carry_the_epoch_s_peer_set_and_fit_one_message() -> None:
     assert assignments(store, table, now + 1) == out
     later = assignments(store, table, now + EPOCH_CYCLES * 30)
     assert later[f"netval/v1/pool/{names[0]}/assignment"] != payload
+
+
+def test_the_operator_decodes_endpoints_for_the_table_and_bounds_them() -> None:
+    from netval.model.topics import DropReason
+    from netval.operator.ingest.decode import Dropped, EndpointAnnounce, decode_message
+
+    body = b'{"address": "10.0.0.1", "port": 7471}'
+    assert decode_message("netval/v1/v/gpu-a/endpoint", body) == EndpointAnnounce(
+        "v", "gpu-a", body
+    )
+    assert decode_message("netval/v1/v/gpu-a/endpoint", b"") == EndpointAnnounce("v", "gpu-a", b"")
+    big = decode_message("netval/v1/v/gpu-a/endpoint", b"x" * 5000)
+    assert isinstance(big, Dropped) and big.reason is DropReason.TOO_LARGE
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.one_of(
+        st.binary(max_size=300),
+        st.builds(
+            lambda peers, slots: json.dumps({"peers": peers, "throughput": slots}).encode(),
+            st.dictionaries(
+                st.text(max_size=70),
+                st.lists(st.tuples(st.text(max_size=5), st.text(max_size=12), st.integers())),
+                max_size=3,
+            ),
+            st.lists(st.tuples(st.integers(), st.text(max_size=5)), max_size=3),
+        ),
+    )
+)
+def test_the_agent_never_raises_on_an_assignment(payload: bytes) -> None:
+    """Untrusted on the agent's side too: dropped and counted, or taken whole."""
+    from netval.agent.peers.service import PeerService
+
+    svc = PeerService(
+        validation="v",
+        node="a",
+        spec=NetworkValidationSpec.model_validate({"checks": {"peers": {"enabled": True}}}),
+    )
+    svc.handle("netval/v1/v/a/assignment", payload)
+    assert sum(svc.dropped.values()) == 1 or svc.assigned
