@@ -9,6 +9,12 @@ fabric MTU of 9000. Every simulated node has its own loopback address 127.10.x.y
 routes all of 127.0.0.0/8 to lo), the way agents bind their own fabric address. Runs in
 about a minute on 2 cores.
 
+(Since issue 24 an agent selects within the peer set its assignment carries: its own domain
+and 7 others, `netval.operator.ingest.peer_sets`; at 4 and 16 domains below that is every
+domain at 100 nodes and 8 of 16 per epoch at 1,000. The selection here runs over the whole
+table, as before: per-cycle figures for up to 8 domains; bench/peer_endpoints.py measures
+the peer sets.)
+
 1. Selection (pure `netval.agent.peers.selection`, every node of the fabric): the plan each
    agent computes, then cycles simulated from cycle 0 until every ordered pair (a probed b)
    has been probed: peers and probe datagrams per node per cycle, probers per target per

@@ -36,8 +36,8 @@ NODE_A = ("gpu-a", "a-pw")
 METRIC_LINE = "netval_broker_acl_violations"
 
 # docs/operations.md "Broker ACL", in Mosquitto's syntax: the operator reads all and writes
-# assignments; a node writes its own report/state/endpoint, reads its assignment and peers'
-# endpoints.
+# assignments; a node writes its own report/state/endpoint and reads its assignment (which
+# carries its peers' endpoints).
 NETVAL_ACL = """\
 user netval-operator
 topic read netval/#
@@ -47,7 +47,6 @@ pattern write netval/v1/+/%u/report
 pattern readwrite netval/v1/+/%u/state
 pattern write netval/v1/+/%u/endpoint
 pattern read netval/v1/+/%u/assignment
-pattern read netval/v1/+/+/endpoint
 """
 # What a broker without per-node rules amounts to (and the chart's ACL before issue 13):
 # every netval identity may write every netval topic.

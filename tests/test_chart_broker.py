@@ -293,14 +293,12 @@ def _shared_login_rules(port: int, secrets: dict[str, str]) -> None:
             f"{base}/state": b"online",
             f"{base}/endpoint": b'{"port": 7471}',
         }
-        # Agents read assignments and their peers' endpoints, not other agents' reports.
+        # Agents read assignments (their peers' endpoints inside: issue 24), not other
+        # agents' endpoints or reports.
         agent.subscribe("netval/v1/roce-training-pool/+/assignment", wait=0)
         agent.subscribe("netval/v1/roce-training-pool/+/endpoint", wait=0)
         got = agent.subscribe("netval/v1/roce-training-pool/+/report")
-        assert got == {
-            f"{base}/assignment": b'{"domain": "zone-a"}',
-            f"{base}/endpoint": b'{"port": 7471}',
-        }
+        assert got == {f"{base}/assignment": b'{"domain": "zone-a"}'}
     finally:
         for client in clients:
             client.close()

@@ -458,8 +458,8 @@ def test_east_west_assignments_and_matrix(
     operator: tuple[OperatorRuntime, InMemorySpanExporter],
     mosquitto_broker: MosquittoBroker,
 ) -> None:
-    """The operator tells each agent its topology domain and folds peer results into
-    status.eastWest."""
+    """The operator tells each agent its topology domain and its peer set (the endpoints the
+    other agents announced, issue 24) and folds peer results into status.eastWest."""
     cluster.patch(
         "v1", "nodes", "gpu-c", {"metadata": {"labels": {"topology.kubernetes.io/zone": "rack-2"}}}
     )
@@ -481,14 +481,32 @@ def test_east_west_assignments_and_matrix(
                     async for msg in client.messages:
                         node = msg.topic.value.split("/")[3]
                         found[node] = json.loads(bytes(msg.payload))  # type: ignore[arg-type]
-                        if found == expected:
+                        if domains(found) == expected:
                             break
         return found
+
+    def domains(found: dict[str, Any]) -> dict[str, Any]:
+        return {node: {"domain": doc.get("domain")} for node, doc in found.items()}
 
     # the relabelled nodes may first be assigned their old domain: wait for the new ones
     expected = {"gpu-a": {"domain": "rack-1"}, "gpu-b": {"domain": "rack-1"},
                 "gpu-c": {"domain": "rack-2"}, "gpu-d": {"domain": "rack-2"}}  # fmt: skip
-    wait_for(lambda: asyncio.run(assignments()) == expected, what=f"assignments {expected}")
+    wait_for(lambda: domains(asyncio.run(assignments())) == expected, what=f"{expected}")
+    # no agent announced itself: empty peer sets; then two do, and each gets the other
+    assert all(doc["peers"] == {} for doc in asyncio.run(assignments()).values())
+    publish(mosquitto_broker, [
+        ("netval/v1/pool-a/gpu-b/endpoint", b'{"address": "10.0.0.2", "port": 7471}'),
+        ("netval/v1/pool-a/gpu-c/endpoint", b'{"address": "10.0.0.3", "port": 7471}'),
+    ])  # fmt: skip
+    want = {"gpu-a": {"rack-1": [["gpu-b", "10.0.0.2", 7471]], "rack-2": [["gpu-c", "10.0.0.3", 7471]]},
+            "gpu-b": {"rack-2": [["gpu-c", "10.0.0.3", 7471]]},
+            "gpu-c": {"rack-1": [["gpu-b", "10.0.0.2", 7471]]}}  # fmt: skip
+
+    def peer_sets() -> dict[str, Any]:
+        found = asyncio.run(assignments())
+        return {n: d["peers"] for n, d in found.items() if n != "gpu-d"}
+
+    wait_for(lambda: peer_sets() == want, what=f"peer sets {want}")
 
     # peer results: intra-rack at 400 Mbit/s, cross-rack at 100: a 4:1 capacity ratio
     def peer_report(node: str, peers: dict[str, float]) -> Any:

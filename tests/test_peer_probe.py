@@ -240,49 +240,98 @@ def service(node: str, address: str, port: int, **kw: Any) -> PeerService:
     )
 
 
-def test_endpoint_and_assignment_payloads_are_validated_dropped_and_counted() -> None:
+def assignment(
+    domain: str | None,
+    peers: dict[str, list[tuple[str, str, int]]] | None = None,
+    throughput: list[tuple[int, str]] | None = None,
+    epoch: int = 0,
+) -> bytes:
+    """What the operator publishes (netval.operator.ingest.peer_sets)."""
+    doc = {"domain": domain, "epoch": epoch, "peers": peers or {}, "throughput": throughput or []}
+    return json.dumps(doc).encode()
+
+
+def test_the_assignment_is_validated_dropped_and_counted_and_the_only_subscription() -> None:
     published: list[tuple[str, bytes]] = []
     svc = service("a", "127.0.0.1", 7471)
     h = svc.handle
+    assert svc.subscriptions == ("netval/v1/v/a/assignment",)  # no other node's endpoint
     h("netval/v1/v/b/endpoint", b'{"address": "10.0.0.2", "port": 7471, "domain": "r1"}')
-    h("netval/v1/v/c/endpoint", b'{"address": "fd00::3", "port": 7471, "extra": 1}')
-    h("netval/v1/v/d/endpoint", b'{"address": "not-an-ip", "port": 7471}')
-    h("netval/v1/v/e/endpoint", b'{"address": "10.0.0.5", "port": 0}')
-    h("netval/v1/v/f/endpoint", b"\xff\xfe")
-    h(
-        "netval/v1/v/g/endpoint",
-        json.dumps({"address": "10.0.0.7", "port": 1, "domain": "x" * 64}).encode(),
-    )
-    h("netval/v1/v/h/endpoint", b"{" + b" " * 5000 + b"}")
-    h("netval/v1/other/b/endpoint", b'{"address": "10.0.0.9", "port": 7471}')
-    h("netval/v1/v/a/endpoint", b'{"address": "10.9.9.9", "port": 7471}')  # ourselves
-    assert svc.endpoints.keys() == {"b", "c"}
-    assert svc.endpoints["b"].domain == "r1" and svc.endpoints["c"].address == "fd00::3"
-    assert svc.dropped[DropReason.INVALID_ENDPOINT] == 4
-    assert svc.dropped[DropReason.TOO_LARGE] == 1
-    assert svc.dropped[DropReason.BAD_TOPIC] == 1
-    h("netval/v1/v/b/endpoint", b'{"address": "10.0.0.2"}')  # a bad update removes the entry
-    h("netval/v1/v/c/endpoint", b"")  # cleared: the agent left
-    assert svc.endpoints == {}
+    assert svc.endpoints == {} and svc.dropped[DropReason.BAD_TOPIC] == 1
+    good = {
+        "r1": [("b", "10.0.0.2", 7471), ("a", "127.0.0.1", 7471)],  # ourselves: skipped
+        "": [("c", "fd00::3", 7471)],  # a node without a known domain
+    }
 
     async def assign() -> None:
         await svc.start(lambda suffix, payload: published.append((suffix, payload)))
-        h("netval/v1/v/a/assignment", b'{"domain": "rack-7"}')
+        h("netval/v1/v/a/assignment", assignment("rack-7", good, [(5, "b")]))
         h("netval/v1/v/a/assignment", b'{"domain": 7}')  # invalid: kept rack-7
+        h("netval/v1/v/a/assignment", b'{"peers": {"r1": [["d", "not-an-ip", 1]]}}')
+        h("netval/v1/v/a/assignment", b'{"peers": {"r1": [["d", "10.0.0.4", 0]]}}')
+        h("netval/v1/v/a/assignment", b"\xff\xfe")
+        h("netval/v1/v/a/assignment", b"{" + b" " * (1 << 20) + b"}")
         h("netval/v1/v/b/assignment", b'{"domain": "not-for-us"}')
         await svc.close()
 
     run(assign())
     assert svc.domain == "rack-7"
-    assert svc.dropped[DropReason.INVALID_ASSIGNMENT] == 1
+    assert svc.endpoints.keys() == {"b", "c"}
+    assert svc.endpoints["b"].domain == "r1" and svc.endpoints["c"].domain is None
+    assert svc.endpoints["c"].address == "fd00::3"
+    assert svc.dropped[DropReason.INVALID_ASSIGNMENT] == 4
+    assert svc.dropped[DropReason.TOO_LARGE] == 1
     assert svc.dropped[DropReason.BAD_TOPIC] == 2
     announced = [json.loads(p) for s, p in published if s == "endpoint" and p]
-    assert announced == [
-        {"address": "127.0.0.1", "port": 7471, "domain": None},
-        {"address": "127.0.0.1", "port": 7471, "domain": "rack-7"},
-    ]
+    assert announced == [{"address": "127.0.0.1", "port": 7471, "domain": "rack-7"}]
     assert published[-1] == ("endpoint", b"")  # cleared on close
-    assert svc.subscriptions == ("netval/v1/v/+/endpoint", "netval/v1/v/a/assignment")
+    # the next epoch's set replaces the table; an empty assignment empties it
+    h("netval/v1/v/a/assignment", assignment("rack-7", {"r1": [("e", "10.0.0.5", 7)]}, epoch=1))
+    assert svc.endpoints.keys() == {"e"} and svc.epoch == 1
+    h("netval/v1/v/a/assignment", b"")
+    assert svc.endpoints == {} and svc.domain is None
+
+
+def test_the_endpoint_is_announced_only_once_the_assignment_is_known() -> None:
+    """Issue 24's flake: a responder ready before the operator's retained assignment arrived
+    announced `domain: null`, and a peer probing in that gap reported the pair with the
+    wrong domain. The announcement now waits for the assignment, whatever the order."""
+    port = mosquitto.free_port()
+    a = service("node-a", "127.0.0.1", port)
+    sent: list[bytes] = []
+
+    async def scenario() -> None:
+        await a.start(lambda _suffix, payload: sent.append(payload))
+        assert a.responder is not None and sent == []  # responder up, nothing announced
+        a.handle("netval/v1/v/node-a/assignment", assignment("rack-1"))
+        a.handle("netval/v1/v/node-a/assignment", assignment("rack-1", epoch=1))
+        await a.close()
+
+    run(scenario())
+    assert [json.loads(p)["domain"] for p in sent if p] == ["rack-1"]
+    assert sent[-1] == b""
+    # an assignment without a domain (no label on the node) is an assignment too
+    c = service("node-c", "127.0.0.3", port)
+    announced: list[bytes] = []
+
+    async def unassigned() -> None:
+        await c.start(lambda _suffix, payload: announced.append(payload))
+        assert announced == []
+        c.handle("netval/v1/v/node-c/assignment", b"{}")
+        await c.close()
+
+    run(unassigned())
+    assert json.loads(announced[0])["domain"] is None and announced[-1] == b""
+
+
+def pair_assignments(a: PeerService, b: PeerService, domain: str, slot: int | None = None) -> None:
+    """The operator's assignments for two services that announced themselves (the peers'
+    domain is the operator's view, never the announcement's)."""
+    for me, peer in ((a, b), (b, a)):
+        assert peer.address is not None and peer.responder is not None, peer.not_ready
+        entry = (peer.node, peer.address, peer.responder.udp_port)
+        slots = [(slot, peer.node)] if slot is not None and me is a else []
+        me.handle(f"netval/v1/v/{me.node}/assignment", assignment(domain, {domain: [entry]}, slots))
 
 
 def test_two_services_announce_probe_each_other_and_sample_throughput() -> None:
@@ -291,30 +340,24 @@ def test_two_services_announce_probe_each_other_and_sample_throughput() -> None:
     a = service("node-a", "127.0.0.1", port, clock=lambda: clock[0])
     b = service("node-b", "127.0.0.2", port, clock=lambda: clock[0])
 
-    def to(peer: PeerService, node: str) -> Any:
-        return lambda suffix, payload: peer.handle(f"netval/v1/v/{node}/{suffix}", payload)
-
-    async def scenario() -> tuple[list[Any], list[Any], Any, list[Any]]:
-        await a.start(to(b, "node-a"))
-        await b.start(to(a, "node-b"))
-        for svc in (a, b):
-            svc.handle(f"netval/v1/v/{svc.node}/assignment", b'{"domain": "rack-1"}')
+    async def scenario() -> tuple[list[Any], list[Any], Any, Any, list[Any]]:
+        await a.start(lambda suffix, payload: None)
+        await b.start(lambda suffix, payload: None)
+        pair_assignments(a, b, "rack-1", slot=7)
         try:
             first = await a.probe_cycle(0)
             second = await b.probe_cycle(0)
-            # throughput: the slot in which node-a is the prober
-            slot = 0
-            while await a.sample_throughput(slot) is None:
-                slot += 1
-                assert slot < 10, "node-a never gets a throughput slot"
+            # throughput: only in the slot the assignment names
+            none = await a.sample_throughput(6)
+            sample = await a.sample_throughput(7)
             clock[0] += 12  # two slots later it is still reported, with its age
             later = await a.probe_cycle(1)
-            return first, second, slot, later
+            return first, second, none, sample, later
         finally:
             await a.close()
             await b.close()
 
-    first, second, _slot, later = run(scenario())
+    first, second, none, sample, later = run(scenario())
     for results, peer, address in ((first, "node-b", "127.0.0.2"), (second, "node-a", "127.0.0.1")):
         assert {r.subject for r in results} == {peer}
         got = by_check(results)
@@ -322,6 +365,7 @@ def test_two_services_announce_probe_each_other_and_sample_throughput() -> None:
         assert all(r.status is Status.PASS for r in results), [r.message for r in results]
         assert got[CheckId.PEER_LATENCY].observed["domain"] == "rack-1"
         assert got[CheckId.PEER_LATENCY].observed["address"] == address
+    assert none is None and sample is not None and sample.subject == "node-b"
     tput = by_check(later)[CheckId.PEER_THROUGHPUT]
     assert tput.status is Status.PASS and tput.subject == "node-b"
     assert tput.observed["ageSeconds"] == 12.0
@@ -382,8 +426,9 @@ def test_the_runner_adds_peer_results_in_their_own_span_and_reuses_them_for_even
             self.reports.append(report)
 
     async def scenario() -> tuple[Report, Report]:
-        await a.start(lambda s, p: b.handle(f"netval/v1/v/node-a/{s}", p))
-        await b.start(lambda s, p: a.handle(f"netval/v1/v/node-b/{s}", p))
+        await a.start(lambda s, p: None)
+        await b.start(lambda s, p: None)
+        pair_assignments(a, b, "rack-1")
         try:
             with LiveCollector(interfaces=["lo"]) as collector:
                 runner = ProbeRunner(

@@ -11,7 +11,8 @@ Every node runs a worker (`ip netns exec NODE python -c WORKER`) that holds a re
 `PeerResponder` on its fabric address and runs `probe_peer` / `measure_throughput` on
 command, so each scenario is a few round trips, not process starts. Two tests run real
 `netval agent` processes against a real Mosquitto broker on the management network: two
-agents (announce, assignment, probes and a throughput slot end to end), and all six agents
+agents (announce, an assignment with their peer set, probes and a throughput slot end to
+end), and all six agents
 with the operator (Kopf, in-process, against the test Kubernetes API): it assigns the racks
 from Node labels, renders the agent config they run, and folds their reports into
 status.eastWest, which flags the shaped rack pair ~4:1 and names a node whose link goes down
@@ -61,7 +62,9 @@ from netval.agent.peers.selection import rotation_length, throughput_schedule
 from netval.model.ids import CheckId, Status
 from netval.model.keys import LabelKey
 from netval.model.results import CheckResult, Report
+from netval.model.spec import NetworkValidationSpec
 from netval.operator.agents.manifests import AGENT_CONFIG_KEY
+from netval.operator.ingest.peer_sets import epoch_of, peer_sets
 from netval.operator.state.east_west_matrix import EastWest, east_west
 from operator_env import GPU, NS, add_node, condition, settings_for, status_of
 
@@ -562,8 +565,20 @@ def test_two_agents_announce_get_their_domain_probe_each_other_and_sample_throug
 
     with contextlib.ExitStack() as stack:
         stack.callback(stop_process, start_broker(fabric.mgmt, broker))
+        # what the operator publishes: the domain and the epoch's peer set (peer_sets)
+        spec = NetworkValidationSpec.model_validate(config["spec"])
+        epoch = epoch_of(spec, time.time())
+        sets = peer_sets(
+            AGENTS,
+            DOMAIN,
+            {n: (FABRIC[n], AGENT_PORT) for n in AGENTS},
+            samples=spec.checks.peers.samples_per_domain,
+            epoch=epoch,
+        )
         assignments = {
-            f"netval/v1/{validation}/{n}/assignment": json.dumps({"domain": DOMAIN[n]})
+            f"netval/v1/{validation}/{n}/assignment": json.dumps(
+                {"domain": DOMAIN[n], **sets[n].payload(epoch)}
+            )
             for n in AGENTS
         }
         tool = subprocess.Popen(
@@ -953,7 +968,7 @@ def test_six_agents_and_the_operator_report_a_capacity_ratio_and_name_a_dead_nod
         assert set(cells(ew)) == {("rack-a", "rack-a"), ("rack-a", "rack-b"),
                                   ("rack-b", "rack-b")}  # fmt: skip
         assert all(c["pathMTU"] == FABRIC_MTU for c in ew["cells"] if c.get("pathMTU")), ew
-        assert not ew.get("suspects") and not ew.get("failingPairs"), ew
+        assert not ew.get("suspects") and not ew.get("failingPairs"), json.dumps(ew)
 
         # 2. throughput samples in their slots (one rotation: 3 slots of 5 s): flagged ~4:1
         ew = east_west_status(

@@ -314,7 +314,8 @@ def test_the_operator_assigns_storage_positions_to_every_targeted_node() -> None
     "payload",
     [b"{", b'{"storage": {"position": 3, "of": 3}}', b'{"storage": {"position": -1, "of": 2}}',
      b'{"storage": {"position": 0, "of": 1, "x": 1}}', b"[]", b'{"storage": 5}',
-     b'{"storage": {"position": 0, "of": 1}, "pad": "' + b"x" * 5000 + b'"}'],
+     # above MAX_ASSIGNMENT_BYTES (1 MiB: the assignment carries the peer set too)
+     b'{"storage": {"position": 0, "of": 1}, "pad": "' + b"x" * (1 << 20) + b'"}'],
 )  # fmt: skip
 def test_a_bad_assignment_is_dropped_and_stops_reading(payload: bytes) -> None:
     reader = SlotReader("pool-a", "gpu-a")

@@ -314,8 +314,8 @@ log_timestamp_format %Y-%m-%dT%H:%M:%S
 {{/*
 The broker's ACL. Topics: netval/v1/<validation>/<node>/{report,beat,state,endpoint,assignment}
 (docs/architecture.md "MQTT"). The operator reads everything and writes assignments; the agents write
-their reports, beats, states (the last will included) and endpoint announcements, read their peers'
-endpoints and their assignments, and may not write assignments.
+their reports, beats, states (the last will included) and endpoint announcements, read their
+assignments (which carry their peers' endpoints), and may not write assignments.
 */}}
 {{- define "netval.brokerAcl" -}}
 {{- $b := .Values.mqtt.broker -}}
@@ -337,7 +337,7 @@ user {{ $b.agentUsername }}
 topic write netval/v1/+/+/report
 topic write netval/v1/+/+/beat
 topic readwrite netval/v1/+/+/state
-topic readwrite netval/v1/+/+/endpoint
+topic write netval/v1/+/+/endpoint
 topic read netval/v1/+/+/assignment
 topic write netval/v1/+/+/loadresult
 topic read netval/v1/+/+/loadplan

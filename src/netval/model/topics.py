@@ -41,8 +41,8 @@ class TopicKind(StrEnum):
     STATE = "state"  # agent -> operator, retained online/offline (last will)
     # agent -> operator, retained netval.model.beat.Beat (QoS 0): the standing report holds
     BEAT = "beat"
-    ENDPOINT = "endpoint"  # agent -> agents, retained east-west responder announcement
-    ASSIGNMENT = "assignment"  # operator -> agent, retained {"domain": ...}
+    ENDPOINT = "endpoint"  # agent -> operator, retained east-west responder announcement
+    ASSIGNMENT = "assignment"  # operator -> agent, retained (model.peer_assignment)
     # NetworkLoadTest (netval.model.loadplan). Under the node's own level like the others, so
     # the per-node ACL pattern covers them: a node reads only its own plan, publishes only
     # its own results.

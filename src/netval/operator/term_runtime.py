@@ -10,9 +10,10 @@
 - `events` (`status.events.Events`): the Events all of them post.
 - `loadtests` (`loadtest.runner.LoadTests`): NetworkLoadTest runs (plans out, results in,
   their status), on the same MQTT connection as the ingest.
-- targets: when a spec or the targeted nodes changed, the agent assignments and the
-  peers-port check are redone once in the next status window, not per Node event (a
-  start-up delivers one event per node, each would redo all targeted nodes).
+- targets: when a spec, the targeted nodes, an agent's endpoint or the peers' epoch
+  changed, the agent assignments and the peers-port check are redone once in the next
+  status window, not per Node or MQTT event (a start-up delivers one event per node, each
+  would redo all targeted nodes).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from netval.model.spec import NetworkValidationSpec
 from netval.model.status import EventReason
 from netval.operator.gating.node_writer import NodeGating
 from netval.operator.ingest.assignments import assignments, leftover_topics
+from netval.operator.ingest.decode import EndpointAnnounce
+from netval.operator.ingest.peer_sets import EndpointTable, epoch_of
 from netval.operator.ingest.subscriber import ReportIngest
 from netval.operator.kube.api import KubeApi, error_text
 from netval.operator.loadtest.runner import LoadTests
@@ -92,11 +95,14 @@ class OperatorRuntime:
             on_report=self.on_report,
             on_state=self.store.on_state,
             on_beat=self.store.ingest_beat,
+            on_endpoint=self.on_endpoint,
             on_replayed=self.store.note_replay,
             deleted=self.store.is_deleted,
             tracer=self.tracer,
         )
         self.peer_ports = PeerPortCheck()
+        self.endpoints = EndpointTable()
+        self._peer_epochs: dict[str, int] = {}
         self.metrics_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._targets_dirty = False
@@ -159,6 +165,11 @@ class OperatorRuntime:
             if result is IngestResult.ACCEPTED:
                 self.status.link(report.validation, span)
 
+    def on_endpoint(self, announce: EndpointAnnounce) -> None:
+        """An agent's endpoint changed: the peer sets that name it, in the next window."""
+        if self.endpoints.update(announce.validation, announce.node, announce.payload):
+            self.targets_changed()
+
     # -- what Kopf tells us -----------------------------------------------------------------
 
     async def invalid_spec(
@@ -174,6 +185,7 @@ class OperatorRuntime:
         self.gating.forget(name)
         self.status.forget(name)
         nodes = self.store.remove_validation(name)
+        self.endpoints.forget(name)
         self.ingest.clear_retained(leftover_topics(name, nodes))
 
     # -- targets ----------------------------------------------------------------------------
@@ -195,10 +207,19 @@ class OperatorRuntime:
         """Agent assignments and the peers-port check, if targets or a spec changed; a
         listing of the Nodes' labels if a validation references keys not kept yet."""
         self._list_missing_labels()
+        now = time.time()
+        epochs = {
+            name: epoch_of(spec, now)
+            for name, spec in self.store.specs.items()
+            if spec.checks.peers.enabled
+        }
+        if epochs != self._peer_epochs:  # a new epoch: the next peer sets
+            self._peer_epochs = epochs
+            self._targets_dirty = True
         if not self._targets_dirty:
             return
         self._targets_dirty = False
-        self.ingest.set_retained(assignments(self.store))
+        self.ingest.set_retained(assignments(self.store, self.endpoints, now))
         for name, message in self.peer_ports.update(self.store):
             self.events.queue(name, "Warning", EventReason.PEER_PORT_CONFLICT, message)
         if self.on_node_targets is not None:

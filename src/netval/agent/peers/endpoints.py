@@ -1,5 +1,5 @@
-"""Endpoint announcements: this node's fabric address, and the payloads agents and the
-operator publish about endpoints and domains (untrusted: validated, bad ones dropped)."""
+"""This node's fabric address and the endpoints of its peers (the payloads agents and the
+operator publish about them: `netval.model.peer_assignment`)."""
 
 from __future__ import annotations
 
@@ -9,33 +9,13 @@ import socket
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Final
+from typing import Final
 
-from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, ValidationError
+from pydantic import ValidationError
 
 from netval.agent.checks.judged import judged_subjects
 from netval.model.snapshot import Sample
 from netval.model.spec import Checks
-
-_LabelValue = Annotated[str | None, Field(max_length=63)]
-
-
-class EndpointPayload(BaseModel):
-    """What an agent announces. Unknown keys are ignored so newer agents can add some."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    address: IPvAnyAddress
-    port: Annotated[int, Field(ge=1, le=65535)]
-    domain: _LabelValue = None
-
-
-class AssignmentPayload(BaseModel):
-    """What the operator tells this agent (docs/architecture.md, "MQTT")."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    domain: _LabelValue = None
 
 
 @dataclass(frozen=True, slots=True)

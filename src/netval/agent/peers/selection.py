@@ -161,7 +161,11 @@ def _member(members: Sequence[str], turn: int, salt: str) -> str:
 
 def throughput_schedule(domains: Mapping[str, str | None], slot: int) -> list[ThroughputPair]:
     """Every throughput sample of `slot` across the fabric (see the module docstring)."""
-    groups = group_by_domain(domains)
+    return schedule_from_groups(group_by_domain(domains), slot)
+
+
+def schedule_from_groups(groups: Mapping[str, list[str]], slot: int) -> list[ThroughputPair]:
+    """`throughput_schedule` from `group_by_domain`'s result (the operator runs many slots)."""
     names = list(groups)
     m = rotation_length(len(names))
     if m == 0:

@@ -3,16 +3,19 @@
 - `start()` finds the fabric address (the first address of `peers.interface`, by default of
   the first RDMA netdev), starts the `PeerResponder` there on `peers.port`, and announces it
   retained on ``netval/v1/<validation>/<node>/endpoint`` as ``{address, port, domain}``
-  through the report publisher's connection. Until an address is found, every cycle tries
+  through the report publisher's connection, once the operator's assignment has arrived
+  (never with a domain about to change: a peer would probe and report the wrong pair). Until an address is found, every cycle tries
   again and reports one `skip` result with the reason.
-- The publisher's subscriptions (`subscriptions`, `on_message`) bring every node's endpoint
-  of this validation and this node's ``assignment`` (``{"domain": ...}``, published retained
-  by the operator from the node label `peers.topologyKey`). Payloads are untrusted: validated
-  with pydantic; bad ones are dropped and counted (`dropped`), never raise. A new domain is
-  re-announced at once.
-- `probe_cycle(cycle, spec)` probes the peers `selection` picks for the cycle
-  (latency, loss, path MTU) and appends the recent throughput samples.
-- `run(stop)` takes the throughput samples in their wall-clock slots; a sample stays in the
+- The publisher's subscription (`subscriptions`, `on_message`) brings this node's
+  ``assignment``, published retained by the operator: its domain (from the node label
+  `peers.topologyKey`) and its peer set of the epoch, the endpoints of the peers it probes
+  and its throughput slots (`netval.operator.ingest.peer_sets`). The agent reads no other
+  node's endpoint (issue 24: N^2 messages after a broker restart). Payloads are untrusted:
+  validated with pydantic; bad ones are dropped and counted (`dropped`), never raise. A new
+  domain is re-announced at once.
+- `probe_cycle(cycle, spec)` probes the peers `selection` picks for the cycle among the
+  assigned ones (latency, loss, path MTU) and appends the recent throughput samples.
+- `run(stop)` takes the throughput samples in the slots the assignment names; a sample stays in the
   reports (with its age) until it is older than four schedule rotations (at least 20
   slots), or more than `throughput_keep` newer ones exist, so the operator always has
   several per domain pair to aggregate.
@@ -35,17 +38,15 @@ from pydantic import JsonValue, ValidationError
 
 from netval.agent.peers.echo import probe_peer
 from netval.agent.peers.endpoints import (
-    AssignmentPayload,
     Endpoint,
-    EndpointPayload,
     first_error,
     first_rdma_netdev,
     interface_address,
 )
 from netval.agent.peers.responder import LoadGate, PeerResponder, ResponderLimits
 from netval.agent.peers.selection import (
+    UNASSIGNED,
     PeerPlan,
-    my_throughput_target,
     peers_for_cycle,
     plan_peers,
     rotation_length,
@@ -54,20 +55,22 @@ from netval.agent.peers.selection import (
 from netval.agent.peers.target import PeerTarget, ProbeSettings
 from netval.agent.peers.throughput import measure_throughput
 from netval.model.ids import CheckId, Status
+from netval.model.peer_assignment import (
+    MAX_ASSIGNMENT_BYTES,
+    MIN_SLOT_SECONDS,
+    AssignmentPayload,
+)
 from netval.model.results import CheckResult
 from netval.model.snapshot import Sample
 from netval.model.spec import NetworkValidationSpec
-from netval.model.topics import DropReason, TopicKind, parse_topic, subscription, topic
+from netval.model.topics import DropReason, TopicKind, parse_topic, topic
 
 log = logging.getLogger("netval.agent.peers")
 
 ENDPOINT: Final = TopicKind.ENDPOINT.value
-MAX_PAYLOAD: Final = 4096
-MAX_ENDPOINTS: Final = 20_000
 MAX_CONCURRENT_PEERS: Final = 16
 THROUGHPUT_KEEP: Final = 16
 SLOT_OFFSET: Final = 0.25  # seconds after a slot boundary (absorbs clock skew between nodes)
-MIN_SLOT_SECONDS: Final = 5.0
 TTL_ROTATIONS: Final = 4
 MIN_TTL_SLOTS: Final = 20
 _DROP_LOG_EVERY: Final = 60.0
@@ -104,17 +107,21 @@ class PeerService:
         self._resolve = resolve
         self._clock = clock
         self._throughput_keep = throughput_keep
-        self.subscriptions: tuple[str, ...] = (
-            subscription(TopicKind.ENDPOINT, validation),
-            topic(validation, node, TopicKind.ASSIGNMENT),
-        )
+        self.subscriptions: tuple[str, ...] = (topic(validation, node, TopicKind.ASSIGNMENT),)
         self.domain: str | None = None
+        # the operator's assignment arrived (it may say domain None): announcing before it
+        # would publish a domain that is about to change, and a peer probing in that gap
+        # reports the wrong domain pair (issue 24's flake)
+        self.assigned = False
         self.interface: str | None = None
         self.address: str | None = None
         self.responder: PeerResponder | None = None
         self.not_ready: tuple[Status, str] = (Status.SKIP, "not started")
         self.dropped: Counter[DropReason] = Counter()
-        self._endpoints: dict[str, Endpoint] = {}
+        self._endpoints: dict[str, Endpoint] = {}  # the assigned peers
+        self._slots: dict[int, str] = {}  # throughput slot -> the peer to sample
+        self.epoch: int | None = None
+        self._fleet_domains = 0  # the throughput rotation spans the fleet's domains
         self._plan: PeerPlan | None = None
         self._publish: PublishRetained | None = None
         self._collector: SampleSource | None = None
@@ -134,54 +141,44 @@ class PeerService:
         self.handle(message.topic.value, data)
 
     def handle(self, topic_name: str, payload: bytes) -> None:
-        """One message of our subscriptions; never raises for bad input."""
+        """One message of our subscription; never raises for bad input."""
         parsed = parse_topic(topic_name)
-        if parsed is None or parsed.validation != self.validation:
+        if (
+            parsed is None
+            or parsed.validation != self.validation
+            or parsed.kind is not TopicKind.ASSIGNMENT
+            or parsed.node != self.node
+        ):
             self._drop(DropReason.BAD_TOPIC, topic_name[:200])
             return
-        if len(payload) > MAX_PAYLOAD:
+        if len(payload) > MAX_ASSIGNMENT_BYTES:
             self._drop(DropReason.TOO_LARGE, f"{len(payload)} bytes on {topic_name[:200]}")
             return
-        if parsed.kind is TopicKind.ENDPOINT:
-            self._on_endpoint(parsed.node, payload)
-        elif parsed.kind is TopicKind.ASSIGNMENT and parsed.node == self.node:
-            self._on_assignment(payload)
-        else:
-            self._drop(DropReason.BAD_TOPIC, topic_name[:200])
-
-    def _on_endpoint(self, node: str, payload: bytes) -> None:
-        if node == self.node:
-            return  # our own announcement
-        if not payload:  # a cleared retained endpoint: the agent left
-            if self._endpoints.pop(node, None) is not None:
-                self._plan = None
-            return
-        try:
-            parsed = EndpointPayload.model_validate_json(payload)
-        except ValidationError as exc:
-            if self._endpoints.pop(node, None) is not None:
-                self._plan = None
-            self._drop(DropReason.INVALID_ENDPOINT, f"from {node}: {first_error(exc)}")
-            return
-        if node not in self._endpoints and len(self._endpoints) >= MAX_ENDPOINTS:
-            self._drop(DropReason.TABLE_FULL, f"{node} (limit {MAX_ENDPOINTS})")
-            return
-        endpoint = Endpoint(str(parsed.address), parsed.port, parsed.domain)
-        before = self._endpoints.get(node)
-        self._endpoints[node] = endpoint
-        if before is None or before.domain != endpoint.domain:
-            self._plan = None
+        self._on_assignment(payload)
 
     def _on_assignment(self, payload: bytes) -> None:
-        if payload:
-            try:
-                domain = AssignmentPayload.model_validate_json(payload).domain
-            except ValidationError as exc:
-                self._drop(DropReason.INVALID_ASSIGNMENT, first_error(exc))
-                return
-        else:
-            domain = None
-        if domain != self.domain:
+        try:
+            assignment = AssignmentPayload.model_validate_json(payload or b"{}")
+        except ValidationError as exc:
+            self._drop(DropReason.INVALID_ASSIGNMENT, first_error(exc))
+            return
+        endpoints = {
+            node: Endpoint(str(address), port, None if domain == UNASSIGNED else domain)
+            for domain, members in assignment.peers.items()
+            for node, address, port in members
+            if node != self.node
+        }
+        if endpoints != self._endpoints:
+            self._endpoints = endpoints
+            self._plan = None
+        self._slots = dict(assignment.throughput)
+        self._fleet_domains = assignment.domains
+        if assignment.epoch != self.epoch:
+            log.info("peer set of epoch %d: %d peers", assignment.epoch, len(endpoints))
+            self.epoch = assignment.epoch
+        domain = assignment.domain
+        first, self.assigned = not self.assigned, True
+        if first or domain != self.domain:
             log.info("peer domain of %s: %r -> %r", self.node, self.domain, domain)
             self.domain = domain
             self._plan = None
@@ -262,6 +259,8 @@ class PeerService:
         return True
 
     def _announce(self) -> None:
+        if not self.assigned:
+            return  # see `assigned`; the assignment's arrival announces
         if self._publish is None or self.address is None or self.responder is None:
             return
         payload = json.dumps(
@@ -306,7 +305,9 @@ class PeerService:
             return self._own(*self.not_ready)
         targets = [t for n in self.peers_for_cycle(cycle) if (t := self._target(n)) is not None]
         if not targets:
-            waiting = self._own(Status.SKIP, "not probed: no peer has announced itself yet")
+            waiting = self._own(
+                Status.SKIP, "not probed: the operator has assigned no announced peer yet"
+            )
             return waiting + self._throughput_results()
         checks = self.spec.checks
         limit = asyncio.Semaphore(MAX_CONCURRENT_PEERS)
@@ -332,7 +333,8 @@ class PeerService:
 
     def _ttl(self) -> float:
         domains = {e.domain for e in self._endpoints.values()} | {self.domain}
-        slots = max(TTL_ROTATIONS * rotation_length(len(domains)), MIN_TTL_SLOTS)
+        rotation = rotation_length(max(len(domains), self._fleet_domains))
+        slots = max(TTL_ROTATIONS * rotation, MIN_TTL_SLOTS)
         return slots * self.slot_seconds
 
     def _throughput_results(self) -> list[CheckResult]:
@@ -358,12 +360,11 @@ class PeerService:
         return out
 
     async def sample_throughput(self, slot: int) -> CheckResult | None:
-        """This node's sample of `slot`, if the schedule gives it one."""
+        """This node's sample of `slot`, if its assignment gives it one."""
         if self.paused() or not self.spec.checks.peers.enabled or not await self._ensure_ready():
             return None
-        table = {n: e.domain for n, e in self._endpoints.items()}
-        pair = my_throughput_target(self.node, self.domain, table, slot)
-        target = self._target(pair.target) if pair is not None else None
+        peer = self._slots.get(slot)
+        target = self._target(peer) if peer is not None else None
         if target is None:
             return None
         settings = replace(

@@ -33,6 +33,7 @@ from netval.agent.storage.judge import endpoint_result
 from netval.agent.storage.target import target_of
 from netval.agent.storage.throughput import measure_throughput, throughput_skip_reason
 from netval.model.ids import CheckId, Status
+from netval.model.peer_assignment import MAX_ASSIGNMENT_BYTES  # shared with the peer sets
 from netval.model.results import CheckResult
 from netval.model.spec import NetworkValidationSpec, StorageChecks, StorageEndpoint
 from netval.model.storage_slots import (
@@ -51,7 +52,6 @@ __all__ = ["MAX_ASSIGNMENT_BYTES", "SlotReader"]
 
 log = logging.getLogger("netval.agent.storage")
 
-MAX_ASSIGNMENT_BYTES: Final = 4096
 DEFAULT_PHASE_TIMEOUT: Final = 5.0
 
 

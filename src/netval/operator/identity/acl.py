@@ -45,8 +45,8 @@ def node_of_client(username: str) -> str | None:
 
 def node_acls(node: str, validations: Iterable[str]) -> list[dict[str, Any]]:
     """In each validation that targets it, a node writes its own report, state (its will
-    included), beat, endpoint and load-test results, and reads its own assignment, its own
-    load-test plan and its peers' endpoints. Nothing
+    included), beat, endpoint and load-test results, and reads its own assignment (which
+    carries its peers' endpoints: issue 24) and its own load-test plan. Nothing
     in a validation that does not target it (no `+` in the validation level): a node can
     neither fill a validation it is not part of with reports nor read its endpoints."""
     check_topic_level(node, "node name")
@@ -63,11 +63,9 @@ def node_acls(node: str, validations: Iterable[str]) -> list[dict[str, Any]]:
                 TopicKind.LOAD_RESULT,  # NetworkLoadTest: its own results only
             )
         ]
-        peers_endpoint = f"{TOPIC_ROOT}/{validation}/+/{TopicKind.ENDPOINT.value}"
         for read in (
             f"{own}/{TopicKind.ASSIGNMENT.value}",
             f"{own}/{TopicKind.LOAD_PLAN.value}",  # and its own load-test plan
-            peers_endpoint,
         ):
             acls += [
                 {"acltype": "subscribePattern", "topic": read, "allow": True},

@@ -66,7 +66,18 @@ class BeatMessage:
     beat: Beat
 
 
-Decoded = Report | StateChange | BeatMessage | Dropped | None
+@dataclass(frozen=True, slots=True)
+class EndpointAnnounce:
+    """An agent's retained endpoint (validated by `peer_sets.EndpointTable`; empty: gone)."""
+
+    validation: str
+    node: str
+    payload: bytes
+
+
+MAX_ENDPOINT_PAYLOAD: Final = 4096
+
+Decoded = Report | StateChange | BeatMessage | EndpointAnnounce | Dropped | None
 
 
 def decode_message(topic_name: str, payload: bytes, *, now: datetime | None = None) -> Decoded:
@@ -79,6 +90,10 @@ def decode_message(topic_name: str, payload: bytes, *, now: datetime | None = No
         return _decode_state(parsed, payload)
     if parsed.kind is TopicKind.BEAT:
         return _decode_beat(parsed, payload, now or datetime.now(UTC))
+    if parsed.kind is TopicKind.ENDPOINT:
+        if len(payload) > MAX_ENDPOINT_PAYLOAD:
+            return Dropped(DropReason.TOO_LARGE, f"{len(payload)} bytes from {parsed.node}")
+        return EndpointAnnounce(parsed.validation, parsed.node, payload)
     if parsed.kind is not TopicKind.REPORT:
         return None
     if not payload:

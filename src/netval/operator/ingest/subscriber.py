@@ -1,4 +1,4 @@
-"""MQTT ingest: one subscription for every agent's report, state and beat topics.
+"""MQTT ingest: one subscription for every agent's report, state, beat and endpoint topics.
 
 NetworkLoadTest results (`loadresult` topics) are subscribed to on the same connection when
 a taker is given (`on_load_result`) and handed over undecoded, by topic: the load-test
@@ -38,7 +38,13 @@ from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.telemetry import process_span
 from netval.model.results import Report
 from netval.model.topics import DropReason, TopicKind, parse_topic, subscription
-from netval.operator.ingest.decode import BeatMessage, Dropped, StateChange, decode_message
+from netval.operator.ingest.decode import (
+    BeatMessage,
+    Dropped,
+    EndpointAnnounce,
+    StateChange,
+    decode_message,
+)
 from netval.operator.leadership.fence import WRITE_FENCE
 
 log = logging.getLogger("netval.operator.ingest")
@@ -128,6 +134,7 @@ class ReportIngest:
         on_report: Callable[[Report, bool], None],
         on_state: Callable[[StateChange], None],
         on_beat: Callable[[BeatMessage, bool], object] = lambda message, retained: None,
+        on_endpoint: Callable[[EndpointAnnounce], None] = lambda announce: None,
         on_replayed: Callable[[frozenset[ReplayKey]], None] = lambda keys: None,
         deleted: Callable[[str], bool] = lambda validation: False,
         on_load_result: Callable[[str, str, bytes], None] | None = None,
@@ -141,6 +148,7 @@ class ReportIngest:
         self.on_report = on_report
         self.on_state = on_state
         self.on_beat = on_beat  # returns what the beat did (counted by its str), or None
+        self.on_endpoint = on_endpoint  # the peer sets in the assignments (peer_sets)
         self.on_replayed = on_replayed
         # a validation deleted moments ago: what its agents still publish is cleared
         self.deleted = deleted
@@ -273,6 +281,8 @@ class ReportIngest:
             elif isinstance(decoded, BeatMessage):
                 outcome = self.on_beat(decoded, retained)
                 self.stats.beats[str(outcome) if outcome is not None else "received"] += 1
+            elif isinstance(decoded, EndpointAnnounce):
+                self.on_endpoint(decoded)
         except Exception as exc:
             self.stats.internal_error(topic_name, exc)
 
@@ -320,6 +330,7 @@ class ReportIngest:
                 (subscription(TopicKind.REPORT), 1),
                 (subscription(TopicKind.STATE), 1),
                 (subscription(TopicKind.BEAT), 1),
+                (subscription(TopicKind.ENDPOINT), 1),
             ]
             if self.on_load_result is not None:
                 topics.append((subscription(TopicKind.LOAD_RESULT), 1))
