@@ -46,6 +46,7 @@ from netval.model.loadplan import (
     LoadAbort,
     LoadPlan,
     LoadResult,
+    PeerAddress,
     StorageTask,
     decode_result,
     encode,
@@ -194,7 +195,9 @@ class Node:
 
 
 @asynccontextmanager
-async def pair() -> AsyncIterator[dict[str, Node]]:
+async def pair(*, announced: bool = True) -> AsyncIterator[dict[str, Node]]:
+    """`announced=False`: the agents know no peer endpoint (not in their epoch's peer set):
+    only a plan's own `peers` say where to send."""
     responders = {n: PeerResponder(a, 0) for n, a in ADDRESS.items()}
     for r in responders.values():
         await r.start()
@@ -207,7 +210,7 @@ async def pair() -> AsyncIterator[dict[str, Node]]:
             executor = LoadExecutor(
                 validation="pool",
                 node=name,
-                endpoints=lambda peers=peers: peers,  # type: ignore[misc]
+                endpoints=(lambda peers=peers: peers) if announced else dict,  # type: ignore[misc]
                 source=lambda name=name: ADDRESS[name],  # type: ignore[misc]
                 spec=lambda: SPEC,
             )
@@ -256,6 +259,32 @@ async def test_planned_flows_hold_the_cap_and_give_one_result_per_plan() -> None
         nodes["a"].executor.handle(encode(plan_for("a", "b", cap=cap, now=now)))
         assert not nodes["a"].executor.busy()
         assert nodes["a"].executor.stats.plans_run == 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_a_plan_names_where_its_peers_listen_when_the_agent_has_not_heard_of_them() -> None:
+    async with pair(announced=False) as nodes:
+        now = datetime.now(UTC)
+        plans = {}
+        for a, b in (("a", "b"), ("b", "a")):
+            where = PeerAddress.model_validate(
+                {"address": ADDRESS[b], "port": nodes[b].responder.udp_port}
+            )
+            plans[a] = plan_for(a, b, seconds=1.0, now=now).model_copy(update={"peers": {b: where}})
+        # without the plan's peers: nowhere to send, said per flow
+        lost = plan_for("a", "b", run="run-0", seconds=1.0, now=now)
+        nodes["a"].executor.handle(encode(lost))
+        for a, p in plans.items():
+            nodes[a].executor.handle(encode(p))
+        await until("the results", lambda: len(nodes["a"].results) == 2 and nodes["b"].results, 10)
+        by_run = {r.run: r for r in nodes["a"].results}
+        assert by_run["run-0"].flows[0].error == "b has announced no endpoint"
+        for result in (by_run["run-1"], nodes["b"].results[0]):
+            [flow] = result.flows
+            assert flow.error is None and flow.bytes > 0, flow
+        # the sink admitted them from the plan's peers only
+        assert nodes["a"].responder.stats.tcp_load_streams == 1
 
 
 @pytest.mark.asyncio

@@ -146,6 +146,9 @@ class Fabric:
     tool: subprocess.Popen[str]
     messages: Messages
     logs: dict[str, Path]
+    # node -> (address, port) announced: what the operator puts into each plan's `peers`
+    # (an agent knows only its own peer set's endpoints, and no operator runs here)
+    endpoints: dict[str, tuple[str, int]]
 
     def publish(self, topic: str, payload: bytes) -> None:
         assert self.tool.stdin is not None
@@ -242,11 +245,17 @@ def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fabric]:
         messages.wait("the MQTT tool", lambda m: m.get("ready") is True, 15)
         for n in NODES:
             stack.callback(stop_process, start_agent(nodes[n], n, broker, workdir, logs[n]))
-        announced: set[str] = set()
-        while announced != set(NODES):
+        fabric_tool = Fabric(nodes, leaves, tool, messages, logs, {})
+        for n in NODES:  # as the operator would: an agent announces once it has one
+            fabric_tool.publish(
+                f"netval/v1/{VALIDATION}/{n}/assignment", json.dumps({"domain": LEAF[n]}).encode()
+            )
+        announced: dict[str, tuple[str, int]] = {}
+        while set(announced) != set(NODES):
             m = messages.wait("endpoints", lambda m: "endpoint" in m.get("topic", ""), 30)
-            announced.add(m["topic"].split("/")[3])
-        yield Fabric(nodes, leaves, tool, messages, logs)
+            doc = json.loads(m["payload"])
+            announced[m["topic"].split("/")[3]] = (doc["address"], int(doc["port"]))
+        yield Fabric(nodes, leaves, tool, messages, logs, announced)
         for path in logs.values():
             assert "Traceback" not in path.read_text(errors="replace"), diagnostics()
 
@@ -305,7 +314,7 @@ def test_b_a_3_to_1_fabric_measures_3_across_and_1_inside_and_latency_under_load
     aggregator = Aggregator(plan)
     for stage in plan.stages:
         wait_until(stage.issued_at)
-        plans = plan.plans(stage)
+        plans = plan.plans(stage, fabric.endpoints)
         publish_stage(fabric, plans)
         within = (stage.deadline - datetime.now(UTC)).total_seconds() + 10
         for result in collect(fabric, plan.run_id, len(plans), within):
@@ -337,7 +346,7 @@ def test_c_d_an_abort_stops_the_uplink_within_2s_and_the_cap_holds(fabric: Fabri
     cap = 10.0  # below the cross share (40/3): the uplink carries 3 x 10 Mbit/s
     plan = make_plan("abort", "60s", cap, skip_stages=1)  # the cross round, now
     stage = plan.stages[1]
-    plans = plan.plans(stage)
+    plans = plan.plans(stage, fabric.endpoints)
     publish_stage(fabric, plans)
     load_start = next(w.measure_start for w in plan.windows_of(stage) if w.id.endswith("cross"))
     wait_until(load_start + timedelta(seconds=2))

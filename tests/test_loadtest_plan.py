@@ -303,6 +303,35 @@ def test_node_plans_carry_their_own_tasks_cap_and_deadline_and_survive_the_wire(
     assert plan.windows_of(storage_b)[0].endpoint == "ckpt"
 
 
+def test_a_plan_carries_the_endpoints_of_exactly_the_nodes_it_exchanges_traffic_with() -> None:
+    """Agents know only their epoch's peer set (issue 24): the plan says where its partners
+    listen, and the sink admits load flows from those addresses."""
+    fabric = leaf_spine(2, 3)
+    plan = plan_run(settings({}), fabric.candidates(), run_id="run-1", now=NOW, seed=5)
+    assert isinstance(plan, RunPlan)
+    nodes = sorted(plan.domain_of)
+    endpoints = {n: (f"10.0.0.{i + 1}", 7000 + i) for i, n in enumerate(nodes) if n != nodes[-1]}
+    for stage in plan.stages:
+        plans = plan.plans(stage, endpoints)
+        for node, p in plans.items():
+            partners = {
+                peer
+                for w in plan.windows_of(stage)
+                if w.kind is not WindowKind.STORAGE and w.kind is not WindowKind.STORAGE_SINGLE
+                for a, b in w.flows
+                for peer in ((b,) if a == node else (a,) if b == node else ())
+            }
+            # a node without an announced endpoint is left out (its flows fail, counted)
+            assert set(p.peers) == partners - {nodes[-1]}
+            for peer, where in p.peers.items():
+                assert (str(where.address), where.port) == endpoints[peer]
+            assert decode_plan(encode(p)) == p
+    cross = plan.plans(plan.stages[1], endpoints)["node-0-00"]
+    (flow,) = [t for t in cross.tasks if isinstance(t, FlowTask)]
+    assert flow.peer in cross.peers or flow.peer == nodes[-1]
+    assert plan.plans(plan.stages[2], endpoints)["node-0-00"].peers == {}  # storage
+
+
 def test_run_ids_are_safe_tokens() -> None:
     assert make_run_id("Fabric.Under_Load", NOW) == "fabric-under-load-20260301-020000"
     assert len(make_run_id("x" * 253, NOW)) <= 63

@@ -28,6 +28,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    IPvAnyAddress,
     TypeAdapter,
     ValidationError,
     model_validator,
@@ -121,6 +122,13 @@ class StorageTask(_Msg):
 Task = Annotated[FlowTask | LatencyTask | StorageTask, Field(discriminator="kind")]
 
 
+class PeerAddress(_Msg):
+    """Where a peer's responder listens (its announced endpoint, as the operator holds it)."""
+
+    address: IPvAnyAddress
+    port: Annotated[int, Field(ge=1, le=65535)]
+
+
 class LoadPlan(_Msg):
     type: Literal["plan"] = "plan"
     schema_version: Annotated[int, Field(alias="schema", ge=1, le=LOADPLAN_SCHEMA)] = (
@@ -134,6 +142,12 @@ class LoadPlan(_Msg):
     deadline: AwareDatetime  # every task ends by then; the agent stops whatever still runs
     max_rate_mbps: Annotated[float, Field(ge=0, le=MAX_MBPS)] = 0.0  # per flow; 0: none
     tasks: Annotated[list[Task], Field(max_length=MAX_TASKS)]
+    # every node this plan sends to or receives from in the stage: an agent knows only the
+    # endpoints of its own epoch's peer set (issue 24), and its sink admits load flows only
+    # from these addresses
+    peers: Annotated[dict[NodeName, PeerAddress], Field(max_length=MAX_TASKS)] = Field(
+        default_factory=dict
+    )
 
     @model_validator(mode="after")
     def _bounded_in_time(self) -> LoadPlan:

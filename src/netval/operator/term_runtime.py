@@ -88,6 +88,7 @@ class OperatorRuntime:
             self.store,
             lambda group, desired: self.ingest.set_retained(desired, group=group),
             max_rate_ceiling_mbps=settings.loadtest_max_rate_mbps,
+            endpoints=lambda validation: self.endpoints.of(validation),
         )
         self.ingest = ReportIngest(
             settings.mqtt,

@@ -77,6 +77,7 @@ class _Running:
     aborted: bool = False
     task: asyncio.Task[None] | None = None
     windows: dict[int, tuple[float, float]] = field(default_factory=dict)  # token -> span
+    sources: set[str] = field(default_factory=set)  # addresses this stage exchanges with
 
     def stop(self, aborted: bool) -> None:
         self.aborted = self.aborted or aborted
@@ -157,17 +158,24 @@ class LoadExecutor:
 
     def admit_flow(self, source: str, token: int) -> float | None:
         """Seconds a load flow from `source` with header `token` may last, or None."""
-        if source not in {e.address for e in self._endpoints().values()}:
-            return None
         now = time.time()
+        announced: set[str] | None = None
         for running in self._runs.values():
             span = running.windows.get(token)
-            if span is not None and span[0] - CLOCK_TOLERANCE_SECONDS <= now < span[1]:
+            if span is None or not span[0] - CLOCK_TOLERANCE_SECONDS <= now < span[1]:
+                continue
+            if source in running.sources:
+                return span[1] - now
+            if announced is None:
+                announced = {e.address for e in self._endpoints().values()}
+            if source in announced:
                 return span[1] - now
         return None
 
     def _start(self, plan: LoadPlan) -> None:
         running = _Running(plan)
+        # the plan names the addresses of the nodes it exchanges traffic with in this stage
+        running.sources = {str(p.address) for p in plan.peers.values()}
         for t in plan.tasks:
             if isinstance(t, FlowTask):
                 end = t.end.timestamp() + CLOCK_TOLERANCE_SECONDS
@@ -216,8 +224,11 @@ class LoadExecutor:
         f, e, r = await asyncio.gather(flow_results, echo_results, read_results)
         return list(f), list(e), list(r)
 
-    def _target(self, peer: str) -> PeerTarget | None:
-        endpoint = self._endpoints().get(peer)
+    def _target(self, plan: LoadPlan, peer: str) -> PeerTarget | None:
+        given = plan.peers.get(peer)
+        if given is not None:  # the operator's view of the peer's endpoint, for this stage
+            return PeerTarget(peer, str(given.address), given.port, None)
+        endpoint = self._endpoints().get(peer)  # an operator older than plan peers
         if endpoint is None:
             return None
         return PeerTarget(peer, endpoint.address, endpoint.port, endpoint.domain)
@@ -226,7 +237,7 @@ class LoadExecutor:
         start = task.start.timestamp()
         measure = start + task.warmup_seconds
         end = measure + task.seconds
-        target = self._target(task.peer)
+        target = self._target(running.plan, task.peer)
         if target is None:
             outcome = FlowOutcome(0, measure, end, f"{task.peer} has announced no endpoint")
         else:
@@ -251,7 +262,7 @@ class LoadExecutor:
         )
 
     async def _echo(self, running: _Running, task: LatencyTask) -> LatencyResult:
-        target = self._target(task.peer)
+        target = self._target(running.plan, task.peer)
         if target is None:
             return LatencyResult(window=task.window, peer=task.peer, loaded=task.loaded,
                                  sent=0, received=0)  # fmt: skip

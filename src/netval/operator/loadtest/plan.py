@@ -28,14 +28,21 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Final
 
 from netval.model.east_west import UNASSIGNED
-from netval.model.loadplan import FlowTask, LatencyTask, LoadPlan, StorageTask, Task
+from netval.model.loadplan import (
+    FlowTask,
+    LatencyTask,
+    LoadPlan,
+    PeerAddress,
+    StorageTask,
+    Task,
+)
 from netval.model.loadtest import LoadPhase, LoadReason, PairScope, SkipReason
 from netval.operator.loadtest.validate import RunSettings, SpecProblem
 
@@ -135,12 +142,22 @@ class RunPlan:
         assert stage.endpoint is not None
         return _storage_windows(stage, stage.endpoint, sorted(self.domain_of), rng, duration)
 
-    def plans(self, stage: Stage) -> dict[str, LoadPlan]:
-        """Every node's plan for one stage (built when the stage is published)."""
+    def plans(
+        self, stage: Stage, endpoints: Mapping[str, tuple[str, int]] | None = None
+    ) -> dict[str, LoadPlan]:
+        """Every node's plan for one stage (built when the stage is published). `endpoints`
+        (node -> announced address and port) gives each plan the addresses of the nodes it
+        exchanges traffic with; a node without one is left out (its flows fail, counted)."""
         tasks: dict[str, list[Task]] = {}
+        partners: dict[str, set[str]] = {}
         for w in self.windows_of(stage):
             for node, task in _tasks(w):
                 tasks.setdefault(node, []).append(task)
+            if w.kind in (WindowKind.IDLE, WindowKind.INTRA, WindowKind.CROSS):
+                for a, b in w.flows:
+                    partners.setdefault(a, set()).add(b)
+                    partners.setdefault(b, set()).add(a)
+        known = endpoints or {}
         return {
             node: LoadPlan(
                 run=self.run_id,
@@ -151,6 +168,13 @@ class RunPlan:
                 deadline=stage.deadline,
                 max_rate_mbps=self.settings.max_rate_mbps,
                 tasks=node_tasks,
+                peers={
+                    peer: PeerAddress.model_validate(
+                        {"address": known[peer][0], "port": known[peer][1]}
+                    )
+                    for peer in sorted(partners.get(node, ()))
+                    if peer in known
+                },
             )
             for node, node_tasks in tasks.items()
         }

@@ -104,8 +104,11 @@ class LoadTests:
         *,
         max_rate_ceiling_mbps: float = 0.0,
         clock: Callable[[], datetime] = utcnow,
+        endpoints: Callable[[str], Mapping[str, tuple[str, int]]] = lambda _validation: {},
     ) -> None:
         self.kube = kube
+        # validation -> node -> its announced (address, port): plans carry their peers'
+        self.endpoints = endpoints
         self.store = store
         self.set_retained = set_retained
         self.ceiling = max_rate_ceiling_mbps
@@ -247,7 +250,8 @@ class LoadTests:
         stages = run.plan.stages
         while run.published < len(stages) and stages[run.published].issued_at <= now:
             stage = stages[run.published]
-            for node, plan in run.plan.plans(stage).items():
+            endpoints = self.endpoints(run.plan.settings.validation)
+            for node, plan in run.plan.plans(stage, endpoints).items():
                 run.retained[topic(run.plan.settings.validation, node, TopicKind.LOAD_PLAN)] = (
                     encode(plan)
                 )
