@@ -172,7 +172,7 @@ def _cluster_parsers(sub: argparse._SubParsersAction[NetvalParser]) -> None:
         "--topology",
         action="store_true",
         help="fabric topology: levels and domains, undiscovered nodes, disagreements with the "
-        "node labels (status.topology)",
+        "node labels, figures measured between domains (status.topology)",
     )
     st.add_argument(
         "--loadtests",

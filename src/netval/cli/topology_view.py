@@ -1,7 +1,8 @@
 """`netval status NAME --topology`: the levels and domains of `status.topology`, the nodes
-that discovered nothing, and the disagreements with the labels. Pure: a NetworkValidation
-object in, text out; every string is from the cluster (and, through LLDP, from switches), so
-each is made printable and cut to its column."""
+that discovered nothing, the disagreements with the labels, and what was measured between
+domains (`topology_pairs`). Pure: a NetworkValidation object in, text out; every string is
+from the cluster (and, through LLDP, from switches), so each is made printable and cut to its
+column."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from netval.cli.status_view import printable
+from netval.cli.topology_pairs import pair_lines
 from netval.model.topology import TopologyStatus
 
 _DOMAINS_SHOWN: Final = 12
@@ -72,6 +74,7 @@ def render_topology(obj: Mapping[str, Any]) -> str:
         for c in topo.listed_conflicts:
             seen = ", ".join(f"{printable(s, 60)} ({n})" for s, n in c.switches.items())
             lines.append(f"    {printable(c.domain, 60)} {printable(c.interface, 15)}: {seen}")
+    lines += pair_lines(topo)
     return "\n".join([*lines, ""])
 
 
