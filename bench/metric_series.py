@@ -5,7 +5,7 @@ Run from the repository root:
     python bench/metric_series.py [--nodes 1000] [--domains 10] [--samples 2] [--cycles 120]
 
 One agent of a fleet of `--nodes` nodes in `--domains` topology domains probes, every cycle,
-the peers the real selection (`netval.agent.peers.selection`) picks: `--samples` per domain
+the peers the real selection (`netval.model.peer_selection`) picks: `--samples` per domain
 (the spec's default is 2), four peer checks each. The same results go through
 
   (a) the old labelling: `netval_check_status{check, subject=<peer node>, status}`, value 1
@@ -30,9 +30,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from netval.agent.metrics import AgentMetrics
-from netval.agent.peers.selection import peers_for_cycle, plan_peers
 from netval.agent.peers.target import PeerTarget, peer_result
 from netval.model import CheckId, CheckResult, Report, Status
+from netval.model.peer_selection import peers_for_cycle, plan_peers
 from netval.model.results import node_status
 
 PEER_CHECKS = (CheckId.PEER_LATENCY, CheckId.PEER_LOSS, CheckId.PEER_PATH_MTU)

@@ -15,7 +15,7 @@ domain at 100 nodes and 8 of 16 per epoch at 1,000. The selection here runs over
 table, as before: per-cycle figures for up to 8 domains; bench/peer_endpoints.py measures
 the peer sets.)
 
-1. Selection (pure `netval.agent.peers.selection`, every node of the fabric): the plan each
+1. Selection (pure `netval.model.peer_selection`, every node of the fabric): the plan each
    agent computes, then cycles simulated from cycle 0 until every ordered pair (a probed b)
    has been probed: peers and probe datagrams per node per cycle, probers per target per
    cycle (mean / max over all cycles), the cycles until full coverage (against the
@@ -69,13 +69,6 @@ from typing import Any
 
 from netval.agent.peers.echo import probe_peer
 from netval.agent.peers.responder import PeerResponder
-from netval.agent.peers.selection import (
-    PeerPlan,
-    peers_for_cycle,
-    plan_peers,
-    rotation_length,
-    throughput_schedule,
-)
 from netval.agent.peers.service import (
     MAX_CONCURRENT_PEERS,
     MIN_SLOT_SECONDS,
@@ -87,6 +80,13 @@ from netval.agent.peers.session import IPV4_UDP_OVERHEAD
 from netval.agent.peers.target import PeerTarget, ProbeSettings
 from netval.agent.peers.wire import UDP_HEADER
 from netval.model.ids import CheckId, Status
+from netval.model.peer_selection import (
+    PeerPlan,
+    peers_for_cycle,
+    plan_peers,
+    rotation_length,
+    throughput_schedule,
+)
 from netval.model.results import CheckResult
 from netval.model.spec import PeerChecks
 from netval.operator.settings import DEFAULT_STATUS_WINDOW

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from netval.agent.peers.selection import (
+from netval.model.peer_selection import (
     UNASSIGNED,
     coverage_cycles,
     group_by_domain,

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from netval.agent.peers.selection import throughput_schedule
 from netval.model.peer_assignment import MAX_ASSIGNMENT_BYTES, AssignmentPayload
+from netval.model.peer_selection import throughput_schedule
 from netval.model.spec import NetworkValidationSpec
 from netval.operator.ingest.assignments import assignments
 from netval.operator.ingest.peer_sets import (

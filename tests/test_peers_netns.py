@@ -20,7 +20,7 @@ the suspect.
 
 Scenarios (each restores the fabric afterwards):
 (a) the inter-rack link shaped by htb to a quarter of the node links: the throughput slots
-    of `peers.selection` run for two rotations, `east_west` reports rack-a x rack-b
+    of `model.peer_selection` run for two rotations, `east_west` reports rack-a x rack-b
     at a capacity ratio of ~4:1 (a narrow link: lone flows show it);
 (b) the inter-rack link at MTU 1500 on a 9000 fabric (a bridge drops the jumbo frames
     silently, no ICMP): peer.path_mtu fails for cross-rack pairs only, pathMTU found 1500;
@@ -58,9 +58,9 @@ import mosquitto
 from kopf_harness import kopf_operator
 from kube import KubeCluster, wait_for
 from netns import Namespace, namespace, netval_script
-from netval.agent.peers.selection import rotation_length, throughput_schedule
 from netval.model.ids import CheckId, Status
 from netval.model.keys import LabelKey
+from netval.model.peer_selection import rotation_length, throughput_schedule
 from netval.model.results import CheckResult, Report
 from netval.model.spec import NetworkValidationSpec
 from netval.operator.agents.manifests import AGENT_CONFIG_KEY

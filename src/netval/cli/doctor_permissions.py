@@ -25,6 +25,8 @@ BASE_PERMISSIONS: Final[tuple[Permission, ...]] = (
     (None, "netval.io", "networkvalidations", "", "", ("get", "list", "watch", "patch")),
     (None, "netval.io", "networkvalidations", "status", "", ("patch",)),
     (None, "netval.io", "networkvalidations", "finalizers", "", ("update",)),
+    (None, "netval.io", "networkloadtests", "", "", ("get", "list", "watch", "patch")),
+    (None, "netval.io", "networkloadtests", "status", "", ("patch",)),
     (None, "", "nodes", "", "", ("get", "list", "watch", "patch")),
     (None, "apiextensions.k8s.io", "customresourcedefinitions", "", "", ("list", "watch")),
     ("$NS", "coordination.k8s.io", "leases", "", "", ("create",)),

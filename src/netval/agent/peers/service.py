@@ -44,14 +44,6 @@ from netval.agent.peers.endpoints import (
     interface_address,
 )
 from netval.agent.peers.responder import LoadGate, PeerResponder, ResponderLimits
-from netval.agent.peers.selection import (
-    UNASSIGNED,
-    PeerPlan,
-    peers_for_cycle,
-    plan_peers,
-    rotation_length,
-    slot_of,
-)
 from netval.agent.peers.target import PeerTarget, ProbeSettings
 from netval.agent.peers.throughput import measure_throughput
 from netval.model.ids import CheckId, Status
@@ -59,6 +51,14 @@ from netval.model.peer_assignment import (
     MAX_ASSIGNMENT_BYTES,
     MIN_SLOT_SECONDS,
     AssignmentPayload,
+)
+from netval.model.peer_selection import (
+    UNASSIGNED,
+    PeerPlan,
+    peers_for_cycle,
+    plan_peers,
+    rotation_length,
+    slot_of,
 )
 from netval.model.results import CheckResult
 from netval.model.snapshot import Sample

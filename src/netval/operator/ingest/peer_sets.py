@@ -11,7 +11,7 @@ its throughput targets.
 The peer set (docs/checks.md, "Peer sets per epoch"):
 
 - An epoch is `EPOCH_CYCLES` agent intervals (slots), aligned on the Unix epoch like the
-  throughput slots (`netval.agent.peers.selection.slot_of`).
+  throughput slots (`netval.model.peer_selection.slot_of`).
 - Domains: its own and ``m = SET_DOMAINS - 1`` others (all others if fewer). The node at
   position ``p`` of its domain (hash order of the domain's targeted nodes) takes the other
   domains at positions ``(p + e) x m + j``, ``j < m``, of the others' list (sorted): the
@@ -39,14 +39,14 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from netval.agent.peers.selection import (
+from netval.model.peer_assignment import MAX_ASSIGNED_PEERS, MIN_SLOT_SECONDS, EndpointPayload
+from netval.model.peer_selection import (
     UNASSIGNED,
     group_by_domain,
     hash_order,
     schedule_from_groups,
     slot_of,
 )
-from netval.model.peer_assignment import MAX_ASSIGNED_PEERS, MIN_SLOT_SECONDS, EndpointPayload
 from netval.model.spec import NetworkValidationSpec
 
 EPOCH_CYCLES: Final = 40  # agent intervals per epoch (20 minutes at the default 30 s)
