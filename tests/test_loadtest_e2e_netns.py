@@ -63,12 +63,12 @@ QUIET_BYTES = 10_000  # in 0.25 s on all six ports: a few echoes at most, no flo
 
 
 @dataclass
-class Cluster:
+class EndToEnd:
     kube: KubeCluster
     operator: OperatorProc
     login: Any  # host, port, username, password of the broker, from this namespace
     leaves: dict[str, Namespace]
-    diagnostics: Any
+    diagnostics: Callable[[], str]
 
     def fabric_tx_bytes(self) -> int:
         """Bytes all six nodes sent on their fabric ports (every load flow leaves by one),
@@ -89,7 +89,7 @@ def _tail(path: Path, chars: int) -> str:
 
 
 def waiting(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     timeout: float,
     what: str,
     diagnostics: Callable[[], str],
@@ -97,9 +97,11 @@ def waiting(
 ) -> T:
     """`wait_for`, with the processes' logs when it gives up."""
     try:
-        return wait_for(predicate, timeout=timeout, interval=interval, what=what)
+        found = wait_for(predicate, timeout=timeout, interval=interval, what=what)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{diagnostics()}") from None
+    assert found is not None  # wait_for returns only what is truthy
+    return found
 
 
 def _validation() -> dict[str, Any]:
@@ -146,7 +148,7 @@ def cond(status: dict[str, Any], kind: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EndToEnd]:
     if not mosquitto.available():
         pytest.skip(mosquitto.MISSING_REASON)
     pytest.importorskip("kmock", reason="kmock is not installed (pip install kmock==0.8)")
@@ -194,16 +196,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             return r is not None and r["status"] == "True" and status["nodes"]["reporting"] == 6
 
         waiting(ready, 60, "Ready, six agents reporting", diagnostics)
-        yield Cluster(kube, operator, login, leaves, diagnostics)
+        yield EndToEnd(kube, operator, login, leaves, diagnostics)
         for path in logs.values():
             assert "Traceback" not in path.read_text(errors="replace"), diagnostics()
         assert "Traceback" not in operator.log(), diagnostics()
 
 
-def test_a_a_test_of_an_unknown_validation_fails_naming_spec_validation(cluster: Cluster) -> None:
-    cluster.kube.create(loadtest("nowhere", validation="no-such-pool"))
-    status = wait_for(lambda: (s := netload(cluster.kube, "nowhere")).get("phase") and s,
-                      timeout=30, what="the test's status")  # fmt: skip
+def test_a_a_test_of_an_unknown_validation_fails_naming_spec_validation(e2e: EndToEnd) -> None:
+    e2e.kube.create(loadtest("nowhere", validation="no-such-pool"))
+
+    def written() -> dict[str, Any] | None:
+        status = netload(e2e.kube, "nowhere")
+        return status if status.get("phase") else None
+
+    status = waiting(written, 30, "the test's status", e2e.diagnostics)
     assert status["phase"] == "Failed", status
     complete = cond(status, "Complete")
     assert (complete["status"], complete["reason"]) == ("True", "ValidationNotFound"), status
@@ -212,9 +218,9 @@ def test_a_a_test_of_an_unknown_validation_fails_naming_spec_validation(cluster:
 
 
 def test_b_a_run_measures_3_across_1_inside_breaches_and_feeds_domain_pairs(
-    cluster: Cluster,
+    e2e: EndToEnd,
 ) -> None:
-    kube = cluster.kube
+    kube = e2e.kube
     kube.create(loadtest("under-load", expect={"maxOversubscription": 1.5}))
 
     def finished() -> dict[str, Any] | None:
@@ -222,7 +228,7 @@ def test_b_a_run_measures_3_across_1_inside_breaches_and_feeds_domain_pairs(
         return s if cond(s, "Complete").get("reason") not in (None, "Running", "Waiting") else None
 
     # two stages of duration + 9 s each after a 5 s lead, then the results
-    status = waiting(finished, 90, "the run finished", cluster.diagnostics)
+    status = waiting(finished, 90, "the run finished", e2e.diagnostics)
     run = status["lastRun"]
     assert status["phase"] == "Failed", status
     assert cond(status, "Passed")["reason"] == "ExpectationsBreached", status
@@ -246,7 +252,7 @@ def test_b_a_run_measures_3_across_1_inside_breaches_and_feeds_domain_pairs(
         topology = status_of(kube, VALIDATION).get("topology") or {}
         return topology if topology.get("loadTest") == f"under-load/{run['id']}" else None
 
-    topology = wait_for(pairs, timeout=20, interval=0.5, what="status.topology.loadTest")
+    topology = waiting(pairs, 20, "status.topology.loadTest", e2e.diagnostics)
     (pair,) = topology["domainPairs"]
     assert (pair["a"], pair["b"]) == ("leaf-a", "leaf-b")
     assert pair["oversubscription"] == pytest.approx(cross["oversubscription"])
@@ -275,16 +281,16 @@ def retained_plans(login: Any, want: set[str], timeout: float = 10.0) -> dict[st
 
 
 def test_c_deleting_a_test_mid_window_aborts_it_and_the_fabric_goes_quiet(
-    cluster: Cluster,
+    e2e: EndToEnd,
 ) -> None:
-    kube = cluster.kube
+    kube = e2e.kube
     kube.create(loadtest("long", duration="30s"))
 
     # the ports' counters over a short time: a rate, not a synchronisation
     def sent_within(seconds: float) -> int:
-        before = cluster.fabric_tx_bytes()
+        before = e2e.fabric_tx_bytes()
         time.sleep(seconds)
-        return cluster.fabric_tx_bytes() - before
+        return e2e.fabric_tx_bytes() - before
 
     def flows_in_a_quiet_slot() -> bool:
         # scheduling, not synchronisation: the 2.5 s after the DELETE hold no continuous
@@ -293,7 +299,7 @@ def test_c_deleting_a_test_mid_window_aborts_it_and_the_fabric_goes_quiet(
         slot_ok = SAMPLES_END <= time.time() % INTERVAL <= INTERVAL - 3.0
         return slot_ok and sent_within(0.25) > 20 * QUIET_BYTES
 
-    waiting(flows_in_a_quiet_slot, 45, "load flows", cluster.diagnostics, interval=0)
+    waiting(flows_in_a_quiet_slot, 45, "load flows", e2e.diagnostics, interval=0)
     assert netload(kube, "long").get("phase") == "Running"
     kube.delete(NV, "networkloadtests", "long")
     deleted = time.monotonic()
@@ -303,12 +309,12 @@ def test_c_deleting_a_test_mid_window_aborts_it_and_the_fabric_goes_quiet(
         sent = sent_within(0.25)
         return None if sent >= QUIET_BYTES else max(began - deleted, 1e-6)
 
-    after = waiting(quiet_since, 2.5, "the fabric quiet", cluster.diagnostics, interval=0)
+    after = waiting(quiet_since, 2.5, "the fabric quiet", e2e.diagnostics, interval=0)
     print(f"\n(e2e) fabric quiet {after:.2f} s after the DELETE")
     assert after <= 2.0
     # the operator replaced every node's retained plan with an abort (kept until the
     # run's last published deadline: an agent reconnecting now still learns of it)
-    plans = retained_plans(cluster.login, set(NODES))
+    plans = retained_plans(e2e.login, set(NODES))
     assert set(plans) == set(NODES), plans
     for node, payload in plans.items():
         assert isinstance(decode_plan(payload), LoadAbort), (node, payload[:200])
