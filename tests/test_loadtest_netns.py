@@ -181,8 +181,11 @@ def shape_uplink(ns: Namespace, senders: list[str], mbit: int, dev: str = "up0")
                         f"ip src {FABRIC[node]}/32 flowid {classid}".split())  # fmt: skip
 
 
-def _build(stack: contextlib.ExitStack) -> tuple[dict[str, Namespace], dict[str, Namespace],
-                                                  Namespace]:  # fmt: skip
+def build_fabric(
+    stack: contextlib.ExitStack,
+) -> tuple[dict[str, Namespace], dict[str, Namespace], Namespace]:
+    """(nodes, leaves, mgmt): the shaped two-leaf fabric and the management bridge, torn
+    down with `stack` (also used by tests/test_loadtest_e2e_netns.py)."""
     nodes = {n: stack.enter_context(namespace()) for n in NODES}
     leaves = {leaf: stack.enter_context(namespace()) for leaf in LEAVES}
     mgmt = stack.enter_context(namespace())
@@ -221,7 +224,7 @@ def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fabric]:
         pytest.skip(mosquitto.MISSING_REASON)
     workdir = tmp_path_factory.mktemp("loadtest")
     with contextlib.ExitStack() as stack:
-        nodes, leaves, mgmt = _build(stack)
+        nodes, leaves, mgmt = build_fabric(stack)
         broker = mgmt_broker(workdir)
         stack.callback(stop_process, start_broker(mgmt, broker))
         config = {"validation": VALIDATION, "generation": 1, "spec": SPEC}
