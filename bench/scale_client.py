@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import resource
+import socket
 import struct
 import sys
 import time
@@ -26,7 +27,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-NODES_PER_ADDRESS: Final = 20000
+NODES_PER_ADDRESS: Final = 10000
+IP_BIND_ADDRESS_NO_PORT: Final = 24  # linux/in.h; not in Python's socket module
 CONNECTS_IN_FLIGHT: Final = 100  # Mosquitto listens with a backlog of 100: no SYN drops
 KEEPALIVE: Final = 60  # s; every node publishes each interval (< keepalive), so no PINGREQ
 PLACEHOLDER_ISO: Final = b"2000-01-01T00:00:00Z"
@@ -41,6 +43,18 @@ def node_name(i: int) -> str:
 def source_address(i: int) -> str:
     k = 2 + i // NODES_PER_ADDRESS
     return f"127.0.{k // 256}.{k % 256}"
+
+
+def bound_socket(address: str) -> socket.socket:
+    """A TCP socket bound to `address`, its port chosen at connect time for the 4-tuple
+    (IP_BIND_ADDRESS_NO_PORT): bind(port 0) alone would pick a port unused on that address
+    towards any destination, so the previous run's TIME_WAIT sockets would exhaust it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+    sock.bind((address, 0))
+    sock.setblocking(False)
+    return sock
 
 
 def _varint(n: int) -> bytes:
@@ -222,11 +236,15 @@ class Fleet:
             try:
                 user, password = self.login(i)
                 client_id = user if not self.cfg.get("shared_login") else node_name(i).encode()
+                sock = bound_socket(source_address(i))
+                try:
+                    await loop.sock_connect(sock, (self.cfg["host"], self.cfg["port"]))
+                except OSError:
+                    sock.close()
+                    raise
                 _, node = await loop.create_connection(
                     lambda: Node(self.stats),
-                    self.cfg["host"],
-                    self.cfg["port"],
-                    local_addr=(source_address(i), 0),
+                    sock=sock,
                     ssl=self.cfg.get("ssl_context"),
                     server_hostname=self.cfg.get("server_hostname"),
                 )

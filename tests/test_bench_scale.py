@@ -49,7 +49,7 @@ def test_quick_run_prints_every_figure_for_both_modes(tmp_path: Path) -> None:
     figs = json.loads(out.read_text())
     assert [(f["mode"], f["nodes"]) for f in figs] == [("full", 500), ("beats", 500)]
     for fig in figs:
-        assert KEYS <= set(fig), KEYS - set(fig)
+        assert not KEYS - set(fig), KEYS - set(fig)
         assert fig["connected"] == fig["nodes"] == fig["connected_end"]
         assert fig["connect_refused"] == 0 and not fig["connect_errors"]
         assert fig["replay_retained"] >= fig["nodes"]  # every node's report replayed
@@ -61,3 +61,16 @@ def test_quick_run_prints_every_figure_for_both_modes(tmp_path: Path) -> None:
     # beats to the subscriber that stands in for the operator
     assert beats["beats_per_s"] > beats["reports_per_s"]
     assert beats["sink_beats_per_s"] > 0
+
+
+def test_the_operator_stand_in_implements_every_call_and_refuses_others() -> None:
+    from test_bench_standins import kube_calls
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from scale_operator import CountingKube
+
+    kube = CountingKube(1)
+    missing = sorted(c for c in kube_calls() if not hasattr(type(kube), c))
+    assert not missing, f"bench/scale_operator.py's CountingKube lacks {missing}"
+    with pytest.raises(AttributeError, match="stand-in"):
+        kube.a_method_added_later  # noqa: B018
