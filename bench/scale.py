@@ -6,13 +6,13 @@ descriptor limits):
 
     python bench/scale.py                       # 10,000 and 30,000 nodes, full and beats
     python bench/scale.py --nodes 100000        # the attempt: says what failed, if anything
-    python bench/scale.py --nodes 10000 --tls   # the chart's TLS listener too
+    python bench/scale.py --nodes 10000 --transport tls   # the chart's TLS listener
     python bench/scale.py --quick               # 500 nodes, seconds (tests/test_bench_scale.py)
 
 Per size and mode (`full`, `beats`), each on a fresh broker, operator and fleet:
 - Broker: the chart's rendered mosquitto.conf, ACL and init script (tests/test_chart_broker.py
   `run_chart_broker`: dynamic security, persistence, the chart's per-client limits), its TLS
-  listener turned plaintext unless --tls, plus `max_connections -1`; it inherits this
+  listener turned plaintext unless --transport tls, plus `max_connections -1`; it inherits this
   process's RLIMIT_NOFILE, raised to the kernel's nr_open here.
 - Per-node identity: every node logs in as its own dynamic-security client
   (`netval-node:<node>`, bound to its client id) with its own role (the operator's ACLs of
@@ -279,7 +279,11 @@ async def run_case(n: int, mode: str, tls: bool, args: argparse.Namespace,
         each = sorted(x for a in answers for x in a["each"])
         fig["connect_each_p50_s"], fig["connect_each_p99_s"] = pct(each, 0.5), pct(each, 0.99)
         fig["connected"] = sum(a["connected"] for a in answers)
-        fig["connect_errors"] = {k: v for a in answers for k, v in a["errors"].items()}
+        errors: dict[str, int] = {}
+        for a in answers:
+            for k, v in a["errors"].items():
+                errors[k] = errors.get(k, 0) + v
+        fig["connect_errors"] = errors
         fig["connect_refused"] = sum(a["refused"] for a in answers)
         fig["broker_rss_connected_mib"] = vm_mib(bpid)
         print(f"  {n:,} {mode} {fig['transport']}: {fig['connected']:,} connected in "
@@ -472,7 +476,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--burst", type=int, default=1000, help="nodes failing at once")
     parser.add_argument("--burst-timeout", type=float, default=120.0)
     parser.add_argument("--beat-qos", type=int, choices=[0, 1], default=0)
-    parser.add_argument("--tls", action="store_true", help="each size over TLS too")
+    parser.add_argument("--transport", nargs="+", choices=["plaintext", "tls"],
+                        default=["plaintext"], help="tls: the chart's TLS listener, verified")  # fmt: skip
     parser.add_argument("--dynsec-sample", type=int, default=10)
     parser.add_argument("--nodes-per-process", type=int, default=NODES_PER_CLIENT_PROCESS)
     parser.add_argument("--json", help="write the figures here too")
@@ -511,7 +516,7 @@ def main() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     figs = []
     for n in args.nodes:
-        for tls in (False, True) if args.tls else (False,):
+        for tls in [t == "tls" for t in args.transport]:
             for mode in args.modes:
                 if figs and figs[-1]["nodes"] == n and "connected" in figs[-1].get("failed", ""):
                     # the machine's limit, not the mode's: no need to hit it twice
