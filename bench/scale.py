@@ -13,7 +13,9 @@ Per size and mode (`full`, `beats`), each on a fresh broker, operator and fleet:
 - Broker: the chart's rendered mosquitto.conf, ACL and init script (tests/test_chart_broker.py
   `run_chart_broker`: dynamic security, persistence, the chart's per-client limits), its TLS
   listener turned plaintext unless --transport tls, plus `max_connections -1`; it inherits this
-  process's RLIMIT_NOFILE, raised to the kernel's nr_open here.
+  process's RLIMIT_NOFILE, raised to the kernel's nr_open (or, without CAP_SYS_RESOURCE,
+  to the hard limit: 20,000 on the machine of docs/performance.md, which caps a broker
+  process at 19,993 connections).
 - Per-node identity: every node logs in as its own dynamic-security client
   (`netval-node:<node>`, bound to its client id) with its own role (the operator's ACLs of
   `acl.node_acls` plus `<node>/beat`), exactly as enrollment would leave them. They are
