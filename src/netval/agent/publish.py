@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,7 +47,14 @@ from opentelemetry.trace import Tracer
 
 from netval.agent.refusal import PUBLISH_REFUSAL_GRACE, PublishRefusals, credential_refused
 from netval.agent.report_digest import ReportCadence
-from netval.infra.mqtt_client import PublishRefused, backoff_delay, make_client
+from netval.infra.mqtt_client import (
+    PublishRefused,
+    ReconnectPolicy,
+    ReconnectRule,
+    SessionEnd,
+    make_client,
+    reconnect_loop,
+)
 from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.task_stop import cancel_and_wait
 from netval.infra.telemetry import publish_span, trace_properties
@@ -138,12 +144,16 @@ class ReportPublisher:
         self._cadence = ReportCadence(full_every=full_every)
         self._keepalive = keepalive
         self._timeout = timeout
-        self._backoff_base = backoff_base
-        self._backoff_cap = backoff_cap
+        # the reconnect rule of every netval MQTT connection: jittered exponential backoff,
+        # reset after a session that held, CONNACK refusals of the credential told apart
+        self._reconnect = ReconnectRule(
+            ReconnectPolicy(backoff_base, backoff_cap, _STABLE_AFTER),
+            rng=rng,
+            refused=credential_refused,
+        )
         self._stop_timeout = stop_timeout
         self._subscriptions = tuple(subscriptions)
         self._on_message = on_message
-        self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
         self._tls_context = settings.ssl_context()  # load the CA once, not per reconnect
         # PRODUCER spans for report publishes (none without a tracer: a no-op one)
         self._tracer = tracer or trace.NoOpTracer()
@@ -164,6 +174,8 @@ class ReportPublisher:
         self._publish_failures = 0
         self._replaced = 0
         self._reconnects = 0
+        self._attempts = 0
+        self._login: tuple[str | None, str | None] = (None, None)  # of the current attempt
         self._connect_failures = 0
         self._credential_refusals = 0
         self._publish_refusals = PublishRefusals(publish_refusal_grace)
@@ -171,7 +183,6 @@ class ReportPublisher:
         # None once a connect succeeds (netval.agent.enroll re-enrolls on it, nothing else)
         self._refused: tuple[str | None, str | None] | None = None
         self._connected = False
-        self._connected_at = 0.0
 
     # ---- counters -------------------------------------------------------------------
     @property
@@ -334,54 +345,50 @@ class ReportPublisher:
             tls_context=self._tls_context,
         )
 
-    def _backoff(self, failures: int) -> float:
-        return backoff_delay(
-            failures, base=self._backoff_base, cap=self._backoff_cap, rng=self._rng
+    async def _run(self) -> None:
+        await reconnect_loop(
+            self._attempt,
+            self._reconnect,
+            on_end=self._ended,
+            stopping=lambda: self._stopping,
+            pause=self._pause,
         )
 
-    async def _run(self) -> None:
-        failures = 0  # consecutive failed attempts/connections, for the backoff
-        attempts = 0
-        while not self._stopping:
-            if attempts:
-                self._reconnects += 1
-            attempts += 1
-            login = (self.settings.username, self.settings.password)
-            try:
-                await self._session()
-                return  # clean stop
-            except Exception as exc:
-                # MqttError is the expected failure; anything else (a paho or TLS surprise)
-                # must not kill the task silently either: log it and retry with backoff.
-                was_connected = self._connected
-                self._connected = False
-                if not isinstance(exc, MqttError):
-                    log.exception("MQTT %s: unexpected error", self.settings.url)
-                elif was_connected:
-                    log.warning("MQTT %s: connection lost: %s", self.settings.url, exc)
-                else:
-                    level = logging.WARNING if failures == 0 else logging.DEBUG
-                    log.log(level, "MQTT %s: cannot connect: %s", self.settings.url, exc)
-                if not was_connected:
-                    self._connect_failures += 1
-                    if credential_refused(exc):
-                        self._credential_refusals += 1
-                        self._refused = login
-                elif time.monotonic() - self._connected_at >= _STABLE_AFTER:
-                    # Reset the backoff only after a connection that held for a while, so
-                    # that a broker which accepts and then drops us (e.g. a client-id
-                    # takeover fight) is not hammered at the base delay.
-                    failures = 0
-            failures += 1
-            if self._stopping:
-                return
-            delay = self._backoff(failures)
-            # Sleep, but wake at once for stop(); new reports just wait in the slot.
-            stop_wait = asyncio.create_task(self._wait_stopping())
-            try:
-                await asyncio.wait({stop_wait}, timeout=delay)
-            finally:
-                stop_wait.cancel()
+    async def _attempt(self) -> None:
+        if self._attempts:
+            self._reconnects += 1
+        self._attempts += 1
+        self._login = (self.settings.username, self.settings.password)
+        await self._session()
+
+    def _ended(self, end: SessionEnd) -> None:
+        """Counters and logs of a session's end (`reconnect_loop`); the backoff, its reset
+        after a stable session included, is the shared rule's."""
+        self._connected = False
+        exc = end.error
+        if exc is None:
+            return  # a clean stop
+        if not isinstance(exc, MqttError):
+            # a paho or TLS surprise must not kill the task silently either
+            log.error("MQTT %s: unexpected error", self.settings.url, exc_info=exc)
+        elif end.connected:
+            log.warning("MQTT %s: connection lost: %s", self.settings.url, exc)
+        else:
+            level = logging.WARNING if end.failures == 1 else logging.DEBUG
+            log.log(level, "MQTT %s: cannot connect: %s", self.settings.url, exc)
+        if not end.connected:
+            self._connect_failures += 1
+            if end.refused:
+                self._credential_refusals += 1
+                self._refused = self._login
+
+    async def _pause(self, delay: float) -> None:
+        """Sleep, but wake at once for stop(); new reports just wait in the slot."""
+        stop_wait = asyncio.create_task(self._wait_stopping())
+        try:
+            await asyncio.wait({stop_wait}, timeout=delay)
+        finally:
+            stop_wait.cancel()
 
     async def _wait_stopping(self) -> None:
         while not self._stopping:
@@ -409,7 +416,7 @@ class ReportPublisher:
             self._sessions += 1
             self._refused = None
             self._connected = True
-            self._connected_at = time.monotonic()
+            self._reconnect.connected()
             log.info("MQTT %s: connected as %s", self.settings.url, self.prefix)
             watcher = asyncio.create_task(self._watch(client))
             try:

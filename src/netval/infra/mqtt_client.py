@@ -1,30 +1,46 @@
-"""MQTT connection pieces shared by agent and operator: the client as both build it, the
-reconnect delay (capped exponential backoff with full jitter), and connect errors explained
-(a TLS refusal says which check failed and what to change)."""
+"""MQTT connection pieces shared by agent and operator: the client as both build it, the one
+reconnect rule every connection follows (`ReconnectRule`, `reconnect_loop`: capped
+exponential backoff with full jitter, reset by a session that held, refusals of the
+credential told apart), and connect errors explained (a TLS refusal says which check failed
+and what to change)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import random
 import ssl
-from typing import Any, Self
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final, Self
 
 import aiomqtt
 from aiomqtt import MqttError, ProtocolVersion, Will
+from aiomqtt.exceptions import MqttConnectError
 
 from netval.infra.mqtt_settings import ENV_CA_FILE, MqttSettings
 
 __all__ = [
     "NetvalMqttClient",
     "PublishRefused",
+    "ReconnectPolicy",
+    "ReconnectRule",
+    "SessionEnd",
     "backoff_delay",
+    "credential_refused",
     "explain_connect_error",
     "make_client",
+    "reconnect_loop",
 ]
 
 log = logging.getLogger(__name__)
 _warned_plaintext: set[str] = set()
+# CONNACKs that refuse the credential: MQTT v5 0x86 (bad user name or password) and 0x87
+# (not authorized), MQTT 3.1.1 return codes 4 and 5
+V5_REFUSALS: Final = frozenset({0x86, 0x87})
+V3_REFUSALS: Final = frozenset({4, 5})
 # The message id of the publish this task just handed to paho: aiomqtt does not return it.
 _last_mid: contextvars.ContextVar[int | None] = contextvars.ContextVar("mid", default=None)
 
@@ -152,3 +168,112 @@ def backoff_delay(failures: int, *, base: float, cap: float, rng: random.Random)
     lost the broker together does not come back together."""
     ceiling = min(cap, base * 2 ** min(max(failures, 1) - 1, 30))
     return rng.uniform(0, ceiling)
+
+
+def credential_refused(exc: BaseException) -> bool:
+    """True when `exc` is a CONNACK refusing the user name/password or the client. Nothing
+    else (DNS, TCP refused, TLS, a timeout, a restarting broker, "server unavailable") says
+    anything about the credential."""
+    if not isinstance(exc, MqttConnectError):
+        return False
+    rc = exc.rc
+    if isinstance(rc, int):  # MQTT 3.1.1: a bare return code
+        return rc in V3_REFUSALS
+    value = getattr(rc, "value", None)  # MQTT v5: paho's ReasonCode
+    return isinstance(value, int) and value in V5_REFUSALS
+
+
+@dataclass(frozen=True, slots=True)
+class ReconnectPolicy:
+    """Delays before the next connect: full jitter up to `base * 2**(failures-1)`, at most
+    `cap`; a session that stayed up `stable_after` seconds starts the count over (a broker
+    restart after a quiet week is retried at once, a broker that accepts and then drops the
+    client at once, e.g. a client-id takeover fight, is not hammered at the base delay)."""
+
+    base: float = 0.5
+    cap: float = 30.0
+    stable_after: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.base <= 0 or self.cap < self.base or self.stable_after < 0:
+            raise ValueError("need 0 < base <= cap and stable_after >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEnd:
+    """How one session ended, as `ReconnectRule.ended` judged it."""
+
+    error: BaseException | None  # None: the session returned
+    connected: bool  # it had connected (`ReconnectRule.connected`)
+    refused: bool  # the refusal hook says the broker refused the credential
+    reset: bool  # it held `stable_after`: the backoff started over
+    failures: int  # ends in a row since the last reset, this one included
+    delay: float  # seconds before the next attempt
+
+
+class ReconnectRule:
+    """The reconnect rule of every MQTT connection of netval (agent publisher, operator
+    ingest, dynamic-security admin). Pure: the session calls `connected()` once up, and
+    `ended(error)` says what the end means and how long to wait; `clock` and `rng` are
+    injected (tests use a fake clock and a seeded RNG)."""
+
+    def __init__(
+        self,
+        policy: ReconnectPolicy,
+        *,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        refused: Callable[[BaseException], bool] = credential_refused,
+    ) -> None:
+        self.policy = policy
+        self.rng = rng or random.Random()  # noqa: S311 - jitter
+        self.clock = clock
+        self.refused = refused
+        self.failures = 0
+        self._up_since: float | None = None
+
+    def connected(self) -> None:
+        self._up_since = self.clock()
+
+    def ended(self, error: BaseException | None) -> SessionEnd:
+        up, self._up_since = self._up_since, None
+        reset = up is not None and self.clock() - up >= self.policy.stable_after
+        if reset:
+            self.failures = 0
+        self.failures += 1
+        p = self.policy
+        return SessionEnd(
+            error=error,
+            connected=up is not None,
+            refused=error is not None and self.refused(error),
+            reset=reset,
+            failures=self.failures,
+            delay=backoff_delay(self.failures, base=p.base, cap=p.cap, rng=self.rng),
+        )
+
+
+async def reconnect_loop(
+    session: Callable[[], Awaitable[None]],
+    rule: ReconnectRule,
+    *,
+    on_end: Callable[[SessionEnd], None],
+    stopping: Callable[[], bool] = lambda: False,
+    pause: Callable[[float], Awaitable[object]] = asyncio.sleep,
+) -> None:
+    """`session()` again and again, until cancelled or `stopping()`: each end (an error, or
+    a return) goes to `on_end` (logs, counters), then `pause(delay)` (the rule's delay;
+    a caller with a stop signal passes a pause that wakes for it). Any exception ends a
+    session, not the loop: an unexpected one must not kill a connection silently."""
+    while not stopping():
+        error: BaseException | None = None
+        try:
+            await session()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            error = exc
+        end = rule.ended(error)
+        on_end(end)
+        if stopping():
+            return
+        await pause(end.delay)

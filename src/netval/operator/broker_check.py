@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 
 from netval.infra.broker_acl import AclProbe, AclVerdict, probe_node_topics
 from netval.infra.mqtt_settings import MqttSettings
+from netval.operator.thread_pools import PROCESS_POOLS, Concern
 
 __all__ = ["BrokerAclCheck", "start_acl_check", "stop_acl_check"]
 
@@ -55,7 +56,8 @@ class BrokerAclCheck(Collector):
         self.result: AclProbe | None = None
 
     async def run(self) -> AclProbe:
-        result = await asyncio.to_thread(
+        result = await PROCESS_POOLS.run(
+            Concern.BROKER_PROBE,
             probe_node_topics,
             self.settings,
             self.settings.ssl_context(),

@@ -61,6 +61,7 @@ from netval.operator.metrics import operator_registry
 from netval.operator.settings import OperatorSettings
 from netval.operator.term_runtime import OperatorRuntime
 from netval.operator.term_startup import SIGNALS_KEY, started_runtime, stop_runtime
+from netval.operator.thread_pools import PROCESS_POOLS
 
 if TYPE_CHECKING:
     from netval.operator.admission.options import WebhookOptions
@@ -185,6 +186,7 @@ class OperatorProcess:
                 server.close()
             if lease is not None:
                 lease.close()
+            PROCESS_POOLS.close()  # after the services that submit to them stopped
 
     async def _serve(
         self,

@@ -21,6 +21,7 @@ from netval.infra.task_stop import cancel_and_wait
 from netval.model.keys import MANAGED_BY_OPERATOR, AnnotationKey, LabelKey
 from netval.operator.admission.options import FailurePolicy, ServiceRef, WebhookOptions
 from netval.operator.kube.api import load_kube_client
+from netval.operator.thread_pools import PROCESS_POOLS, Concern
 
 log = logging.getLogger("netval.operator.admission")
 
@@ -159,7 +160,7 @@ class ConfigurationWriter:
         delay = 0.5
         while True:
             try:
-                await asyncio.to_thread(self._write, config)
+                await PROCESS_POOLS.run(Concern.ADMISSION, self._write, config)
             except Exception as exc:
                 log.warning("writing the webhook configurations failed (retry in %gs): %s",
                             delay, exc)  # fmt: skip

@@ -28,6 +28,7 @@ from netval.operator.kube.api import error_text
 from netval.operator.kube.paging import paged_items
 from netval.operator.kube.read_modify_write import StillConflicting, Written, read_modify_write
 from netval.operator.term_runtime import OperatorRuntime, ValidationView
+from netval.operator.thread_pools import Concern
 
 log = logging.getLogger("netval.operator.admission")
 
@@ -124,8 +125,12 @@ class GateReleaser:
             ):
                 continue
             try:
-                count = await asyncio.to_thread(
-                    self._release_all, runtime.kube.core, name, functools.partial(_admits, view)
+                count = await runtime.kube.pools.run(
+                    Concern.GATES,
+                    self._release_all,
+                    runtime.kube.core,
+                    name,
+                    functools.partial(_admits, view),
                 )
             except Exception as exc:
                 self._healthy[name] = (False, 0)  # a turn not handled yet: try again next tick
@@ -150,8 +155,8 @@ class GateReleaser:
         if now - self._orphans_checked >= self.resync and await runtime.validations_loaded():
             self._orphans_checked = now
             try:
-                marked = await asyncio.to_thread(
-                    self._mark_orphans, runtime.kube.core, set(runtime.states)
+                marked = await runtime.kube.pools.run(
+                    Concern.GATES, self._mark_orphans, runtime.kube.core, set(runtime.states)
                 )
             except Exception as exc:
                 self._orphans_checked = now - self.resync + self.interval  # retry soon

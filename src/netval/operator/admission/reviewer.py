@@ -37,6 +37,7 @@ from netval.operator.admission.mutate import (
 from netval.operator.gating.capacity import AdmissionVerdict, judge, min_healthy_nodes
 from netval.operator.kube.api import PLURAL, VERSION, error_text, load_kube_client
 from netval.operator.term_runtime import OperatorRuntime, ValidationView
+from netval.operator.thread_pools import PROCESS_POOLS, Concern
 
 log = logging.getLogger("netval.operator.admission")
 
@@ -226,7 +227,7 @@ class Reviewer:
             return found if isinstance(found, dict) else None
 
         try:
-            found = await asyncio.to_thread(read)
+            found = await PROCESS_POOLS.run(Concern.ADMISSION, read)
         except Exception as exc:
             if time.monotonic() - self._warned >= WARN_EVERY:
                 self._warned = time.monotonic()

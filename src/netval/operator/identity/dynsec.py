@@ -2,8 +2,8 @@
 
 Commands go to `$CONTROL/dynamic-security/v1` as `{"commands": [...]}`; the plugin answers
 on `.../response` with one `{"responses": [...]}` per request, each response carrying the
-command's `correlationData`. One connection task owns the MQTT client: it reconnects with
-backoff, and a request in flight when the connection drops fails with `DynsecError` (the
+command's `correlationData`. One connection task owns the MQTT client: it reconnects by the
+rule of every MQTT connection (`infra.mqtt_client.reconnect_loop`), and a request in flight when the connection drops fails with `DynsecError` (the
 caller decides whether to retry; enrollment answers 503).
 """
 
@@ -14,14 +14,19 @@ import contextlib
 import itertools
 import json
 import logging
-import random
 import secrets
 from typing import Any, Final
 
 import aiomqtt
 from aiomqtt import MqttError
 
-from netval.infra.mqtt_client import backoff_delay, make_client
+from netval.infra.mqtt_client import (
+    ReconnectPolicy,
+    ReconnectRule,
+    SessionEnd,
+    make_client,
+    reconnect_loop,
+)
 from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.task_stop import cancel_and_wait
 from netval.operator.identity.acl import Command
@@ -50,7 +55,7 @@ class DynsecAdmin:
     ) -> None:
         self.settings = settings
         self.timeout = timeout
-        self._backoff = (backoff_base, backoff_cap)
+        self._reconnect = ReconnectRule(ReconnectPolicy(backoff_base, backoff_cap))
         self._client: aiomqtt.Client | None = None
         self._ready = asyncio.Event()
         self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
@@ -58,7 +63,6 @@ class DynsecAdmin:
         # Other replicas read the same response topic: keys unique to this connection.
         self._nonce = secrets.token_hex(4)
         self._task: asyncio.Task[None] | None = None
-        self._rng = random.Random()  # noqa: S311 - jitter
         self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
         self.connects = 0  # sessions established (a reconnect after a broker restart counts)
 
@@ -111,41 +115,36 @@ class DynsecAdmin:
     # -- the connection task ----------------------------------------------------------------
 
     async def _run(self) -> None:
-        failures = 0  # sessions in a row that ended without connecting
-        while True:
-            connects = self.connects
-            try:
-                await self._session()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if self.connects != connects:
-                    # It had connected: start the backoff over (a broker restart after a long
-                    # quiet spell is retried at once, not at the cap) and say so again.
-                    failures = 0
-                level = logging.WARNING if failures == 0 else logging.DEBUG
-                if not isinstance(exc, MqttError):
-                    log.exception("dynamic security admin: unexpected error")
-                else:
-                    log.log(level, "dynamic security admin %s: %s", self.settings.url, exc)
-            finally:
-                self._ready.clear()
-                self._client = None
-                self._fail_pending("connection lost")
-            failures += 1
-            base, cap = self._backoff
-            await asyncio.sleep(backoff_delay(failures, base=base, cap=cap, rng=self._rng))
+        await reconnect_loop(self._session, self._reconnect, on_end=self._ended)
+
+    def _ended(self, end: SessionEnd) -> None:
+        # said once per outage: after a session, or the first failed connect in a row
+        level = logging.WARNING if end.connected or end.failures == 1 else logging.DEBUG
+        if end.refused:
+            log.error("dynamic security admin %s: the broker refuses the operator's "
+                      "credential: %s", self.settings.url, end.error)  # fmt: skip
+        elif end.error is not None and not isinstance(end.error, MqttError):
+            log.error("dynamic security admin: unexpected error", exc_info=end.error)
+        else:
+            log.log(level, "dynamic security admin %s: %s", self.settings.url,
+                    end.error or "session ended")  # fmt: skip
 
     async def _session(self) -> None:
         s = self.settings
-        async with make_client(s, keepalive=30, tls_context=s.ssl_context()) as client:
-            await client.subscribe(RESPONSE_TOPIC, qos=1)
-            self._client = client
-            self.connects += 1
-            self._ready.set()
-            log.info("dynamic security admin connected to %s", s.url)
-            async for message in client.messages:
-                self._on_response(message.payload)
+        try:
+            async with make_client(s, keepalive=30, tls_context=s.ssl_context()) as client:
+                await client.subscribe(RESPONSE_TOPIC, qos=1)
+                self._client = client
+                self.connects += 1
+                self._reconnect.connected()
+                self._ready.set()
+                log.info("dynamic security admin connected to %s", s.url)
+                async for message in client.messages:
+                    self._on_response(message.payload)
+        finally:
+            self._ready.clear()
+            self._client = None
+            self._fail_pending("connection lost")
 
     def _on_response(self, payload: Any) -> None:
         try:

@@ -15,7 +15,6 @@ official client is synchronous).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -28,6 +27,7 @@ from netval.model.manifest import API_GROUP
 from netval.model.topics import check_topic_level
 from netval.operator.agents.agent_names import AGENT_OBJECT_PREFIX
 from netval.operator.agents.manifests import AGENT_APP_NAME, AGENT_SERVICE_ACCOUNT
+from netval.operator.thread_pools import PROCESS_POOLS, Concern
 
 AUDIENCE: Final = "netval"
 EXTRA_POD_NAME: Final = "authentication.kubernetes.io/pod-name"
@@ -203,14 +203,15 @@ class PodTokenReviewer:
         self._owners: dict[OwnerRef, None] = {}
 
     async def review(self, token: str) -> AgentPod:
-        status = await asyncio.to_thread(self._token_review, token)
+        status = await PROCESS_POOLS.run(Concern.ENROLL, self._token_review, token)
         ref = pod_ref_of(status, namespace=self.namespace, service_account=self.service_account)
-        pod = await asyncio.to_thread(self._read_pod, ref)
+        pod = await PROCESS_POOLS.run(Concern.ENROLL, self._read_pod, ref)
         agent = agent_node_of(ref, pod, service_account=self.service_account)
         assert pod is not None  # agent_node_of refuses a missing pod
         owner = daemonset_owner_of(ref, pod)
         if owner not in self._owners:
-            check_agent_daemonset(owner, await asyncio.to_thread(self._read_daemonset, owner))
+            found = await PROCESS_POOLS.run(Concern.ENROLL, self._read_daemonset, owner)
+            check_agent_daemonset(owner, found)
             self._owners[owner] = None
             while len(self._owners) > MAX_OWNERS:
                 del self._owners[next(iter(self._owners))]

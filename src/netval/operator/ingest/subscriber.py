@@ -11,10 +11,10 @@ drop, never the session's end. The same connection keeps the operator's own reta
 messages (agent assignments) on the broker and clears the retained topics of deleted
 validations; that sync is supervised (a failed publish is logged, counted and retried).
 
-Reconnects back off exponentially (full jitter); a session that stayed up for
-`STABLE_SESSION_SECONDS` resets the backoff, so a broker restart after a long quiet spell
-is followed by a quick reconnect. After every (re)subscribe the retained replay is
-recorded (`replayed`: which validation/node reports came back) and handed to `on_replayed`,
+Reconnects follow the rule of every MQTT connection (`infra.mqtt_client.reconnect_loop`):
+exponential backoff with full jitter; a session that stayed up for `STABLE_SESSION_SECONDS`
+resets it, so a broker restart after a long quiet spell is followed by a quick reconnect.
+After every (re)subscribe the retained replay is recorded (`replayed`: which validation/node reports came back) and handed to `on_replayed`,
 so a gap (targeted nodes without a retained report) is counted instead of trusted.
 """
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -33,7 +32,13 @@ from aiomqtt import MqttError
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
-from netval.infra.mqtt_client import backoff_delay, make_client
+from netval.infra.mqtt_client import (
+    ReconnectPolicy,
+    ReconnectRule,
+    SessionEnd,
+    make_client,
+    reconnect_loop,
+)
 from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.telemetry import process_span
 from netval.model.results import Report
@@ -156,6 +161,7 @@ class ReportIngest:
         # load-test coordinator; the subscription exists only when someone takes them
         self.on_load_result = on_load_result
         self.stable_after = stable_after
+        self._reconnect = ReconnectRule(ReconnectPolicy(backoff_base, backoff_cap, stable_after))
         # the retained reports of the current session's replay
         self.replayed: set[ReplayKey] = set()
         self._replaying = False
@@ -168,9 +174,6 @@ class ReportIngest:
         self._groups: dict[str, dict[str, bytes]] = {}  # set_retained's groups
         self._published: dict[str, bytes] = {}
         self._retained_changed = asyncio.Event()
-        self._backoff_base = backoff_base
-        self._backoff_cap = backoff_cap
-        self._rng = random.Random()  # noqa: S311 - jitter
 
     def set_retained(self, desired: Mapping[str, bytes], *, group: str = "assignments") -> None:
         """The retained messages the operator wants on the broker for one `group` (agent
@@ -288,38 +291,30 @@ class ReportIngest:
 
     async def run(self) -> None:
         """The subscription until cancelled: reconnects for ever, with backoff."""
-        failures = 0
-        while True:
-            self._connected_at: float | None = None
-            try:
-                await self._session()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if not isinstance(exc, MqttError):
-                    log.exception("MQTT ingest: unexpected error")
-                else:
-                    log.warning("MQTT ingest %s: %s", self.settings.url, exc)
-            finally:
-                self.stats.connected = False
-            up = self._connected_at
-            if up is not None and time.monotonic() - up >= self.stable_after:
-                failures = 0  # a stable session: start over from the base delay
-                self.stats.backoff_resets += 1
-            failures += 1
-            self.stats.failures_in_a_row = failures
-            self.stats.reconnects += 1
-            await asyncio.sleep(
-                backoff_delay(
-                    failures, base=self._backoff_base, cap=self._backoff_cap, rng=self._rng
-                )
-            )
+        try:
+            await reconnect_loop(self._session, self._reconnect, on_end=self._ended)
+        finally:
+            self.stats.connected = False
+
+    def _ended(self, end: SessionEnd) -> None:
+        self.stats.connected = False
+        if end.error is not None and not isinstance(end.error, MqttError):
+            log.error("MQTT ingest: unexpected error", exc_info=end.error)
+        else:
+            log.warning("MQTT ingest %s: %s", self.settings.url, end.error or "session ended")
+        if end.refused:
+            log.error("MQTT ingest %s: the broker refuses the operator's credential (check "
+                      "its user name and password)", self.settings.url)  # fmt: skip
+        if end.reset:
+            self.stats.backoff_resets += 1  # a stable session: start over from the base delay
+        self.stats.failures_in_a_row = end.failures
+        self.stats.reconnects += 1
 
     async def _session(self) -> None:
         s = self.settings
         async with make_client(s, keepalive=30, tls_context=s.ssl_context()) as client:
             self.stats.connected = True
-            self._connected_at = time.monotonic()
+            self._reconnect.connected()
             log.info("MQTT ingest connected to %s", s.url)
             self.replayed = set()
             self._replaying = True

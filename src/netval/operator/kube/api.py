@@ -7,8 +7,9 @@ Every request is bounded: a (connect, read) timeout on every call made through a
 `load_kube_client` or given to `KubeApi` (the gate releaser's and Kueue's direct calls
 included), and `KubeApi`'s calls retry 5xx, 429, 409 and transport errors (timeouts, reset
 connections) with jittered exponential backoff (status patches excepted: the status writer
-retries them at its next window, with fresh content). Status writes, Node writes and the rest run in
-three separate thread pools, so hung Node PATCHes never delay a status write.
+retries them at its next window, with fresh content). Status writes, Node writes, the rest, and
+the gate releaser's and Kueue's calls run in separate thread pools (`operator.thread_pools`),
+so hung Node PATCHes never delay a status write.
 
 Every write through such a client asks the write fence right before it is sent, in the
 sending thread (`kube.fenced_pool`): only the leader writes, each write bounded to land
@@ -17,7 +18,6 @@ before another replica could lead.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import json
@@ -26,7 +26,6 @@ import os
 import random
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar, cast
 
@@ -42,6 +41,7 @@ from netval.operator.kube.fenced_pool import FencedPool
 from netval.operator.kube.paging import METADATA_LIST, paged_items
 from netval.operator.kube.read_modify_write import Written, read_modify_write
 from netval.operator.leadership.fence import WRITE_FENCE, NotLeading
+from netval.operator.thread_pools import TERM_CONCERNS, Concern, ThreadPools
 
 log = logging.getLogger("netval.operator.kube")
 
@@ -59,10 +59,6 @@ API_ATTEMPTS: Final = 3
 BACKOFF_BASE: Final = 0.2
 BACKOFF_CAP: Final = 2.0
 RETRY_STATUSES: Final = frozenset({409, 429, 500, 502, 503, 504})
-# Worker threads: status writes, Node writes (the gating round's concurrency), the rest.
-STATUS_WORKERS: Final = 4
-NODE_WORKERS: Final = 16
-OTHER_WORKERS: Final = 4
 NODE_PAGE: Final = 500
 
 T = TypeVar("T")
@@ -141,16 +137,15 @@ class KubeApi:
         self.retries = 0  # attempts after a retryable failure, for the metrics
         self._closed = False
         self._rng = random.Random()  # noqa: S311 - jitter
-        self._status_pool = ThreadPoolExecutor(STATUS_WORKERS, thread_name_prefix="kube-status")
-        self._node_pool = ThreadPoolExecutor(NODE_WORKERS, thread_name_prefix="kube-nodes")
-        self._other_pool = ThreadPoolExecutor(OTHER_WORKERS, thread_name_prefix="kube-other")
+        # this term's worker threads (sizes and why: thread_pools.SIZES); the gate releaser
+        # and Kueue run their calls of this client in theirs (`pools.run`)
+        self.pools = ThreadPools(TERM_CONCERNS)
 
     def close(self) -> None:
         """End of a leadership term: queued calls are dropped and no running one starts
         another attempt (one already on the wire ends within its timeout)."""
         self._closed = True
-        for pool in (self._status_pool, self._node_pool, self._other_pool):
-            pool.shutdown(wait=False, cancel_futures=True)
+        self.pools.close()
 
     def _retrying(
         self,
@@ -182,21 +177,16 @@ class KubeApi:
                 time.sleep(delay)
         raise AssertionError("unreachable")
 
-    async def _run(
-        self, pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any, **kwargs: Any
-    ) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            pool, functools.partial(self._retrying, fn, *args, **kwargs)
-        )
+    async def _run(self, concern: Concern, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await self.pools.run(concern, self._retrying, fn, *args, **kwargs)
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`fn(*args, **kwargs)` (a call of this client's APIs) in the pool of other calls,
         retried like the rest (`_idempotent=False` for a create)."""
-        return await self._run(self._other_pool, fn, *args, **kwargs)
+        return await self._run(Concern.OTHER, fn, *args, **kwargs)
 
     async def apply_configmap(self, body: dict[str, Any]) -> None:
-        await self._run(self._other_pool, self._apply_configmap, body)
+        await self._run(Concern.OTHER, self._apply_configmap, body)
 
     def _apply_configmap(self, body: dict[str, Any]) -> None:
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -216,7 +206,7 @@ class KubeApi:
             )
 
     async def apply_daemonset(self, body: dict[str, Any]) -> None:
-        await self._run(self._other_pool, self._apply_daemonset, body)
+        await self._run(Concern.OTHER, self._apply_daemonset, body)
 
     def _apply_daemonset(self, body: dict[str, Any]) -> None:
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -232,7 +222,7 @@ class KubeApi:
         self.apps.replace_namespaced_daemon_set(name, ns, cast(Any, body))
 
     async def delete_agent_objects(self, namespace: str, name: str) -> None:
-        await self._run(self._other_pool, self._delete_agent_objects, namespace, name)
+        await self._run(Concern.OTHER, self._delete_agent_objects, namespace, name)
 
     def _delete_agent_objects(self, namespace: str, name: str) -> None:
         for delete in (
@@ -267,7 +257,7 @@ class KubeApi:
         # A create is not idempotent: retried only when the server answered that it failed,
         # not after a timeout (the Event may exist).
         await self._run(
-            self._other_pool,
+            Concern.OTHER,
             self.core.create_namespaced_event,
             EVENT_NAMESPACE,
             cast(Any, body),
@@ -281,7 +271,7 @@ class KubeApi:
         taint list, so the list written must be the one read, minus or plus ours; a 409 means
         another writer won and the round is retried on fresh data.
         """
-        return await self._run(self._node_pool, self._set_node_gating, node, label, taint)
+        return await self._run(Concern.NODES, self._set_node_gating, node, label, taint)
 
     def _set_node_gating(self, node: str, label: str | None, taint: bool) -> bool:
         def read() -> dict[str, Any]:
@@ -307,7 +297,7 @@ class KubeApi:
 
     async def set_node_label(self, node: str, label: str | None) -> bool:
         """Only our label (None removes it): a merge patch of one key touches nothing else."""
-        return await self._run(self._node_pool, self._set_node_label, node, label)
+        return await self._run(Concern.NODES, self._set_node_label, node, label)
 
     def _set_node_label(self, node: str, label: str | None) -> bool:
         try:
@@ -327,7 +317,7 @@ class KubeApi:
         False if the Node is gone."""
         if not all(k.startswith(TOPOLOGY_LABEL_PREFIX) for k in labels):
             raise ValueError(f"not netval's topology labels: {sorted(labels)}")
-        return await self._run(self._node_pool, self._patch_node_labels, node, dict(labels))
+        return await self._run(Concern.NODES, self._patch_node_labels, node, dict(labels))
 
     def _patch_node_labels(self, node: str, labels: dict[str, str | None]) -> bool:
         try:
@@ -344,7 +334,7 @@ class KubeApi:
 
     async def list_validation_names(self) -> list[str]:
         found = await self._run(
-            self._other_pool, self.custom.list_cluster_custom_object, API_GROUP, VERSION, PLURAL
+            Concern.OTHER, self.custom.list_cluster_custom_object, API_GROUP, VERSION, PLURAL
         )
         items: list[dict[str, Any]] = cast(dict[str, Any], found).get("items", [])
         return [item["metadata"]["name"] for item in items]
@@ -368,7 +358,7 @@ class KubeApi:
                 out[str(meta["name"])] = {k: str(labels[k]) for k in keys if k in labels}
             return out
 
-        return await self._run(self._other_pool, listed)
+        return await self._run(Concern.OTHER, listed)
 
     async def list_pod_names(
         self, namespace: str, label_selector: str, page: int = NODE_PAGE
@@ -386,7 +376,7 @@ class KubeApi:
         names: set[str] = set()
         after: str | None = None
         while True:
-            found = await self._run(self._other_pool, self._metadata_page, lister, page, after)
+            found = await self._run(Concern.OTHER, self._metadata_page, lister, page, after)
             names.update(str(item["metadata"]["name"]) for item in found.get("items") or [])
             after = (found.get("metadata") or {}).get("continue") or None
             if after is None:
@@ -407,7 +397,7 @@ class KubeApi:
         DaemonSets in `namespace` that `label_selector` selects; those without a status yet
         (no DaemonSet controller has looked at them) are left out."""
         found = await self._run(
-            self._other_pool,
+            Concern.OTHER,
             self.apps.list_namespaced_daemon_set,
             namespace,
             label_selector=label_selector,
@@ -425,7 +415,7 @@ class KubeApi:
         a failed write at its next window with the status computed then, so a retry never
         writes a status older than one computed since."""
         await self._run(
-            self._status_pool,
+            Concern.STATUS,
             self.custom.patch_cluster_custom_object_status,
             API_GROUP,
             VERSION,
@@ -441,7 +431,7 @@ class KubeApi:
         """A merge patch of a NetworkLoadTest's status, one attempt (the coordinator writes
         again at its next tick with what it knows then)."""
         await self._run(
-            self._status_pool,
+            Concern.STATUS,
             self.custom.patch_cluster_custom_object_status,
             API_GROUP,
             VERSION,
@@ -469,7 +459,7 @@ class KubeApi:
                     found.add(str(spec["nodeName"]))
             return found
 
-        return await self._run(self._other_pool, listed)
+        return await self._run(Concern.OTHER, listed)
 
 
 def requests_gpus(pod_spec: Mapping[str, Any]) -> bool:

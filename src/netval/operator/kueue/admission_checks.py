@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -25,6 +24,7 @@ from netval.operator.kueue.decisions import (
     with_condition,
 )
 from netval.operator.term_runtime import OperatorRuntime
+from netval.operator.thread_pools import Concern
 
 log = logging.getLogger("netval.operator.kueue")
 
@@ -96,7 +96,8 @@ class AdmissionChecks:
             "metadata": {"resourceVersion": check.resource_version},
             "status": {"conditions": conditions},
         }
-        result = await asyncio.to_thread(
+        result = await runtime.kube.pools.run(
+            Concern.KUEUE,
             runtime.kube.custom.patch_cluster_custom_object_status,
             group, version, "admissionchecks", check.name, patch,
         )  # fmt: skip
@@ -122,7 +123,7 @@ class AdmissionChecks:
             return name in runtime.states and name not in runtime.specs  # invalid spec
 
         try:
-            missing = await asyncio.to_thread(read)
+            missing = await runtime.kube.pools.run(Concern.KUEUE, read)
         except Exception as exc:
             log.warning("looking up NetworkValidation %s failed: %s", name, error_text(exc))
             return False

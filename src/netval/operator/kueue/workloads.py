@@ -3,7 +3,6 @@ entries of our AdmissionChecks in their `status.admissionChecks`."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import logging
 from collections.abc import Callable, Mapping
@@ -26,6 +25,7 @@ from netval.operator.kueue.decisions import (
 )
 from netval.operator.kueue.topology import admission_pods, assigned_nodes
 from netval.operator.term_runtime import OperatorRuntime, ValidationView
+from netval.operator.thread_pools import Concern
 
 log = logging.getLogger("netval.operator.kueue")
 
@@ -107,7 +107,9 @@ class Workloads:
         args = (group, version, meta["namespace"], "workloads", meta["name"])
 
         async def read() -> dict[str, Any] | None:
-            fresh = await asyncio.to_thread(custom.get_namespaced_custom_object, *args)
+            fresh = await runtime.kube.pools.run(
+                Concern.KUEUE, custom.get_namespaced_custom_object, *args
+            )
             if not isinstance(fresh, dict):
                 return None
             self.workloads[key] = _trim(fresh)
@@ -130,8 +132,8 @@ class Workloads:
             }
 
         async def write(patch: dict[str, Any]) -> tuple[list[dict[str, Any]], Any]:
-            result = await asyncio.to_thread(
-                custom.patch_namespaced_custom_object_status, *args, patch
+            result = await runtime.kube.pools.run(
+                Concern.KUEUE, custom.patch_namespaced_custom_object_status, *args, patch
             )
             return patch["status"]["admissionChecks"], result
 

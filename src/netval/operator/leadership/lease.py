@@ -1,20 +1,21 @@
 """The Lease object: read it, create it, replace it (with its resourceVersion, so of two
 replicas writing at once one gets 409 Conflict and loses).
 
-Calls run on the elector's own threads, not asyncio's default pool: status and Node writes
-share that pool, and a few hung PATCHes there must not keep the leader from renewing."""
+Calls run on the elector's own threads (`thread_pools.Concern.LEASE`), closed with the client:
+a few hung status or Node PATCHes, or TokenReviews, must not keep the leader from renewing."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from netval.operator.thread_pools import Concern, ThreadPools
 
 LEASE_API: Final = "coordination.k8s.io/v1"
 MICROTIME: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
@@ -68,17 +69,16 @@ class LeaseClient:
         self.timeout = timeout
         self._api = client.CoordinationV1Api(api_client)
         # a call abandoned at its caller's deadline keeps its thread until its own timeout
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="netval-lease")
+        self._pools = ThreadPools({Concern.LEASE})
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         def call() -> dict[str, Any]:
             response = fn(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
             return dict(json.loads(response.data))
 
-        loop = asyncio.get_running_loop()
         # a hung call still ends by its own timeout; asyncio's bound keeps the caller's pace
         async with asyncio.timeout(self.timeout + 1.0):
-            return await loop.run_in_executor(self._pool, call)
+            return await self._pools.run(Concern.LEASE, call)
 
     async def get(self) -> tuple[LeaseRecord, str] | None:
         """(record, resourceVersion), or None when there is no Lease."""
@@ -127,4 +127,4 @@ class LeaseClient:
         return str(obj["metadata"]["resourceVersion"])
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pools.close()
