@@ -5,8 +5,8 @@ Run from the repository root (mosquitto must be installed):
     python bench/loadtest_publish.py [--runs 3] [--nodes 1000 10000]
 
 The operator publishes a stage's plans (one retained QoS 1 message per node) when the
-stage's `issuedAt` comes, `LEAD_SECONDS` (5 s) before the stage starts: they must all be
-on the broker by then. What runs, per N: a real Mosquitto with the chart's limits
+stage's `issuedAt` comes, `stage_lead_seconds` (5 s up to 10,000 nodes) before the stage
+starts: they must all be on the broker by then. What runs, per N: a real Mosquitto with the chart's limits
 (tests/mosquitto.py CHART_LIMITS), the operator's `ReportIngest` (its aiomqtt connection,
 subscribed as in production) holding N agents' assignments (retained, published first),
 and, per run, what the coordinator does at a stage's issue time (`runner._advance`):
@@ -17,7 +17,7 @@ round of leaves of 32, every node announced an endpoint):
 - build: the plans and their JSON (the coordinator's tick, in the event loop);
 - publish: from the start of the build until the broker acknowledged every plan (PUBACK).
 
-Both must fit in the stage's lead (`LEAD_SECONDS`). `--window 1` publishes one at a time
+Both must fit in the stage's lead (the `lead` column). `--window 1` publishes one at a time
 (awaiting each acknowledgement: the operator's path before `publish_window`).
 """
 
@@ -59,7 +59,7 @@ async def bench(n: int, runs: int, window: int, workdir: Path) -> dict[str, Any]
     from netval.operator.ingest.subscriber import ReportIngest
 
     publish_window.publish_all.__defaults__ = (window,)  # what the ingest's passes use
-    from netval.operator.loadtest.plan import LEAD_SECONDS, RunPlan, WindowKind, plan_run
+    from netval.operator.loadtest.plan import RunPlan, WindowKind, plan_run, stage_lead_seconds
 
     broker = mosquitto.MosquittoBroker(workdir, extra_config=mosquitto.CHART_LIMITS)
     broker.start()
@@ -112,7 +112,7 @@ async def bench(n: int, runs: int, window: int, workdir: Path) -> dict[str, Any]
         return {
             "nodes": n,
             "plans": plans,
-            "lead": LEAD_SECONDS,
+            "lead": stage_lead_seconds(len(plan.domain_of)),
             **{k: statistics.median(v) for k, v in figures.items()},
         }
     finally:
