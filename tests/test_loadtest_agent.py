@@ -40,6 +40,7 @@ from netval.agent.storage.slots import SlotReader
 from netval.infra.mqtt_settings import MqttSettings
 from netval.model.loadplan import (
     MAX_LATENCY_SAMPLES,
+    MAX_RESULT_BYTES,
     FlowTask,
     LatencyResult,
     LatencyTask,
@@ -181,6 +182,9 @@ def test_results_are_thinned_to_fit_and_samples_subsampled_evenly() -> None:
     assert len(encode(small)) <= 500_000
     assert decode_result(encode(small)).latency[0].sent == 256
     assert 0 < len(small.latency[0].samples_ms) < MAX_LATENCY_SAMPLES
+    assert len(encode(big)) > MAX_RESULT_BYTES  # by default: the model's (the broker's) limit
+    assert len(encode(fitted := fit(big))) <= MAX_RESULT_BYTES
+    assert decode_result(encode(fitted)).latency[511].sent == 256
 
 
 # -- two executors on loopback -------------------------------------------------------------

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from loadtest_fabric import answer, leaf_spine
 from netval.model.loadplan import (
     MAX_PLAN_BYTES,
+    MAX_RESULT_BYTES,
     LoadAbort,
     LoadPlan,
     decode_plan,
@@ -25,7 +26,7 @@ from netval.model.loadplan import (
 )
 from netval.model.loadtest import Expectations, NetworkLoadTestStatus
 from netval.model.spec import NetworkValidationSpec
-from netval.model.topics import TopicKind, parse_topic, topic
+from netval.model.topics import MAX_REPORT_PACKET_BYTES, TopicKind, parse_topic, topic
 from netval.operator.identity.acl import node_acls
 from netval.operator.loadtest.aggregate import Received, aggregate
 from netval.operator.loadtest.plan import RunPlan, plan_run
@@ -224,6 +225,18 @@ def test_plan_errors_name_the_rule() -> None:
     ):
         decode_plan(b'{"type": "launch", "run": "r"}')
     assert decode_plan(b'{"type": "abort", "run": "run-1"}') == LoadAbort(run="run-1")
+
+
+def test_the_largest_legal_result_passes_the_chart_broker() -> None:
+    """The chart's broker disconnects a sender whose packet is over its maxPacketSize
+    (`MAX_REPORT_PACKET_BYTES`, tests/test_chart_broker.py): a result the model accepts, on
+    the longest topic, must fit in one packet with its MQTT 5 headers."""
+    longest = topic("v" * 253, "n" * 253, TopicKind.LOAD_RESULT)
+    # fixed header (at most 5), topic (2 + its length), packet id (2), properties (~70)
+    packet = 5 + 2 + len(longest.encode()) + 2 + 128 + MAX_RESULT_BYTES
+    assert packet <= MAX_REPORT_PACKET_BYTES
+    with pytest.raises(ValueError, match=f"over {MAX_RESULT_BYTES}"):
+        decode_result(b" " * (MAX_RESULT_BYTES + 1))
 
 
 def test_plans_and_results_live_under_the_node_s_own_topic_level() -> None:

@@ -23,12 +23,14 @@ from netval.model.loadtest import LoadPhase, LoadReason, PairScope, SkipReason
 from netval.model.spec import NetworkValidationSpec
 from netval.operator.loadtest.plan import (
     LEAD_SECONDS,
+    MAX_LEAD_SECONDS,
     MAX_SINGLE_READS,
     RunPlan,
     WindowKind,
     make_run_id,
     plan_run,
     round_robin,
+    stage_lead_seconds,
 )
 from netval.operator.loadtest.validate import RunSettings, SpecProblem, settle
 
@@ -257,6 +259,33 @@ def test_times_are_absolute_ahead_and_stages_do_not_overlap() -> None:
         assert 0 < (stage.deadline - stage.issued_at).total_seconds() <= MAX_PLAN_SECONDS
     for before, after in zip(plan.stages, plan.stages[1:], strict=False):
         assert before.deadline <= after.start
+
+
+def test_the_lead_grows_with_the_nodes_beyond_10000_up_to_a_minute() -> None:
+    """A stage's plans take ~0.17 ms per node to build and publish (bench/loadtest_publish.py):
+    the lead stays 5 s up to 10,000 nodes and leaves three times that beyond."""
+    assert stage_lead_seconds(1) == stage_lead_seconds(10_000) == LEAD_SECONDS == 5.0
+    assert stage_lead_seconds(20_000) == 10.0
+    assert stage_lead_seconds(10**6) == MAX_LEAD_SECONDS == 60.0
+    leads = [stage_lead_seconds(n) for n in range(0, 200_000, 997)]
+    assert leads == sorted(leads)
+
+
+@pytest.mark.parametrize(("nodes", "lead"), [(6, 5.0), (30_000, 15.0), (130_000, 60.0)])
+def test_every_stage_is_issued_its_lead_ahead_and_within_the_plan_span(
+    nodes: int, lead: float
+) -> None:
+    """With the longest duration and both phases, the longest lead keeps every stage within
+    MAX_PLAN_SECONDS from issue to deadline (what an agent accepts)."""
+    fabric = leaf_spine(2, nodes // 2)
+    plan = plan_run(settings({"duration": "300s"}), fabric.candidates(), run_id="r", now=NOW,
+                    seed=1)  # fmt: skip
+    assert isinstance(plan, RunPlan)
+    assert plan.stages[0].issued_at == NOW
+    assert {s.kind for s in plan.stages} >= {WindowKind.INTRA, WindowKind.STORAGE}
+    for stage in plan.stages:
+        assert (stage.start - stage.issued_at).total_seconds() == lead
+        assert 0 < (stage.deadline - stage.issued_at).total_seconds() <= MAX_PLAN_SECONDS
 
 
 def test_the_plan_is_deterministic_for_a_seed() -> None:

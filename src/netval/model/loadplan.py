@@ -41,7 +41,11 @@ LOADPLAN_SCHEMA: Final = 1
 MAX_TASKS: Final = 512  # a stage: at most a few tasks per window
 MAX_LATENCY_SAMPLES: Final = 256  # per latency task; the agent keeps an even subsample
 MAX_PLAN_BYTES: Final = 256 * 1024
-MAX_RESULT_BYTES: Final = 2 * 1024 * 1024
+# A result must pass the chart's broker (its maxPacketSize, `MAX_REPORT_PACKET_BYTES` =
+# 1 MiB + 4 KiB, refuses a larger packet and disconnects its sender): 1,000,000 bytes of
+# payload leaves over 50 KiB for the topic and MQTT headers. The agent keeps its results
+# under this (thinning latency samples), the operator refuses bigger ones.
+MAX_RESULT_BYTES: Final = 1_000_000
 MAX_WARMUP_SECONDS: Final = 30.0
 MAX_PLAN_SECONDS: Final = 600.0  # issue to deadline: one stage (a 300 s window and margins)
 MAX_BYTES: Final = 2**62  # 400 Gb/s for 300 s is 1.5e13: far below

@@ -50,6 +50,7 @@ from netval.operator.ingest.decode import (
     StateChange,
     decode_message,
 )
+from netval.operator.ingest.publish_window import PUBLISH_WINDOW, publish_all
 from netval.operator.leadership.fence import WRITE_FENCE
 
 log = logging.getLogger("netval.operator.ingest")
@@ -201,6 +202,9 @@ class ReportIngest:
         """Supervised: a publish that fails is logged and counted, and the whole sync is
         tried again after a backoff (what was not published stays pending); only the
         session's end stops it."""
+        # aiomqtt warns on every call beyond 10 awaiting their acknowledgement: the window
+        # of retained publishes is meant to (plus the session's few other calls)
+        client.pending_calls_threshold = PUBLISH_WINDOW + 16
         failures = 0
         while True:
             try:
@@ -240,15 +244,22 @@ class ReportIngest:
                 return False
             return True
 
-        for name, payload in desired.items():
-            if self._published.get(name) != payload and await put(name, payload):
+        async def publish(name: str, payload: bytes) -> None:
+            if await put(name, payload):
                 self._published[name] = payload
-        for name in [n for n in self._published if n not in desired]:
+
+        async def clear(name: str, _payload: bytes) -> None:
             if await put(name, b""):  # an empty retained payload clears the retained one
-                del self._published[name]
-        for name in list(self._clears):
-            if name in desired or await put(name, b""):
+                self._published.pop(name, None)
                 self._clears.pop(name, None)
+
+        # each pass names distinct topics, so their publishes may overlap (a bounded window)
+        changed = [(n, p) for n, p in desired.items() if self._published.get(n) != p]
+        await publish_all(changed, publish)
+        await publish_all(((n, b"") for n in list(self._published) if n not in desired), clear)
+        for name in [n for n in self._clears if n in desired]:
+            self._clears.pop(name, None)
+        await publish_all(((n, b"") for n in list(self._clears)), clear)
         if failed:
             name, exc = failed[0]
             raise RuntimeError(f"{len(failed)} retained publishes failed, first {name!r}: {exc}")

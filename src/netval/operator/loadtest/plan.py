@@ -2,8 +2,9 @@
 the same candidates, settings, start time and seed give the same plan.
 
 A run is a sequence of *stages*, each a few seconds to a few minutes long; the operator
-publishes a stage's plans `LEAD_SECONDS` before it starts (so a plan's deadline is never
-more than one stage away: an agent that loses the operator stops by itself). Stages, in
+publishes a stage's plans `stage_lead_seconds` before it starts (5 s; more above 10,000
+nodes), so a plan's deadline is never more than one stage away: an agent that loses the
+operator stops by itself. Stages, in
 order:
 
 - `r0`, intra: in every domain of two or more nodes, every node sends to the next one of
@@ -46,7 +47,13 @@ from netval.model.loadplan import (
 from netval.model.loadtest import LoadPhase, LoadReason, PairScope, SkipReason
 from netval.operator.loadtest.validate import RunSettings, SpecProblem
 
-LEAD_SECONDS: Final = 5.0  # a stage's plans go out this long before it starts
+LEAD_SECONDS: Final = 5.0  # a stage's plans go out this long before it starts (at least)
+# Building and publishing a stage's plans takes ~0.17 ms per node (bench/loadtest_publish.py:
+# 10,000 nodes in 1.7-1.8 s); the lead grows with three times that beyond 10,000 nodes, up
+# to a minute (the longest stage, a 300 s storage read with 8 single reads, plus a minute
+# stays within MAX_PLAN_SECONDS from issue to deadline).
+LEAD_SECONDS_PER_NODE: Final = 0.0005
+MAX_LEAD_SECONDS: Final = 60.0
 IDLE_SECONDS: Final = 3.0  # the echo probe alone, before a round's load
 WARMUP_SECONDS: Final = 2.0  # flows ramp up (TCP slow start) before they are measured
 GAP_SECONDS: Final = 1.0  # between windows: the previous window's flows drain
@@ -269,6 +276,12 @@ def round_robin(domains: list[str], scope: PairScope) -> list[list[tuple[str, st
     return [r for r in rounds if r]
 
 
+def stage_lead_seconds(participants: int) -> float:
+    """How long before a stage starts its plans go out: `LEAD_SECONDS`, longer for a run
+    whose plans take longer than a third of it to publish."""
+    return min(MAX_LEAD_SECONDS, max(LEAD_SECONDS, participants * LEAD_SECONDS_PER_NODE))
+
+
 def plan_run(
     settings: RunSettings,
     candidates: Iterable[Candidate],
@@ -293,7 +306,8 @@ def plan_run(
     members = {d: tuple(sorted(nodes)) for d, nodes in sorted(grouped.items())}
     duration = settings.duration_seconds
     stages: list[Stage] = []
-    t = now + timedelta(seconds=LEAD_SECONDS)
+    lead = stage_lead_seconds(len(domain_of))
+    t = now + timedelta(seconds=lead)
     if east_west and len(domain_of) >= 2:
         rounds: list[tuple[WindowKind, tuple[tuple[str, str], ...]]] = []
         if any(len(nodes) > 1 for nodes in members.values()):
@@ -301,13 +315,13 @@ def plan_run(
         rounds += [(WindowKind.CROSS, tuple(r)) for r in round_robin(list(members), settings.pairs)]
         for kind, pairs in rounds:
             end = t + timedelta(seconds=IDLE_SECONDS + GAP_SECONDS + WARMUP_SECONDS + duration)
-            stages.append(_stage(len(stages), kind, t, end, pairs=pairs))
+            stages.append(_stage(len(stages), kind, t, end, lead, pairs=pairs))
             t = stages[-1].deadline
     single = min(SINGLE_SECONDS, duration) + SINGLE_WARMUP_SECONDS + GAP_SECONDS
     singles = min(MAX_SINGLE_READS, len(domain_of))
     for endpoint in settings.endpoints:
         end = t + timedelta(seconds=WARMUP_SECONDS + duration + singles * single)
-        stages.append(_stage(len(stages), WindowKind.STORAGE, t, end, endpoint=endpoint))
+        stages.append(_stage(len(stages), WindowKind.STORAGE, t, end, lead, endpoint=endpoint))
         t = stages[-1].deadline
     if not stages:
         return SpecProblem(LoadReason.NO_PARTICIPANTS, "spec.validation", "nothing to run")
@@ -327,6 +341,7 @@ def _stage(
     kind: WindowKind,
     start: datetime,
     end: datetime,
+    lead: float,
     *,
     pairs: tuple[tuple[str, str], ...] = (),
     endpoint: str | None = None,
@@ -334,7 +349,7 @@ def _stage(
     return Stage(
         index=index,
         kind=kind,
-        issued_at=start - timedelta(seconds=LEAD_SECONDS),
+        issued_at=start - timedelta(seconds=lead),
         start=start,
         deadline=end + timedelta(seconds=DEADLINE_SLACK_SECONDS),
         pairs=pairs,

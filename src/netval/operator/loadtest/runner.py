@@ -6,7 +6,7 @@ Kopf's handlers (`netval.operator.handlers.loadtests`) tell it what exists (`ups
 
 1. tests waiting for their validation (ValidationNotFound) are settled again;
 2. each running run publishes the plans of the stages whose time has come
-   (`Stage.issued_at`, `LEAD_SECONDS` before the stage), retained QoS 1, through the ingest's
+   (`Stage.issued_at`, `stage_lead_seconds` before it), retained QoS 1, through the ingest's
    retained sync (a group per run: written by the leader only, behind the write fence, and
    published again after a reconnect); a run whose results are all in, or whose last
    deadline and grace passed, is folded into `status.lastRun` and its plan topics cleared;
