@@ -28,9 +28,8 @@ Per size and mode (`full`, `beats`), each on a fresh broker, operator and fleet:
   node's, 40 results, bench/ingest.py's `build_report`), spread evenly over --interval.
   `full`: every node publishes its full report every interval. `beats`: 1 % of the nodes
   publish a (changed) full report per interval, the others a beat on
-  `netval/v1/<validation>/<node>/beat` (QoS --beat-qos, not retained); one extra connection
-  with the operator's login subscribes to the beats (the broker's fan-out to the operator,
-  which in this tree does not read beats yet: its beat figures are pending).
+  `netval/v1/<validation>/<node>/beat` (QoS --beat-qos, retained as the agent sends it,
+  with the digest of the node's standing report, which the operator checks).
 - Operator (bench/scale_operator.py): the real `OperatorRuntime` in its own process,
   started once every node's first report is retained (the replay at start is measured),
   API writes counted by a stand-in (no API-server latency).
@@ -270,7 +269,7 @@ async def run_case(n: int, mode: str, tls: bool, args: argparse.Namespace,
     try:
         for p in range(procs):
             first, last = n * p // procs, n * (p + 1) // procs
-            sink = p == 0 and mode == "beats"
+            sink = False  # the operator reads the beats itself
             clients.append(await Child.spawn("clients", {**common, "first": first, "last": last,
                                                          "sink": sink}))  # fmt: skip
         t = time.monotonic()
@@ -349,7 +348,7 @@ async def run_case(n: int, mode: str, tls: bool, args: argparse.Namespace,
         fig["mbytes_per_s_in"] = sum(b["bytes_out"] - a["bytes_out"]
                                      for a, b in zip(cs0, cs1, strict=True)) / wall / 1e6  # fmt: skip
         fig["operator_reports_per_s"] = (op1["live"] - op0["live"]) / wall
-        fig["operator_beats_per_s"] = "pending (operator does not read beats in this tree)"
+        fig["operator_beats_per_s"] = (op1["beats"] - op0["beats"]) / wall
         fig["sink_beats_per_s"] = (cs1[0]["sink_received"] - cs0[0]["sink_received"]) / wall
         steady = [w for w in op1["writes"] if w[0] < w1]
         fig["api_writes_steady_per_s"] = len(steady) / wall
@@ -436,7 +435,7 @@ def cell(fig: dict[str, Any], key: str, fmt: str) -> str:
 def table(figs: list[dict[str, Any]]) -> None:
     print("| nodes | mode | transport | all connected | broker RSS (connected / steady) | "
           "broker CPU | operator RSS (HWM) | operator CPU | operator lag | clients CPU | "
-          "msgs/s (reports + beats) | operator rep/s | detect-to-status p50 / p99 | "
+          "msgs/s (reports + beats) | operator reports + beats/s | detect-to-status p50 / p99 | "
           "API writes/s steady / burst | replay at start | other load |")  # fmt: skip
     print("|---:|:---|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for f in figs:
@@ -444,7 +443,7 @@ def table(figs: list[dict[str, Any]]) -> None:
             print(f"| {f['nodes']:,} | {f['mode']} | {f['transport']} | FAILED: {f['failed']} "
                   f"{f.get('connect_errors') or ''} |" + " |" * 12)  # fmt: skip
             continue
-        dagger = " †" if f["mode"] == "beats" else ""
+        dagger = ""
         print(
             f"| {f['nodes']:,} | {f['mode']} | {f['transport']} | {f['connect_all_s']:.1f} s | "
             f"{f['broker_rss_connected_mib']:.0f} / {f['broker_rss_mib']:.0f} MiB | "
@@ -452,17 +451,11 @@ def table(figs: list[dict[str, Any]]) -> None:
             f"({f['operator_hwm_mib']:.0f}) MiB{dagger} | {f['operator_cpu_pct']:.0f} %{dagger} | "
             f"{f['operator_lag_end_s']:.1f} s | {f['clients_cpu_pct']:.0f} % | "
             f"{f['msgs_per_s']:,.0f} ({f['reports_per_s']:,.0f} + {f['beats_per_s']:,.0f}) | "
-            f"{f['operator_reports_per_s']:,.0f} | "
+            f"{f['operator_reports_per_s']:,.0f} + {f['operator_beats_per_s']:,.0f} | "
             f"{cell(f, 'detect_p50_s', '.2f')} / {cell(f, 'detect_p99_s', '.2f')} s | "
             f"{f['api_writes_steady_per_s']:.2f}{dagger} / {f['api_writes_burst_per_s']:.1f} | "
             f"{f['replay_s']:.1f} s | {f['other_load_pct']:.0f} % |"
         )
-    if any(f["mode"] == "beats" and "failed" not in f for f in figs):
-        print("† pending: the operator of this tree does not read beats (it subscribes to report "
-              "and state only), so nodes that only beat go stale after 3 intervals and their "
-              "Node labels flip (the steady writes); its CPU and RSS are those of reading 1 % "
-              "of the reports, without the beats' cost. Broker figures include the beats' "
-              "fan-out to one subscriber standing in for the operator.")  # fmt: skip
     print("CPU in % of one core; operator lag: age of the newest live report it had read at "
           "the end of the window (behind when it exceeds the interval); other load: CPU of "
           "processes outside the bench during the window")  # fmt: skip

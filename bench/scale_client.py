@@ -195,6 +195,7 @@ class Fleet:
         self.task: asyncio.Task[None] | None = None
         self.given_up = False
         self.connect_seconds: list[float] = []  # CONNECT to CONNACK, each node
+        self.digests: dict[tuple[int, bool], str] = {}
 
     def topic(self, i: int, kind: str) -> bytes:
         return f"netval/v1/{self.validation}/{node_name(i)}/{kind}".encode()
@@ -211,9 +212,21 @@ class Fleet:
             .replace(b'"' + PLACEHOLDER_ISO + b'"', b'"' + iso + b'"')
         )
 
+    def digest(self, i: int) -> str:
+        """The standing report's digest, as the agent and the operator compute it (once per
+        node and verdict: the material content has no times in it)."""
+        key = (i, i in self.failing)
+        if key not in self.digests:
+            from netval.model.beat import report_digest
+            from netval.model.results import Report
+
+            report = Report.model_validate_json(self.report(i, time.time()))
+            self.digests[key] = report_digest(report)
+        return self.digests[key]
+
     def beat(self, i: int, cycle: int, now: float) -> bytes:
         iso = datetime.fromtimestamp(now, UTC).isoformat().replace("+00:00", "Z")
-        digest = hashlib.md5(f"{node_name(i)}/{i in self.failing}".encode()).hexdigest()
+        digest = self.digest(i)
         worst = "fail" if i in self.failing else "pass"
         doc = {"schema": 1, "seq": cycle, "cycleAt": iso, "digest": digest, "worst": worst}
         return json.dumps(doc, separators=(",", ":")).encode()
@@ -282,8 +295,10 @@ class Fleet:
                                     node.packet_id())  # fmt: skip
             self.stats.reports += 1
         else:
+            # retained, as the agent publishes it (a restarted operator counts the node
+            # fresh from its last beat)
             packet = publish_packet(self.topic(i, "beat"), self.beat(i, cycle, now),
-                                    self.cfg["beat_qos"], False, node.packet_id())  # fmt: skip
+                                    self.cfg["beat_qos"], True, node.packet_id())  # fmt: skip
             self.stats.beats += 1
         self.stats.bytes_out += len(packet)
         node.send(packet)

@@ -180,6 +180,8 @@ async def operator_main(cfg: dict[str, Any]) -> None:
                 "patches": [p for p in kube.patches if p[0] >= since],
                 "dropped": {str(k): v for k, v in stats.dropped.items()},
                 "reconnects": stats.reconnects,
+                "beats": sum(stats.beats.values()),
+                "beat_outcomes": dict(stats.beats),
                 "problems": problems.lines,
             }})  # fmt: skip
         elif msg["cmd"] == "stop":
