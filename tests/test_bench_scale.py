@@ -57,8 +57,8 @@ def test_quick_run_prints_every_figure_for_both_modes(tmp_path: Path) -> None:
         assert fig["operator_problems"] == []
     full, beats = figs
     assert full["beats_per_s"] == 0 and full["reports_per_s"] > 0
-    # beats: 1 % of the nodes report per interval, the rest beat, and the broker hands the
-    # beats to the subscriber that stands in for the operator
+    # beats: 1 % of the nodes report per interval, the rest beat, and the operator counts
+    # the beats as proof that each standing report is current
     assert beats["beats_per_s"] > beats["reports_per_s"]
     assert beats["operator_beats_per_s"] > 0  # the operator reads them itself
 
