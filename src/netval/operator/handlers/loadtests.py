@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import Any, Final
 
 import kopf
 
@@ -12,6 +13,10 @@ from netval.operator.kube.api import LOADTEST_PLURAL, VERSION
 from netval.operator.loadtest.validate import SpecProblem
 from netval.operator.term_runtime import OperatorRuntime
 from netval.operator.term_startup import started_runtime
+
+# how long a test's handler waits at start-up for the validations to load before it gives
+# the event back to Kopf for a retry
+_LOAD_WAIT_SECONDS: Final = 10.0
 
 
 def _runtime(memo: kopf.Memo) -> OperatorRuntime:
@@ -29,13 +34,15 @@ async def netload_apply(
 ) -> None:
     runtime = _runtime(memo)
     validation = spec.get("validation")
-    if (
-        isinstance(validation, str)
-        and validation not in runtime.store.specs
-        and not await runtime.validations_loaded()
-    ):
-        # at start-up the validation may exist but not be loaded yet: not "not found"
-        raise kopf.TemporaryError("NetworkValidations not loaded yet", delay=1)
+    if isinstance(validation, str) and validation not in runtime.store.specs:
+        # at start-up the validation may exist but not be loaded yet: not "not found". The
+        # load takes moments; waiting here keeps a routine start-up out of the error log
+        # (Kopf logs a TemporaryError as an error), which is kept for a load that stalls.
+        deadline = asyncio.get_running_loop().time() + _LOAD_WAIT_SECONDS
+        while not await runtime.validations_loaded():
+            if asyncio.get_running_loop().time() > deadline:
+                raise kopf.TemporaryError("NetworkValidations not loaded yet", delay=1)
+            await asyncio.sleep(0.2)
     outcome = runtime.loadtests.upsert(
         name,
         generation=int(meta.get("generation") or 1),
