@@ -136,8 +136,8 @@ def test_the_operator_connects_to_every_shard(tmp_path: Path) -> None:
     assert settings.agent_mqtt_url_pattern == "mqtt://broker-{shard}:1883"
     one = operator_settings_from_env({"NETVAL_MQTT_URL": "mqtt://broker:1883"})
     assert one.mqtt_shards == () and one.shard_count == 1 and one.agent_mqtt_url_pattern is None
-    with pytest.raises(OperatorConfigError, match="per-node MQTT identity"):
-        operator_settings_from_env({**env, "NETVAL_AGENT_ENROLL_URL": "https://op:8444"})
+    with pytest.raises(OperatorConfigError, match="NETVAL_AGENT_MQTT_URL_PATTERN"):
+        operator_settings_from_env({**env, "NETVAL_AGENT_MQTT_URL_PATTERN": "mqtt://b:1883"})
 
 
 # -- the chart, the operator and the agents agree -----------------------------------------
@@ -181,8 +181,10 @@ def test_one_shard_renders_todays_broker() -> None:
         assert not {"NETVAL_MQTT_SHARDS", "NETVAL_MQTT_URL_PATTERN"} & set(env)
 
 
-def test_three_shards_render_three_brokers() -> None:
-    docs = _docs({"mqtt": {"shards": 3, **NO_DYNSEC}})
+@pytest.mark.parametrize("identity", [True, False], ids=["per-node-identity", "shared-login"])
+def test_three_shards_render_three_brokers(identity: bool) -> None:
+    values: dict[str, Any] = {"shards": 3} if identity else {"shards": 3, **NO_DYNSEC}
+    docs = _docs({"mqtt": values})
     assert [e for d in docs for e in schema_errors(d)] == []
     broker = _broker_objects(docs)
     names = [f"netval-mqtt-{i}" for i in range(3)]
@@ -215,7 +217,6 @@ def test_the_certificate_names_every_shard() -> None:
 @pytest.mark.parametrize(
     ("values", "error"),
     [
-        ({"mqtt": {"shards": 2}}, "does not support per-node MQTT identity"),
         (
             {
                 "mqtt": {

@@ -117,9 +117,6 @@ today's names (<fullname>-mqtt): an upgrade moves nothing.
 {{- if and (gt $n 1) .Values.mqtt.external.enabled -}}
 {{- fail "mqtt.shards > 1 runs several bundled brokers: it does not apply to mqtt.external (a clustered broker is one URL); set mqtt.shards=1" -}}
 {{- end -}}
-{{- if and (gt $n 1) .Values.mqtt.broker.dynamicSecurity.enabled -}}
-{{- fail "mqtt.shards > 1 does not support per-node MQTT identity yet: set mqtt.broker.dynamicSecurity.enabled=false (the shared agent login)" -}}
-{{- end -}}
 {{- $n -}}
 {{- end -}}
 {{- define "netval.brokerShardName" -}}

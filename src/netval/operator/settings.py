@@ -117,12 +117,6 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
     except ValueError as exc:
         raise OperatorConfigError(str(exc)) from None
     shards, agent_pattern = _shards(env, urls, mqtt)
-    if shards and _enroll_url(env):
-        # not built yet: enrollment holds one dynamic security admin connection
-        raise OperatorConfigError(
-            f"{ENV_AGENT_ENROLL_URL}: per-node MQTT identity does not work with sharded"
-            " brokers yet (mqtt.shards > 1 needs mqtt.broker.dynamicSecurity.enabled=false)"
-        )
     window_text = env.get(ENV_STATUS_WINDOW, str(DEFAULT_STATUS_WINDOW))
     try:
         window = float(window_text)
