@@ -2,7 +2,8 @@
 `netval.operator.term_startup`; a new term builds a new runtime from fresh state).
 
 - `store` (`state.store.Store`): what Kopf handlers and MQTT tell the operator.
-- `ingest` (`ingest.subscriber.ReportIngest`): the MQTT subscription; reports go to the store.
+- `ingest` (`ingest.subscriber.ReportIngest`): the MQTT subscription; reports go to the store
+  (`ingest.shards.ShardedIngest`, one session per broker shard, with mqtt.shards > 1).
 - `status` (`status.writer.StatusWriter`): one status patch per validation per window.
 - `gating` (`gating.node_writer.NodeGating`): node labels and taints, the Gating condition.
 - `topology_labels` (`topology.label_writer.TopologyLabels`): `topology.netval.io/*` labels.
