@@ -102,7 +102,34 @@ operator and of the agents, for the bundled broker or an external one.
 {{- if .Values.mqtt.external.enabled -}}
 {{- required "mqtt.external.url is required when mqtt.external.enabled is true" .Values.mqtt.external.url -}}
 {{- else -}}
-{{- printf "%s://%s.%s.svc:%s" (ternary "mqtts" "mqtt" .Values.mqtt.tls.enabled) (include "netval.brokerName" .) .Release.Namespace (include "netval.brokerPort" .) -}}
+{{- printf "%s://%s.%s.svc:%s" (ternary "mqtts" "mqtt" .Values.mqtt.tls.enabled) (include "netval.brokerShardName" (dict "ctx" . "shard" 0)) .Release.Namespace (include "netval.brokerPort" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Sharded brokers (mqtt.shards > 1, bundled broker only; docs/operations.md "Brokers beyond one
+process"): N independent Mosquitto Deployments and Services <fullname>-mqtt-<i>, every agent
+on the shard of its node (netval.model.shards.shard_of), the operator on all. One shard keeps
+today's names (<fullname>-mqtt): an upgrade moves nothing.
+*/}}
+{{- define "netval.brokerShards" -}}
+{{- $n := int .Values.mqtt.shards -}}
+{{- if and (gt $n 1) .Values.mqtt.external.enabled -}}
+{{- fail "mqtt.shards > 1 runs several bundled brokers: it does not apply to mqtt.external (a clustered broker is one URL); set mqtt.shards=1" -}}
+{{- end -}}
+{{- $n -}}
+{{- end -}}
+{{- define "netval.brokerShardName" -}}
+{{- if gt (int (include "netval.brokerShards" .ctx)) 1 -}}
+{{- printf "%s-%d" (include "netval.brokerName" .ctx) (int .shard) -}}
+{{- else -}}
+{{- include "netval.brokerName" .ctx -}}
+{{- end -}}
+{{- end -}}
+{{/* Every shard's URL, {shard} for the index; empty with one shard. */}}
+{{- define "netval.mqttUrlPattern" -}}
+{{- if gt (int (include "netval.brokerShards" .)) 1 -}}
+{{- printf "%s://%s-{shard}.%s.svc:%s" (ternary "mqtts" "mqtt" .Values.mqtt.tls.enabled) (include "netval.brokerName" .) .Release.Namespace (include "netval.brokerPort" .) -}}
 {{- end -}}
 {{- end -}}
 
@@ -131,9 +158,13 @@ broker's key is never copied where agents run).
 
 {{/* The DNS names of the broker Service, as a list (the URL uses the third). */}}
 {{- define "netval.brokerDnsNames" -}}
-{{- $svc := include "netval.brokerName" . -}}
 {{- $ns := .Release.Namespace -}}
-{{- list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) | toJson -}}
+{{- $names := list -}}
+{{- range $i := until (int (include "netval.brokerShards" .)) -}}
+{{- $svc := include "netval.brokerShardName" (dict "ctx" $ "shard" $i) -}}
+{{- $names = concat $names (list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns)) -}}
+{{- end -}}
+{{- $names | toJson -}}
 {{- end -}}
 
 {{/*
@@ -146,7 +177,12 @@ Secrets and checksum annotations in every file see the same one.
 {{- $existing := lookup "v1" "Secret" .Release.Namespace (include "netval.brokerTlsSecret" .) -}}
 {{- $dnsNames := include "netval.brokerDnsNames" . | fromJsonArray -}}
 {{- $tls := dict -}}
-{{- if and $existing $existing.data (hasKey $existing.data "tls.crt") (hasKey $existing.data "tls.key") (hasKey $existing.data "ca.crt") -}}
+{{- /* a Secret made for another shard count lacks names: made again (mqtt.shards changed) */ -}}
+{{- $madeFor := "1" -}}
+{{- if and $existing $existing.metadata.annotations -}}
+{{- $madeFor = default "1" (index $existing.metadata.annotations "netval.io/mqtt-shards") -}}
+{{- end -}}
+{{- if and $existing $existing.data (hasKey $existing.data "tls.crt") (hasKey $existing.data "tls.key") (hasKey $existing.data "ca.crt") (eq $madeFor (include "netval.brokerShards" .)) -}}
 {{- $tls = dict "crt" (index $existing.data "tls.crt") "key" (index $existing.data "tls.key") "ca" (index $existing.data "ca.crt") -}}
 {{- else -}}
 {{- $days := int .Values.mqtt.tls.selfSigned.validityDays -}}
@@ -396,7 +432,12 @@ the Secret and the operator's checksum annotation see the same one.
 {{- $dnsNames := include "netval.webhookDnsNames" . | fromJsonArray -}}
 {{- $existing := lookup "v1" "Secret" .Release.Namespace $secretName -}}
 {{- $tls := dict -}}
-{{- if and $existing $existing.data (hasKey $existing.data "tls.crt") (hasKey $existing.data "tls.key") (hasKey $existing.data "ca.crt") -}}
+{{- /* a Secret made for another shard count lacks names: made again (mqtt.shards changed) */ -}}
+{{- $madeFor := "1" -}}
+{{- if and $existing $existing.metadata.annotations -}}
+{{- $madeFor = default "1" (index $existing.metadata.annotations "netval.io/mqtt-shards") -}}
+{{- end -}}
+{{- if and $existing $existing.data (hasKey $existing.data "tls.crt") (hasKey $existing.data "tls.key") (hasKey $existing.data "ca.crt") (eq $madeFor (include "netval.brokerShards" .)) -}}
 {{- $tls = dict "crt" (index $existing.data "tls.crt") "key" (index $existing.data "tls.key") "ca" (index $existing.data "ca.crt") -}}
 {{- else -}}
 {{- $days := int .Values.webhook.selfSigned.validityDays -}}

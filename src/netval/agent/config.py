@@ -16,7 +16,7 @@ from typing import Annotated, Final
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from netval.infra.metrics_server import parse_host_port
-from netval.infra.mqtt_settings import MqttSettings, mqtt_settings_from_env
+from netval.infra.mqtt_settings import MqttSettings, mqtt_env_for_node, mqtt_settings_from_env
 from netval.infra.telemetry import TelemetryConfigError, sampler_from_env
 from netval.infra.yaml_input import InputFileError, load_yaml_document
 from netval.model.manifest import describe_validation_error
@@ -86,7 +86,10 @@ def agent_settings_from_env(env: Mapping[str, str] = os.environ) -> AgentSetting
         raise AgentConfigError(f"{ENV_CONFIG} is not set (path of the agent config file)")
     config = load_agent_config(Path(config_path))
     try:
-        mqtt = mqtt_settings_from_env(env, client_id=f"netval-agent-{config.validation}-{node}")
+        # sharded brokers: the node's own shard (netval.model.shards)
+        mqtt = mqtt_settings_from_env(
+            mqtt_env_for_node(env, node), client_id=f"netval-agent-{config.validation}-{node}"
+        )
     except ValueError as exc:
         raise AgentConfigError(str(exc)) from None
     try:

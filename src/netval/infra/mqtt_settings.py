@@ -13,6 +13,14 @@ One immutable object per process, built once at start from the environment (docs
 - ``NETVAL_MQTT_CERT_FILE`` / ``NETVAL_MQTT_KEY_FILE``: optional client certificate and key
   (PEM, ``mqtts`` only, both or neither) for brokers that authenticate clients by certificate.
 
+Sharded brokers (``mqtt.shards`` > 1, docs/operations.md "Brokers beyond one process"):
+
+- ``NETVAL_MQTT_SHARDS``: how many (1..64; unset or 1: one broker, the URL above).
+- ``NETVAL_MQTT_URL_PATTERN``: every shard's URL, ``{shard}`` standing for its index (e.g.
+  ``mqtts://netval-mqtt-{shard}.netval-system.svc:8883``). An agent connects to the shard
+  of its node (`netval.model.shards.shard_of`, `mqtt_env_for_node`), the operator to all
+  (`shard_urls`); credentials and CA are the same for every shard.
+
 TLS is chosen by the scheme, explicitly: ``mqtts://`` verifies the broker's certificate
 against the CA and its host name against the URL's host (always: there is no switch to turn
 verification off), TLS 1.2 at least, and never falls back to plaintext. ``mqtt://`` is
@@ -36,12 +44,16 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
 
+from netval.model.shards import MAX_SHARDS, MIN_SHARDS, shard_of, shard_url
+
 ENV_URL: Final = "NETVAL_MQTT_URL"
 ENV_USERNAME: Final = "NETVAL_MQTT_USERNAME"
 ENV_PASSWORD_FILE: Final = "NETVAL_MQTT_PASSWORD_FILE"
 ENV_CA_FILE: Final = "NETVAL_MQTT_CA_FILE"
 ENV_CERT_FILE: Final = "NETVAL_MQTT_CERT_FILE"
 ENV_KEY_FILE: Final = "NETVAL_MQTT_KEY_FILE"
+ENV_SHARDS: Final = "NETVAL_MQTT_SHARDS"
+ENV_URL_PATTERN: Final = "NETVAL_MQTT_URL_PATTERN"
 
 DEFAULT_PORTS: Final[Mapping[str, int]] = {"mqtt": 1883, "mqtts": 8883}
 
@@ -250,3 +262,41 @@ def mqtt_settings_from_env(env: Mapping[str, str], *, client_id: str | None = No
         key_file=key_file,
         client_id=client_id,
     )
+
+
+def shard_count(env: Mapping[str, str]) -> int:
+    """``NETVAL_MQTT_SHARDS`` (1 when unset). Raises ValueError naming the variable."""
+    text = _get(env, ENV_SHARDS) or "1"
+    try:
+        count = int(text)
+    except ValueError:
+        raise ValueError(f"{ENV_SHARDS}={text!r}: not a whole number") from None
+    if not MIN_SHARDS <= count <= MAX_SHARDS:
+        raise ValueError(f"{ENV_SHARDS}={count}: must be {MIN_SHARDS}..{MAX_SHARDS}")
+    return count
+
+
+def shard_urls(env: Mapping[str, str]) -> list[str]:
+    """Every shard's URL, by index; one shard: [``NETVAL_MQTT_URL``]. Each is checked."""
+    count = shard_count(env)
+    if count == 1:
+        url = _get(env, ENV_URL)
+        return [url] if url is not None else []
+    pattern = _get(env, ENV_URL_PATTERN)
+    if pattern is None:
+        raise ValueError(f"{ENV_SHARDS}={count} needs {ENV_URL_PATTERN} (with {{shard}})")
+    try:
+        urls = [shard_url(pattern, i) for i in range(count)]
+    except ValueError as exc:
+        raise ValueError(f"{ENV_URL_PATTERN}: {exc}") from None
+    for url in urls:
+        parse_mqtt_url(url, variable=ENV_URL_PATTERN)
+    return urls
+
+
+def mqtt_env_for_node(env: Mapping[str, str], node: str) -> Mapping[str, str]:
+    """`env` with ``NETVAL_MQTT_URL`` set to the URL of `node`'s shard (as is with one)."""
+    urls = shard_urls(env)
+    if len(urls) < 2:
+        return env
+    return {**env, ENV_URL: urls[shard_of(node, len(urls))]}

@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 from netval.model.loadtest import RunPhase
 from netval.model.topics import DropReason
 from netval.operator.ingest.decode import INGEST_DROP_REASONS
+from netval.operator.ingest.shards import ShardedIngest
 from netval.operator.loadtest.runner import RESULT_OUTCOMES
 from netval.operator.state.beats import BeatOutcome
 from netval.operator.status.event_budget import SUMMARISED_REASONS
@@ -67,6 +68,15 @@ class _RuntimeCollector(Collector):
         yield CounterMetricFamily(
             "netval_operator_mqtt_reconnects", "MQTT reconnections", value=stats.reconnects
         )
+        if isinstance(rt.ingest, ShardedIngest):  # mqtt.shards > 1: which shard is down
+            shard_up = GaugeMetricFamily(
+                "netval_operator_mqtt_shard_connected",
+                "1 while subscribed to this broker shard",
+                labels=["shard"],
+            )
+            for i, session in enumerate(rt.ingest.sessions):
+                shard_up.add_metric([str(i)], int(session.stats.connected))
+            yield shard_up
         yield CounterMetricFamily(
             "netval_operator_status_writes", "Status patches written", value=rt.status.writes
         )

@@ -51,6 +51,7 @@ from netval.operator.identity.service import (
     build_identity,
     identity_settings_from_env,
 )
+from netval.operator.ingest.shards import broker_health
 from netval.operator.kube.api import load_kube_client
 from netval.operator.leadership.elector import LeaderElector
 from netval.operator.leadership.fence import WRITE_FENCE
@@ -272,8 +273,7 @@ class OperatorProcess:
         if runtime is None:
             holder = self.elector.holder if self.elector is not None else ""
             return True, f"{self.role()}: the Lease is held by {holder or 'nobody yet'}"
-        connected = runtime.ingest.stats.connected
-        return connected, "ok" if connected else "not connected to the MQTT broker"
+        return broker_health(runtime.ingest)
 
     def _registry(self) -> CollectorRegistry:
         registry = CollectorRegistry()

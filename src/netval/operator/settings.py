@@ -11,13 +11,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from netval.infra.mqtt_settings import MqttSettings, mqtt_settings_from_env, read_password_file
+from netval.infra.mqtt_settings import (
+    ENV_URL,
+    ENV_URL_PATTERN,
+    MqttSettings,
+    mqtt_settings_from_env,
+    parse_mqtt_url,
+    read_password_file,
+    shard_urls,
+)
 from netval.infra.telemetry import TelemetryConfigError, sampler_from_env
 from netval.model.loadplan import MAX_MBPS
+from netval.model.shards import shard_url
 
 ENV_NAMESPACE: Final = "NETVAL_NAMESPACE"
 ENV_AGENT_IMAGE: Final = "NETVAL_AGENT_IMAGE"
 ENV_AGENT_MQTT_URL: Final = "NETVAL_AGENT_MQTT_URL"
+# sharded brokers: the agents' URL pattern ({shard}); default the operator's own
+ENV_AGENT_MQTT_URL_PATTERN: Final = "NETVAL_AGENT_MQTT_URL_PATTERN"
 ENV_AGENT_MQTT_USERNAME: Final = "NETVAL_AGENT_MQTT_USERNAME"
 ENV_AGENT_MQTT_SECRET: Final = "NETVAL_AGENT_MQTT_SECRET"
 ENV_AGENT_MQTT_CA_SECRET: Final = "NETVAL_AGENT_MQTT_CA_SECRET"
@@ -83,17 +94,29 @@ class OperatorSettings:
     # NetworkLoadTest: the cluster's per-flow ceiling, Mbit/s (0: none). A spec above it is
     # refused (InvalidSpec, spec.maxRateMbps); a spec without a cap of its own gets it.
     loadtest_max_rate_mbps: float = 0.0
+    # Sharded brokers (mqtt.shards > 1): the operator's connection to each shard, by index
+    # (empty: one broker, `mqtt`), and the agents' URL pattern ({shard}); `mqtt` is shard 0's.
+    mqtt_shards: tuple[MqttSettings, ...] = ()
+    agent_mqtt_url_pattern: str | None = None
+
+    @property
+    def shard_count(self) -> int:
+        return max(1, len(self.mqtt_shards))
 
 
 def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorSettings:
     try:
         # Each replica needs its own client id (the broker disconnects a duplicate): in a pod
         # the hostname is the pod name, unique; the pid alone is 1 in every container.
+        urls = shard_urls(env)
+        if len(urls) > 1:  # shard 0 stands for "the broker" where one URL is wanted
+            env = {**env, ENV_URL: urls[0]}
         mqtt = mqtt_settings_from_env(
             env, client_id=f"netval-operator-{socket.gethostname()}-{os.getpid()}"
         )
     except ValueError as exc:
         raise OperatorConfigError(str(exc)) from None
+    shards, agent_pattern = _shards(env, urls, mqtt)
     window_text = env.get(ENV_STATUS_WINDOW, str(DEFAULT_STATUS_WINDOW))
     try:
         window = float(window_text)
@@ -143,7 +166,31 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
         agent_enroll_ca_configmap=env.get(ENV_AGENT_ENROLL_CA_CONFIGMAP, "").strip() or None,
         acl_probe=_acl_probe(env, mqtt),
         loadtest_max_rate_mbps=_max_rate(env),
+        mqtt_shards=shards,
+        agent_mqtt_url_pattern=agent_pattern,
     )
+
+
+def _shards(
+    env: Mapping[str, str], urls: list[str], mqtt: MqttSettings
+) -> tuple[tuple[MqttSettings, ...], str | None]:
+    """One connection per shard (same credentials and CA), and the agents' URL pattern."""
+    if len(urls) < 2:
+        return (), None
+    shards = []
+    for url in urls:
+        host, port, tls = parse_mqtt_url(url, variable=ENV_URL_PATTERN)
+        try:
+            shards.append(dataclasses.replace(mqtt, host=host, port=port, tls=tls))
+        except ValueError as exc:  # e.g. a CA file with one mqtt:// shard
+            raise OperatorConfigError(f"{ENV_URL_PATTERN}: {exc}") from None
+    pattern = env.get(ENV_AGENT_MQTT_URL_PATTERN, "").strip() or env[ENV_URL_PATTERN].strip()
+    try:
+        for i in range(len(urls)):
+            parse_mqtt_url(shard_url(pattern, i), variable=ENV_AGENT_MQTT_URL_PATTERN)
+    except ValueError as exc:
+        raise OperatorConfigError(f"{ENV_AGENT_MQTT_URL_PATTERN}: {exc}") from None
+    return tuple(shards), pattern
 
 
 def _max_rate(env: Mapping[str, str]) -> float:

@@ -2,7 +2,8 @@
 `netval.operator.term_startup`; a new term builds a new runtime from fresh state).
 
 - `store` (`state.store.Store`): what Kopf handlers and MQTT tell the operator.
-- `ingest` (`ingest.subscriber.ReportIngest`): the MQTT subscription; reports go to the store.
+- `ingest` (`ingest.subscriber.ReportIngest`): the MQTT subscription; reports go to the store
+  (`ingest.shards.ShardedIngest`, one session per broker shard, with mqtt.shards > 1).
 - `status` (`status.writer.StatusWriter`): one status patch per validation per window.
 - `gating` (`gating.node_writer.NodeGating`): node labels and taints, the Gating condition.
 - `topology_labels` (`topology.label_writer.TopologyLabels`): `topology.netval.io/*` labels.
@@ -36,6 +37,7 @@ from netval.operator.gating.node_writer import NodeGating
 from netval.operator.ingest.assignments import assignments, leftover_topics
 from netval.operator.ingest.decode import EndpointAnnounce
 from netval.operator.ingest.peer_sets import EndpointTable, epoch_of
+from netval.operator.ingest.shards import ShardedIngest
 from netval.operator.ingest.subscriber import ReportIngest
 from netval.operator.kube.api import KubeApi, error_text
 from netval.operator.loadtest.runner import LoadTests
@@ -90,16 +92,21 @@ class OperatorRuntime:
             max_rate_ceiling_mbps=settings.loadtest_max_rate_mbps,
             endpoints=lambda validation: self.endpoints.of(validation),
         )
-        self.ingest = ReportIngest(
-            settings.mqtt,
-            on_load_result=self.loadtests.on_result,
-            on_report=self.on_report,
-            on_state=self.store.on_state,
-            on_beat=self.store.ingest_beat,
-            on_endpoint=self.on_endpoint,
-            on_replayed=self.store.note_replay,
-            deleted=self.store.is_deleted,
-            tracer=self.tracer,
+        # one session per broker shard when mqtt.shards > 1 (ingest.shards)
+        ingest_kwargs: dict[str, Any] = {
+            "on_load_result": self.loadtests.on_result,
+            "on_report": self.on_report,
+            "on_state": self.store.on_state,
+            "on_beat": self.store.ingest_beat,
+            "on_endpoint": self.on_endpoint,
+            "on_replayed": self.store.note_replay,
+            "deleted": self.store.is_deleted,
+            "tracer": self.tracer,
+        }
+        self.ingest: ReportIngest | ShardedIngest = (
+            ShardedIngest(settings.mqtt_shards, **ingest_kwargs)
+            if settings.mqtt_shards
+            else ReportIngest(settings.mqtt, **ingest_kwargs)
         )
         self.peer_ports = PeerPortCheck()
         self.endpoints = EndpointTable()

@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from netval.infra.metrics_server import serve_metrics
 from netval.infra.telemetry import make_tracer_provider
 from netval.model.manifest import API_GROUP
+from netval.operator.ingest.shards import broker_health
 from netval.operator.kube.api import KubeApi, load_kube_client
 from netval.operator.metrics import operator_registry
 from netval.operator.settings import OperatorSettings
@@ -84,8 +85,7 @@ async def start_runtime(memo: kopf.Memo) -> None:
 
 def _healthy(runtime: OperatorRuntime) -> Callable[[], tuple[bool, str]]:
     def healthy() -> tuple[bool, str]:
-        connected = runtime.ingest.stats.connected
-        return connected, "ok" if connected else "not connected to the MQTT broker"
+        return broker_health(runtime.ingest)
 
     return healthy
 

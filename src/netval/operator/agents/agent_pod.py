@@ -12,7 +12,9 @@ from typing import Any, Final
 from netval.infra.mqtt_settings import (
     ENV_CA_FILE,
     ENV_PASSWORD_FILE,
+    ENV_SHARDS,
     ENV_URL,
+    ENV_URL_PATTERN,
     ENV_USERNAME,
     parse_mqtt_url,
 )
@@ -95,6 +97,9 @@ class AgentMqttWiring:
     ca_key: str = DEFAULT_CA_KEY
     enroll_url: str | None = None  # per-node identity: agents enroll instead of a password
     enroll_ca_configmap: str | None = None  # key ca.crt: verifies enroll_url
+    # sharded brokers (mqtt.shards > 1): the agent connects to its node's shard of these
+    shards: int = 1
+    url_pattern: str | None = None  # {shard}: the shard's index
 
     def __post_init__(self) -> None:
         _host, _port, tls = parse_mqtt_url(self.url)
@@ -102,6 +107,8 @@ class AgentMqttWiring:
             raise ValueError("an MQTT password secret needs a username (NETVAL_MQTT_USERNAME)")
         if self.ca_secret and not tls:
             raise ValueError(f"an MQTT CA secret needs an mqtts:// url, got {self.url!r}")
+        if self.shards > 1 and not self.url_pattern:
+            raise ValueError(f"{self.shards} broker shards need a URL pattern")
 
     def secret_files(self) -> list[tuple[str, str, str]]:
         """(secret name, key, file name under MQTT_SECRET_DIR) for each mounted secret."""
@@ -152,6 +159,11 @@ def pod_env(
         {"name": ENV_CONFIG, "value": AGENT_CONFIG_PATH},
         {"name": ENV_URL, "value": mqtt.url},
     ]
+    if mqtt.shards > 1 and mqtt.url_pattern:  # the agent picks its node's shard
+        env += [
+            {"name": ENV_SHARDS, "value": str(mqtt.shards)},
+            {"name": ENV_URL_PATTERN, "value": mqtt.url_pattern},
+        ]
     if mqtt.username:
         env.append({"name": ENV_USERNAME, "value": mqtt.username})
     if mqtt.password_secret:

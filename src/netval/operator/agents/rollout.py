@@ -40,6 +40,8 @@ def render_agents(
             ca_secret=settings.agent_mqtt_ca_secret,
             enroll_url=settings.agent_enroll_url,
             enroll_ca_configmap=settings.agent_enroll_ca_configmap,
+            shards=settings.shard_count,
+            url_pattern=settings.agent_mqtt_url_pattern,
         ),
         restart_hash=manifests.restart_hash(name, spec),
         metrics_port=manifests.metrics_port_for(name),

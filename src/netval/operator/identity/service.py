@@ -21,7 +21,7 @@ import os
 import ssl
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -35,6 +35,7 @@ from netval.infra.metrics_server import parse_host_port
 from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.task_stop import cancel_and_wait
 from netval.model.keys import MANAGED_BY_OPERATOR, LabelKey
+from netval.model.shards import shard_of
 from netval.operator.agents.manifests import AGENT_APP_NAME
 from netval.operator.broker_check import BrokerAclCheck
 from netval.operator.identity.credentials import DEFAULT_LIFETIME, CredentialIssuer
@@ -43,6 +44,7 @@ from netval.operator.identity.enroll_server import MIN_REISSUE_SECONDS, Enrollme
 from netval.operator.identity.metrics import IdentityCollector
 from netval.operator.identity.node_roles import NodeRoleSync
 from netval.operator.identity.review import AGENT_POD_LABELS, PodTokenReviewer
+from netval.operator.identity.shards import ShardedAdmin, ShardedIssuer, ShardedRoles
 from netval.operator.identity.tls_reload import RELOAD_EVERY, CertReloader
 from netval.operator.kube import certs
 from netval.operator.kube.api import KubeApi, error_text, load_kube_client
@@ -146,16 +148,38 @@ def ca_configmap(namespace: str, name: str, ca_pem: str) -> dict[str, Any]:
 
 class IdentityService:
     def __init__(
-        self, settings: IdentitySettings, mqtt: MqttSettings, reviewer: PodTokenReviewer
+        self,
+        settings: IdentitySettings,
+        mqtt: MqttSettings,
+        reviewer: PodTokenReviewer,
+        shards: Sequence[MqttSettings] = (),
     ) -> None:
         self.settings = settings
         admin_id = f"{mqtt.client_id}-identity" if mqtt.client_id else None
         self.mqtt = mqtt
-        self.admin = DynsecAdmin(dataclasses.replace(mqtt, client_id=admin_id))
-        self.roles = NodeRoleSync(self.admin)
-        self.issuer = CredentialIssuer(
-            self.admin, lifetime=settings.lifetime, validations_of=self.roles.validations_of
-        )
+        self.shards = tuple(shards)  # mqtt.shards > 1: each node's identity on its shard
+        self.admin: DynsecAdmin | ShardedAdmin
+        self.roles: NodeRoleSync | ShardedRoles
+        self.issuer: CredentialIssuer | ShardedIssuer
+        if len(self.shards) > 1:
+            admins = [DynsecAdmin(dataclasses.replace(s, client_id=admin_id)) for s in shards]
+            self.admin = ShardedAdmin(admins)
+            self.roles = ShardedRoles([NodeRoleSync(a) for a in admins])
+            self.issuer = ShardedIssuer(
+                self.admin,
+                [
+                    CredentialIssuer(
+                        a, lifetime=settings.lifetime, validations_of=self.roles.validations_of
+                    )
+                    for a in admins
+                ],
+            )
+        else:
+            self.admin = DynsecAdmin(dataclasses.replace(mqtt, client_id=admin_id))
+            self.roles = NodeRoleSync(self.admin)
+            self.issuer = CredentialIssuer(
+                self.admin, lifetime=settings.lifetime, validations_of=self.roles.validations_of
+            )
         self.server = EnrollmentServer(
             reviewer,
             self.issuer,
@@ -225,7 +249,9 @@ class IdentityService:
             return
         try:
             probe = dataclasses.replace(
-                self.mqtt,
+                self.shards[shard_of(ACL_PROBE_NODE, len(self.shards))]
+                if self.shards
+                else self.mqtt,
                 username=cred.username,
                 password=cred.password,
                 client_id=cred.client_id,
@@ -304,7 +330,7 @@ class IdentityService:
 
 def build_identity(settings: IdentitySettings, operator: OperatorSettings) -> IdentityService:
     reviewer = PodTokenReviewer(load_kube_client(), namespace=operator.agent_namespace)
-    return IdentityService(settings, operator.mqtt, reviewer)
+    return IdentityService(settings, operator.mqtt, reviewer, operator.mqtt_shards)
 
 
 async def start_identity(memo: kopf.Memo, operator: OperatorSettings) -> None:
