@@ -231,3 +231,31 @@ def test_status_round_trips_through_the_schema(schema: dict[str, Any]) -> None:
     obj = {**manifest(FULL), "status": status.to_patch()}
     obj["status"] = {k: v for k, v in obj["status"].items() if v is not None}
     assert kube_errors(schema, obj) == []
+
+
+def test_the_bundled_examples_are_accepted_and_settle_against_their_validation(
+    schema: dict[str, Any],
+) -> None:
+    """Every NetworkLoadTest under examples/ passes the CRD, the model and the operator's
+    settling against the example validation it names (what `kubectl apply` of both does)."""
+    from netval.model.spec import NetworkValidationSpec
+    from netval.operator.loadtest.validate import RunSettings, settle
+
+    docs = [
+        doc
+        for path in sorted((ROOT / "examples").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if isinstance(doc, dict)
+    ]
+    validations = {
+        d["metadata"]["name"]: NetworkValidationSpec.model_validate(d["spec"])
+        for d in docs
+        if d.get("kind") == "NetworkValidation"
+    }
+    tests = [d for d in docs if d.get("kind") == KIND]
+    assert tests, "examples/ has no NetworkLoadTest"
+    for doc in tests:
+        assert doc["apiVersion"] == API_VERSION
+        assert kube_errors(schema, doc) == [], doc["metadata"]["name"]
+        settled = settle(doc["spec"], validations.get(doc["spec"]["validation"]))
+        assert isinstance(settled, RunSettings), settled
