@@ -53,8 +53,8 @@ def change(node: str, label: FabricHealth | None = UNHEALTHY, taint: bool = Fals
     return NodeChange(node, label, taint)
 
 
-async def until(check: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
+async def until(check: Callable[[], bool], what: str, limit: float = 120.0) -> None:
+    deadline = time.monotonic() + limit
     while not check():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
