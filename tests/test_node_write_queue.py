@@ -247,6 +247,7 @@ def test_a_thousand_nodes_failing_are_written_at_the_rate_latest_value_once(
                 )
                 await gating.apply(datetime.now(UTC))  # nothing left to want
                 assert not gating.queue.pending and gating.writes == N
+                assert sum(gating.queue.latency.counts) == N  # every write's dirty->written
             finally:
                 drain.cancel()
                 await asyncio.gather(drain, return_exceptions=True)
