@@ -139,6 +139,29 @@ def test_queue_puts_a_failed_write_back_and_forgets_a_gone_node() -> None:
     assert [c.node for c in writes].count("gone") == 1
 
 
+def test_a_failed_write_whose_wish_was_withdrawn_meanwhile_is_not_put_back() -> None:
+    async def main() -> None:
+        release = asyncio.Event()
+        writes: list[NodeChange] = []
+
+        async def write(c: NodeChange) -> bool | None:
+            writes.append(c)
+            await release.wait()
+            return None  # failed
+
+        queue = NodeWriteQueue(write, TokenBucket(1000, 1000), concurrency=4)
+        task = asyncio.create_task(queue.run())
+        queue.want(change("a"))
+        await until(lambda: "a" in queue.inflight, "a in flight", 10)
+        queue.reconcile({})  # a round: a carries what it should after all
+        release.set()
+        await until(lambda: not queue.inflight, "the write ended", 10)
+        task.cancel()
+        assert not queue.pending and queue.retried == 0 and writes == [change("a")]
+
+    asyncio.run(main())
+
+
 def test_node_write_rate_settings() -> None:
     base = {"NETVAL_MQTT_URL": "mqtt://broker:1883"}
     defaults = operator_settings_from_env(base)

@@ -109,6 +109,9 @@ class NodeWriteQueue:
         # node -> (latest change, first-dirty time); dict order is first-dirty order
         self.pending: dict[str, tuple[NodeChange, float]] = {}
         self.inflight: dict[str, NodeChange] = {}
+        # in flight, and a round since found the node needs nothing: a failed write of it is
+        # not put back (it would write a wish nobody has any more)
+        self._withdrawn: set[str] = set()
         self._ready = asyncio.Event()
         self.written = 0
         self.coalesced = 0  # wishes replaced by a newer one before they were written
@@ -122,6 +125,7 @@ class NodeWriteQueue:
         """`change.node` should carry `change`; a queued older wish for it is replaced in
         place (its first-dirty time and place kept)."""
         node = change.node
+        self._withdrawn.discard(node)
         queued = self.pending.get(node)
         if self.inflight.get(node) == change:
             if queued is not None:  # back to what is being written: nothing more to do
@@ -139,6 +143,7 @@ class NodeWriteQueue:
         carry): queued nodes missing from it already carry what they should."""
         for node in [n for n in self.pending if n not in changes]:
             del self.pending[node]
+        self._withdrawn.update(n for n in self.inflight if n not in changes)
         for change in changes.values():
             self.want(change)
 
@@ -173,7 +178,11 @@ class NodeWriteQueue:
                 done = await self._write(change)
             except Exception as exc:  # the write logs what failed; the entry comes back
                 log.debug("node write %s failed: %s", change.node, exc)
-            if done is None and change.node not in self.pending:
+            if (
+                done is None
+                and change.node not in self.pending
+                and change.node not in self._withdrawn
+            ):
                 self.retried += 1
                 self.pending[change.node] = (change, dirty_at)  # the tail, not dropped
                 self._ready.set()
@@ -182,4 +191,5 @@ class NodeWriteQueue:
                 self.latency.observe(self._clock() - dirty_at)
         finally:
             self.inflight.pop(change.node, None)
+            self._withdrawn.discard(change.node)
             self._limit.release()
