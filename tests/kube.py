@@ -520,6 +520,12 @@ class StatefulKubeAPI(kmock.KubernetesEmulator):
     token_reviewer: Callable[[dict[str, Any]], dict[str, Any]] | None = attrs.field(
         default=None, init=False
     )
+    # (time.monotonic(), METHOD, path) of every request, for tests that count a rate
+    stamps: list[tuple[float, str, str]] = attrs.field(factory=list, init=False)
+    # Keep only this many newest requests in kmock's log (None: all). kmock matches every
+    # request against its whole log, so a run of thousands of requests turns quadratic
+    # (1,000 Node patches: two minutes); ``stamps`` keeps counting them all.
+    keep_requests: int | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -549,6 +555,9 @@ class StatefulKubeAPI(kmock.KubernetesEmulator):
         # Skip KubernetesEmulator._handle: it applies every write before any reaction runs and
         # without the checks here; the write handlers below apply them (and only when reached).
         method, path = str(request.method.value), str(request.url.relative())
+        self.stamps.append((time.monotonic(), method, path))
+        if self.keep_requests is not None and len(self._requests) > 2 * self.keep_requests:
+            del self._requests[: -self.keep_requests]
         for fault in self.faults:
             if fault.catches(method, path):
                 fault.hits += 1

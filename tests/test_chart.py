@@ -70,6 +70,8 @@ SRC_OPERATOR_ENV = {
     operator_settings.ENV_AGENT_MQTT_SECRET,
     operator_settings.ENV_AGENT_MQTT_CA_SECRET,
     operator_settings.ENV_STATUS_WINDOW,
+    operator_settings.ENV_NODE_WRITES_PER_SECOND,
+    operator_settings.ENV_NODE_WRITE_BURST,
     operator_settings.ENV_AGENT_RESOURCES,
     operator_settings.ENV_AGENT_TOLERATIONS,
     operator_settings.ENV_KUEUE_ENABLED,

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from netval.model.loadtest import RunPhase
@@ -27,7 +27,9 @@ class _RuntimeCollector(Collector):
     def __init__(self, runtime: OperatorRuntime) -> None:
         self._runtime = runtime
 
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    def collect(
+        self,
+    ) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
         rt = self._runtime
         stats = rt.ingest.stats
         yield CounterMetricFamily(
@@ -88,6 +90,7 @@ class _RuntimeCollector(Collector):
         yield CounterMetricFamily(
             "netval_operator_gating_writes", "Node label/taint writes", value=rt.gating.writes
         )
+        yield from _node_write_metrics(rt)
         yield CounterMetricFamily(
             "netval_operator_topology_label_writes",
             "Node topology.netval.io/* label patches (spec.topology.publishLabels)",
@@ -163,6 +166,35 @@ class _RuntimeCollector(Collector):
                 nodes.add_metric([name, state], getattr(counts, state))
         yield nodes
         yield from _loadtest_metrics(rt)
+
+
+def _node_write_metrics(
+    rt: OperatorRuntime,
+) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
+    """The paced Node write queue (`gating.write_queue`)."""
+    queue = rt.gating.queue
+    yield GaugeMetricFamily(
+        "netval_operator_node_write_queue_depth",
+        "Nodes waiting for a fabric label/taint write (one entry per node, the latest wish)",
+        value=len(queue),
+    )
+    yield CounterMetricFamily(
+        "netval_operator_node_writes_coalesced",
+        "Queued Node wishes replaced by a newer one before they were written",
+        value=queue.coalesced,
+    )
+    yield CounterMetricFamily(
+        "netval_operator_node_writes_retried",
+        "Node writes that failed and went back to the queue",
+        value=queue.retried,
+    )
+    latency = queue.latency
+    yield HistogramMetricFamily(
+        "netval_operator_node_write_latency_seconds",
+        "From a node's wish first queued to its write accepted",
+        buckets=latency.buckets(),
+        sum_value=latency.total,
+    )
 
 
 def _loadtest_metrics(rt: OperatorRuntime) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:

@@ -33,6 +33,8 @@ ENV_AGENT_MQTT_USERNAME: Final = "NETVAL_AGENT_MQTT_USERNAME"
 ENV_AGENT_MQTT_SECRET: Final = "NETVAL_AGENT_MQTT_SECRET"
 ENV_AGENT_MQTT_CA_SECRET: Final = "NETVAL_AGENT_MQTT_CA_SECRET"
 ENV_STATUS_WINDOW: Final = "NETVAL_STATUS_WINDOW_SECONDS"
+ENV_NODE_WRITES_PER_SECOND: Final = "NETVAL_NODE_WRITES_PER_SECOND"  # operator.nodeWritesPerSecond
+ENV_NODE_WRITE_BURST: Final = "NETVAL_NODE_WRITE_BURST"  # operator.nodeWriteBurst
 ENV_AGENT_RESOURCES: Final = "NETVAL_AGENT_RESOURCES"
 ENV_AGENT_TOLERATIONS: Final = "NETVAL_AGENT_TOLERATIONS"
 ENV_KUEUE_ENABLED: Final = "NETVAL_KUEUE_ENABLED"
@@ -54,6 +56,10 @@ DEFAULT_NAMESPACE: Final = "netval-system"
 DEFAULT_IMAGE: Final = "ghcr.io/netval/netval:0.1.0"
 DEFAULT_AGENT_SECRET: Final = "netval-mqtt-agent"
 DEFAULT_STATUS_WINDOW: Final = 2.0
+# Node writes: a 1 %-of-100k burst (1,000 nodes) costs under a minute at 20/s, a small share
+# of the API server's default max-mutating-requests-inflight (200) and priority seats.
+DEFAULT_NODE_WRITES_PER_SECOND: Final = 20.0
+DEFAULT_NODE_WRITE_BURST: Final = 40
 
 
 class OperatorConfigError(ValueError):
@@ -98,6 +104,10 @@ class OperatorSettings:
     # (empty: one broker, `mqtt`), and the agents' URL pattern ({shard}); `mqtt` is shard 0's.
     mqtt_shards: tuple[MqttSettings, ...] = ()
     agent_mqtt_url_pattern: str | None = None
+    # Node writes (fabric label, taint, topology labels): a token bucket, per node the latest
+    # wish queued FIFO (`gating.write_queue`).
+    node_writes_per_second: float = DEFAULT_NODE_WRITES_PER_SECOND
+    node_write_burst: int = DEFAULT_NODE_WRITE_BURST
 
     @property
     def shard_count(self) -> int:
@@ -168,6 +178,8 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
         loadtest_max_rate_mbps=_max_rate(env),
         mqtt_shards=shards,
         agent_mqtt_url_pattern=agent_pattern,
+        node_writes_per_second=_node_write_rate(env),
+        node_write_burst=_node_write_burst(env),
     )
 
 
@@ -191,6 +203,26 @@ def _shards(
     except ValueError as exc:
         raise OperatorConfigError(f"{ENV_AGENT_MQTT_URL_PATTERN}: {exc}") from None
     return tuple(shards), pattern
+
+
+def _node_write_rate(env: Mapping[str, str]) -> float:
+    text = env.get(ENV_NODE_WRITES_PER_SECOND, "").strip() or str(DEFAULT_NODE_WRITES_PER_SECOND)
+    try:
+        value = float(text)
+    except ValueError:
+        raise OperatorConfigError(f"{ENV_NODE_WRITES_PER_SECOND}: not a number: {text!r}") from None
+    if not 0.1 <= value <= 1000:
+        raise OperatorConfigError(f"{ENV_NODE_WRITES_PER_SECOND}: must be 0.1..1000, got {text}")
+    return value
+
+
+def _node_write_burst(env: Mapping[str, str]) -> int:
+    text = env.get(ENV_NODE_WRITE_BURST, "").strip() or str(DEFAULT_NODE_WRITE_BURST)
+    if not text.isdigit() or not 1 <= int(text) <= 10000:
+        raise OperatorConfigError(
+            f"{ENV_NODE_WRITE_BURST}: must be an integer 1..10000, got {text!r}"
+        )
+    return int(text)
 
 
 def _max_rate(env: Mapping[str, str]) -> float:

@@ -71,7 +71,11 @@ class OperatorRuntime:
         self.events = Events(kube, self.store)
         self.gating = NodeGating(settings, kube, self.store, self.events)
         self.topology_labels = TopologyLabels(
-            settings, kube, self.store, ready=self.gating.validations_loaded
+            settings,
+            kube,
+            self.store,
+            ready=self.gating.validations_loaded,
+            bucket=self.gating.bucket,
         )
         self.kueue_topologies = KueueTopologies(
             settings, kube, self.store, self.events, ready=self.gating.validations_loaded

@@ -1,6 +1,7 @@
-"""Node gating, applied: once per status window, the `netval.io/fabric` label and netval's
-taint are written to the Nodes whose health asks for a change (decisions in
-`netval.operator.gating.decisions`), and each validation's Gating condition is recorded.
+"""Node gating, applied: once per status window, the Nodes whose health asks for a change of
+the `netval.io/fabric` label or netval's taint (decisions in `netval.operator.gating.decisions`)
+are queued for a write, and each validation's Gating condition is recorded. The writes go out
+at the operator's Node write rate (`gating.write_queue`: per node the latest wish, FIFO).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from netval.model.spec import NetworkValidationSpec
 from netval.model.status import EventReason
 from netval.operator.gating import decisions as gating
 from netval.operator.gating.decisions import GatingCondition
+from netval.operator.gating.write_queue import NodeWriteQueue, TokenBucket
 from netval.operator.kube.api import KubeApi, error_text
 from netval.operator.rounds import every_window
 from netval.operator.settings import OperatorSettings
@@ -24,10 +26,11 @@ from netval.operator.status.events import Events
 
 log = logging.getLogger("netval.operator")
 
-# Node writes per gating round and in flight: a fresh deploy on 10,000 nodes must not hold
-# one round (and the API server) for minutes.
-MAX_GATING_WRITES_PER_ROUND: Final = 500
+# Node writes in flight (the rate is the settings' token bucket): a hung PATCH must not stop
+# the others.
 GATING_CONCURRENCY: Final = 16
+# Topology label patches per round (they share the Node write rate, `NodeGating.bucket`).
+MAX_GATING_WRITES_PER_ROUND: Final = 500
 
 
 def gating_input(
@@ -56,15 +59,26 @@ class NodeGating:
         self.events = events
         self.conditions: dict[str, GatingCondition] = {}  # validation -> its Gating condition
         self.breaker_tripped: dict[str, bool] = {}
-        self.writes = 0
+        # every Node write of the operator (topology labels too) takes a token of this bucket
+        self.bucket = TokenBucket(settings.node_writes_per_second, settings.node_write_burst)
+        self.queue = NodeWriteQueue(self._write, self.bucket, GATING_CONCURRENCY)
+
+    @property
+    def writes(self) -> int:
+        return self.queue.written
 
     async def loop(self, synced: asyncio.Event) -> None:
         await synced.wait()
-        await every_window(
-            lambda: self.settings.status_window,
-            lambda: self.apply(utcnow()),
-            "node gating failed; retrying next window",
-        )
+        drain = asyncio.create_task(self.queue.run(), name="netval-node-writes")
+        try:
+            await every_window(
+                lambda: self.settings.status_window,
+                lambda: self.apply(utcnow()),
+                "node gating failed; retrying next window",
+            )
+        finally:
+            drain.cancel()
+            await asyncio.gather(drain, return_exceptions=True)
 
     def forget(self, name: str) -> None:
         self.conditions.pop(name, None)
@@ -103,27 +117,26 @@ class NodeGating:
             self._record(v, decision, label_decision)
         labels = gating.merge_labels(zip(inputs, held, strict=True))
         changes = gating.plan_changes(node_fabric, labels, taints)
-        limit = asyncio.Semaphore(GATING_CONCURRENCY)
+        self.queue.reconcile({c.node: c for c in changes})
 
-        async def write(change: gating.NodeChange) -> None:
-            label = change.label.value if change.label is not None else None
-            _, had_taint = node_fabric.get(change.node, (None, False))
-            async with limit:
-                try:
-                    if change.taint == had_taint:
-                        # label only: one merge patch, no read-modify-write needed
-                        done = await self.kube.set_node_label(change.node, label)
-                    else:
-                        done = await self.kube.set_node_gating(change.node, label, change.taint)
-                except Exception as exc:
-                    log.warning("gating write to node %s failed: %s", change.node, error_text(exc))
-                    return
-            if done:
-                self.writes += 1
-                # the watch will confirm; until then do not write the same change again
-                node_fabric[change.node] = (label, change.taint)
-
-        await asyncio.gather(*(write(c) for c in changes[:MAX_GATING_WRITES_PER_ROUND]))
+    async def _write(self, change: gating.NodeChange) -> bool | None:
+        """One queued change: True written, False the Node is gone, None failed (requeued)."""
+        node_fabric = self.store.node_fabric
+        label = change.label.value if change.label is not None else None
+        _, had_taint = node_fabric.get(change.node, (None, False))
+        try:
+            if change.taint == had_taint:
+                # label only: one merge patch, no read-modify-write needed
+                done = await self.kube.set_node_label(change.node, label)
+            else:
+                done = await self.kube.set_node_gating(change.node, label, change.taint)
+        except Exception as exc:
+            log.warning("gating write to node %s failed: %s", change.node, error_text(exc))
+            return None
+        if done and change.node in node_fabric:
+            # the watch will confirm; until then do not write the same change again
+            node_fabric[change.node] = (label, change.taint)
+        return done
 
     def _record(
         self,

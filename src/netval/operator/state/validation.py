@@ -70,7 +70,7 @@ from netval.operator.consistency.fingerprint import forget as fleet_forget
 from netval.operator.consistency.fingerprint import touch as fleet_touch
 from netval.operator.consistency.fold import NodeVerdict
 from netval.operator.state.node_verdicts import CHECK_BUCKET as _BUCKET
-from netval.operator.state.node_verdicts import apply_fleet_verdict, settle_fleet
+from netval.operator.state.node_verdicts import apply_fleet_verdict, settle_fleet, shared_buckets
 from netval.operator.state.node_verdicts import truncate_failure as _truncate
 from netval.operator.topology.agreement import NetdevView, netdev_views
 from netval.operator.topology.routed import RouteView, route_view
@@ -445,7 +445,7 @@ def _digest(
         peer_results=tuple(r for r in report.results if r.check.group is CheckGroup.PEER),
         reported_at=reported_at,
         status=status,
-        check_buckets=tuple(buckets.items()),
+        check_buckets=shared_buckets(tuple(buckets.items())),
         failures=failures,
         failing_checks=tuple(sorted({check for check, _ in bad})),
         failing_since=since,

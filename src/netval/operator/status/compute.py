@@ -1,6 +1,7 @@
 """The status one write would carry (pure): the aggregated conditions and counts, the
 east-west summary of peers-enabled validations, the Usable condition (admission on capacity,
-`netval.operator.gating.capacity`) and the Gating condition node gating set."""
+`netval.operator.gating.capacity`) and the Gating condition node gating set; within the status
+size budget (`status.size_budget`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from netval.operator.state import validation as vs
 from netval.operator.state.aggregation import compute_status
 from netval.operator.state.east_west_matrix import east_west
 from netval.operator.state.validation import ValidationState
+from netval.operator.status.size_budget import fit_status
 from netval.operator.topology.agreement import peer_topology_key
 from netval.operator.topology.nodes import fold_into_nodes
 from netval.operator.topology.pairs import domain_pairs
@@ -79,13 +81,13 @@ def validation_status(
     else:
         usable = ("Unknown", Reason.INVALID_SPEC.value, "no valid spec")
     status = _with_condition(status, ConditionType.USABLE, *usable, state, previous, now)
-    if gate is None:
-        return status
-    ok, reason, message = gate
-    return _with_condition(
-        status, ConditionType.GATING, "True" if ok else "False", reason, message, state,
-        previous, now,
-    )  # fmt: skip
+    if gate is not None:
+        ok, reason, message = gate
+        status = _with_condition(
+            status, ConditionType.GATING, "True" if ok else "False", reason, message, state,
+            previous, now,
+        )  # fmt: skip
+    return fit_status(status)  # under 64 KiB at any fleet size
 
 
 def _with_condition(

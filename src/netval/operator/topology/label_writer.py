@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from netval.operator.gating.node_writer import GATING_CONCURRENCY, MAX_GATING_WRITES_PER_ROUND
+from netval.operator.gating.write_queue import TokenBucket
 from netval.operator.kube.api import KubeApi, error_text
 from netval.operator.rounds import every_window
 from netval.operator.settings import OperatorSettings
@@ -31,8 +32,10 @@ class TopologyLabels:
         kube: KubeApi,
         store: Store,
         ready: Callable[[], Awaitable[bool]],
+        bucket: TokenBucket | None = None,
     ) -> None:
         self.settings = settings
+        self.bucket = bucket  # the operator's Node write rate, shared with gating
         self.kube = kube
         self.store = store
         self.ready = ready  # every validation loaded: before that, removals would be wrong
@@ -131,6 +134,8 @@ class TopologyLabels:
 
         async def write(node: str, patch: plan.LabelPatch) -> None:
             async with limit:
+                if self.bucket is not None:
+                    await self.bucket.take()
                 try:
                     done = await self.kube.set_node_labels(node, patch)
                 except Exception as exc:
