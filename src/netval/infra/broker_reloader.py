@@ -19,7 +19,6 @@ import logging
 import os
 import signal
 import ssl
-import tempfile
 import threading
 from dataclasses import dataclass
 from enum import StrEnum
@@ -67,13 +66,10 @@ def decide(told: str | None, seen: Observation | None) -> Action:
 
 
 def _pair_loads(cert: Path, key: Path) -> bool:
+    # Straight from the mount (the sidecar's root filesystem is read-only: no scratch copy).
+    # A pair read mid-update fails or hashes differently, and the next poll looks again.
     try:
-        with tempfile.TemporaryDirectory(prefix="netval-reloader-") as scratch:
-            # one snapshot of each file, so the check and the hash see the same bytes' era
-            copies = (Path(scratch) / "cert.pem", Path(scratch) / "key.pem")
-            for path, copy in zip((cert, key), copies, strict=True):
-                copy.write_bytes(path.read_bytes())
-            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(*copies)
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
     except (OSError, ssl.SSLError, ValueError):
         return False
     return True
