@@ -80,3 +80,9 @@ def test_every_broker_shard_gets_its_own_reloader() -> None:
 def test_the_toggle_is_a_boolean() -> None:
     with pytest.raises(Exception, match="reloadOnRenewal"):
         render({"mqtt": {"tls": {"reloadOnRenewal": "yes"}}})
+
+
+def test_the_interval_is_a_positive_number_of_seconds() -> None:
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["broker-reloader", "--interval", "0"])
+    assert exit_.value.code == 2

@@ -44,6 +44,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _poll_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value <= 0:  # 0 would read the certificates in a busy loop
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds: {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = NetvalParser(
         prog="netval",
@@ -377,7 +384,7 @@ def _broker_reloader_parser(sub: argparse._SubParsersAction[NetvalParser]) -> No
     )
     rel.add_argument("--dir", type=Path, default=Path("/mosquitto/tls"), metavar="DIR",
                      help="the mounted Secret with tls.crt and tls.key (default /mosquitto/tls)")  # fmt: skip
-    rel.add_argument("--interval", type=_seconds, default=30.0, metavar="S",
+    rel.add_argument("--interval", type=_poll_seconds, default=30.0, metavar="S",
                      help="seconds between looks at the directory (default 30)")  # fmt: skip
     rel.add_argument("--process", default="mosquitto", metavar="NAME",
                      help="the process name (comm) to signal (default mosquitto)")  # fmt: skip
