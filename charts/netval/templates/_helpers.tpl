@@ -156,6 +156,12 @@ broker's key is never copied where agents run).
 {{- if and (include "netval.brokerTlsEnabled" .) (not .Values.mqtt.tls.certManager.enabled) (not .Values.mqtt.tls.existingSecret) -}}true{{- end -}}
 {{- end -}}
 
+{{/* The broker's certificate comes from a Secret renewed behind the chart's back
+(cert-manager or the user's) and the broker pod runs `netval broker-reloader` to SIGHUP it. */}}
+{{- define "netval.brokerReloader" -}}
+{{- if and (include "netval.brokerTlsEnabled" .) (not (include "netval.brokerSelfSigned" .)) .Values.mqtt.tls.reloadOnRenewal -}}true{{- end -}}
+{{- end -}}
+
 {{/* The DNS names of the broker Service, as a list (the URL uses the third). */}}
 {{- define "netval.brokerDnsNames" -}}
 {{- $ns := .Release.Namespace -}}

@@ -49,6 +49,10 @@ def _handler(command: str) -> Callable[[argparse.Namespace], int]:
         from netval.cli.doctor import cmd_doctor
 
         return cmd_doctor
+    if command == "broker-reloader":
+        from netval.cli.broker_reloader import cmd_broker_reloader
+
+        return cmd_broker_reloader
     from netval.cli import processes
 
     if command == "uninstall-cleanup":

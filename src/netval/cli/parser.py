@@ -44,6 +44,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _poll_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value <= 0:  # 0 would read the certificates in a busy loop
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds: {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = NetvalParser(
         prog="netval",
@@ -56,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     _doctor_parser(sub)
     _uninstall_parser(sub)
     _process_parsers(sub)
+    _broker_reloader_parser(sub)
     return parser
 
 
@@ -363,3 +371,20 @@ def _process_parsers(sub: argparse._SubParsersAction[NetvalParser]) -> None:
         metavar="SECONDS",
         help="how long the API server waits for the webhook, 1..30 (default 10)",
     )
+
+
+def _broker_reloader_parser(sub: argparse._SubParsersAction[NetvalParser]) -> None:
+    rel = sub.add_parser(
+        "broker-reloader",
+        help="SIGHUP the broker when its mounted TLS certificate changes (broker pod sidecar)",
+        description="Watch a mounted TLS Secret (the kubelet's ..data link, else the files' "
+        "content) and send SIGHUP to the broker processes of this user, found in /proc (the "
+        "pod shares its process namespace), when a new certificate and key load as a pair. "
+        "Runs until SIGTERM.",
+    )
+    rel.add_argument("--dir", type=Path, default=Path("/mosquitto/tls"), metavar="DIR",
+                     help="the mounted Secret with tls.crt and tls.key (default /mosquitto/tls)")  # fmt: skip
+    rel.add_argument("--interval", type=_poll_seconds, default=30.0, metavar="S",
+                     help="seconds between looks at the directory (default 30)")  # fmt: skip
+    rel.add_argument("--process", default="mosquitto", metavar="NAME",
+                     help="the process name (comm) to signal (default mosquitto)")  # fmt: skip
