@@ -104,3 +104,11 @@ def started_runtime(memo: kopf.Memo) -> OperatorRuntime | None:
     """The runtime once `start_runtime` put it in the memo."""
     runtime = memo.get(RUNTIME_KEY)
     return runtime if isinstance(runtime, OperatorRuntime) else None
+
+
+def required_runtime(memo: kopf.Memo) -> OperatorRuntime:
+    """The runtime for a resource handler; before it started, Kopf retries the event."""
+    runtime = started_runtime(memo)
+    if runtime is None:
+        raise kopf.TemporaryError("operator runtime not started yet", delay=1)
+    return runtime

@@ -11,19 +11,11 @@ import kopf
 from netval.model.manifest import API_GROUP
 from netval.operator.kube.api import LOADTEST_PLURAL, VERSION
 from netval.operator.loadtest.validate import SpecProblem
-from netval.operator.term_runtime import OperatorRuntime
-from netval.operator.term_startup import started_runtime
+from netval.operator.term_startup import required_runtime, started_runtime
 
 # how long a test's handler waits at start-up for the validations to load before it gives
 # the event back to Kopf for a retry
 _LOAD_WAIT_SECONDS: Final = 10.0
-
-
-def _runtime(memo: kopf.Memo) -> OperatorRuntime:
-    runtime = started_runtime(memo)
-    if runtime is None:
-        raise kopf.TemporaryError("operator runtime not started yet", delay=1)
-    return runtime
 
 
 @kopf.on.create(API_GROUP, VERSION, LOADTEST_PLURAL)
@@ -32,7 +24,7 @@ def _runtime(memo: kopf.Memo) -> OperatorRuntime:
 async def netload_apply(
     name: str, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status, memo: kopf.Memo, **_: Any
 ) -> None:
-    runtime = _runtime(memo)
+    runtime = required_runtime(memo)
     validation = spec.get("validation")
     if isinstance(validation, str) and validation not in runtime.store.specs:
         # at start-up the validation may exist but not be loaded yet: not "not found". The

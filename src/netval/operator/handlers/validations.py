@@ -13,15 +13,7 @@ from netval.model.spec import NetworkValidationSpec, deprecated_fields_set
 from netval.model.status import EventReason
 from netval.operator.agents.rollout import apply_agents, delete_agents
 from netval.operator.kube.api import PLURAL, VERSION
-from netval.operator.term_runtime import OperatorRuntime
-from netval.operator.term_startup import started_runtime
-
-
-def _runtime(memo: kopf.Memo) -> OperatorRuntime:
-    runtime = started_runtime(memo)
-    if runtime is None:
-        raise kopf.TemporaryError("operator runtime not started yet", delay=1)
-    return runtime
+from netval.operator.term_startup import required_runtime
 
 
 @kopf.on.create(API_GROUP, VERSION, PLURAL)
@@ -31,7 +23,7 @@ async def networkvalidation_apply(
     name: str, spec: kopf.Spec, meta: kopf.Meta, body: kopf.Body, memo: kopf.Memo,
     status: kopf.Status, **_: Any,
 ) -> None:  # fmt: skip
-    runtime = _runtime(memo)
+    runtime = required_runtime(memo)
     generation = int(meta.get("generation") or 1)
     try:
         parsed = NetworkValidationSpec.model_validate(dict(spec))
@@ -52,6 +44,6 @@ async def networkvalidation_apply(
 
 @kopf.on.delete(API_GROUP, VERSION, PLURAL)
 async def networkvalidation_delete(name: str, memo: kopf.Memo, **_: Any) -> None:
-    runtime = _runtime(memo)
+    runtime = required_runtime(memo)
     await delete_agents(runtime.kube, runtime.settings, name)
     runtime.remove_validation(name)
