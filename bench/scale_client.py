@@ -8,6 +8,13 @@ whose slot in the interval has come, so 100,000 idle connections cost memory, no
 Source addresses 127.0.0.2, 127.0.0.3, ... (NODES_PER_ADDRESS each) keep every address's
 ephemeral ports (32768-60999 by default) far from exhausted.
 
+Broker restart (`reconnect` command): from then on a node whose connection is lost
+reconnects as the agent does (`netval.infra.mqtt_client.ReconnectRule` with the agent
+publisher's policy: full jitter up to 0.5 s x 2^(failures-1), at most 30 s, reset by a
+session that held 10 s), through the same 100 connects in flight as the first connect; a
+CONNACK refusing the credential (0x86, 0x87) is what would make the agent enroll again
+(counted, not done). The first cycle after a reconnect goes out in full, as the agent's.
+
 Run by bench/scale.py as a child (`--role clients`): JSON lines on stdin (commands) and
 stdout (answers).
 """
@@ -34,6 +41,16 @@ KEEPALIVE: Final = 60  # s; every node publishes each interval (< keepalive), so
 PLACEHOLDER_ISO: Final = b"2000-01-01T00:00:00Z"
 TICK: Final = 0.05
 CONNACK_TIMEOUT: Final = 20.0  # s between scheduler rounds
+# the agent publisher's reconnect policy (netval.agent.publish: backoff_base, backoff_cap,
+# _STABLE_AFTER)
+AGENT_BACKOFF: Final = (0.5, 30.0, 10.0)
+CREDENTIAL_REFUSALS: Final = frozenset({0x86, 0x87})
+
+
+class ConnackRefused(ConnectionError):
+    def __init__(self, code: int) -> None:
+        super().__init__(f"CONNACK {code:#04x}")
+        self.code = code
 
 
 def node_name(i: int) -> str:
@@ -102,8 +119,9 @@ PINGREQ: Final = b"\xc0\x00"
 class Node(asyncio.Protocol):
     """One agent's connection. Counts what the broker acknowledged."""
 
-    def __init__(self, stats: Stats) -> None:
+    def __init__(self, stats: Stats, on_lost: Any = None) -> None:
         self.stats = stats
+        self.on_lost = on_lost  # called once a connection that had its CONNACK is lost
         self.transport: asyncio.Transport | None = None
         self.connack: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._buf = b""
@@ -119,6 +137,8 @@ class Node(asyncio.Protocol):
         self.stats.lost += 1
         if not self.connack.done():
             self.connack.set_exception(ConnectionError(str(exc or "closed before CONNACK")))
+        elif self.on_lost is not None and not self.connack.exception():
+            self.on_lost(self, exc)
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf + data
@@ -162,6 +182,22 @@ class Node(asyncio.Protocol):
 
 
 @dataclass
+class RestartStats:
+    """Since the `reconnect` command: what the fleet did to come back."""
+
+    lost_nodes: int = 0  # connections lost (each starts a reconnect loop)
+    attempts: int = 0  # connects tried (CONNECT sent or TCP/TLS failed)
+    would_reenroll: int = 0  # CONNACK refusals of the credential: the agent would enroll
+    errors: dict[str, int] = field(default_factory=dict)
+    back: dict[int, float] = field(default_factory=dict)  # node -> wall time reconnected
+
+    def summary(self) -> dict[str, Any]:
+        return {"lost_nodes": self.lost_nodes, "attempts": self.attempts,
+                "would_reenroll": self.would_reenroll, "errors": self.errors,
+                "back": len(self.back), "last_back": max(self.back.values(), default=None)}  # fmt: skip
+
+
+@dataclass
 class Stats:
     connected: int = 0
     lost: int = 0
@@ -196,6 +232,12 @@ class Fleet:
         self.given_up = False
         self.connect_seconds: list[float] = []  # CONNECT to CONNACK, each node
         self.digests: dict[tuple[int, bool], str] = {}
+        self.reconnect = False  # broker restart: lost nodes reconnect as the agent does
+        self.rules: dict[int, Any] = {}  # node -> its ReconnectRule
+        self.full_next: set[int] = set()  # reconnected: the next cycle goes out in full
+        self.restart = RestartStats()
+        self.gate: asyncio.Semaphore | None = None
+        self.loops: set[asyncio.Task[None]] = set()
 
     def topic(self, i: int, kind: str) -> bytes:
         return f"netval/v1/{self.validation}/{node_name(i)}/{kind}".encode()
@@ -237,8 +279,82 @@ class Fleet:
         user = f"netval-node:{node_name(i)}".encode()
         return user, node_password(self.cfg["secret"], i).encode()
 
-    async def connect_one(self, i: int, gate: asyncio.Semaphore) -> None:
+    async def attempt(self, i: int) -> Node:
+        """One connect of node i up to its CONNACK (raises ConnackRefused on a refusal)."""
         loop = asyncio.get_running_loop()
+        user, password = self.login(i)
+        client_id = user if not self.cfg.get("shared_login") else node_name(i).encode()
+        sock = bound_socket(source_address(i))
+        try:
+            await loop.sock_connect(sock, (self.cfg["host"], self.cfg["port"]))
+        except OSError:
+            sock.close()
+            raise
+        _, node = await loop.create_connection(
+            lambda: Node(self.stats, lambda node, exc: self.lost(i, node, exc)),
+            sock=sock,
+            ssl=self.cfg.get("ssl_context"),
+            server_hostname=self.cfg.get("server_hostname"),
+        )
+        node.send(connect_packet(client_id, user, password, self.topic(i, "state")))
+        try:
+            code = await asyncio.wait_for(node.connack, CONNACK_TIMEOUT)
+        except BaseException:
+            if node.transport is not None:
+                node.transport.abort()
+            raise
+        if code != 0:
+            if node.transport is not None:
+                node.transport.abort()
+            raise ConnackRefused(code)
+        return node
+
+    def up(self, i: int, node: Node) -> None:
+        from netval.infra.mqtt_client import ReconnectPolicy, ReconnectRule
+
+        self.nodes[i] = node
+        if i not in self.rules:
+            self.rules[i] = ReconnectRule(
+                ReconnectPolicy(*AGENT_BACKOFF),
+                refused=lambda e: isinstance(e, ConnackRefused) and e.code in CREDENTIAL_REFUSALS,
+            )
+        self.rules[i].connected()
+        node.send(publish_packet(self.topic(i, "state"), b"online", 1, True, node.packet_id()))
+
+    def lost(self, i: int, node: Node, exc: Exception | None) -> None:
+        if self.reconnect and self.nodes.get(i) is node:
+            task = asyncio.get_running_loop().create_task(self.reconnect_one(i, exc))
+            self.loops.add(task)  # a task only the loop references may be collected
+            task.add_done_callback(self.loops.discard)
+
+    async def reconnect_one(self, i: int, error: BaseException | None) -> None:
+        """The agent's loop: wait the rule's delay, connect; again until it holds."""
+        rs = self.restart
+        rs.lost_nodes += 1
+        rule = self.rules[i]
+        while self.reconnect:
+            end = rule.ended(error if error is not None else ConnectionError("lost"))
+            if end.refused:
+                rs.would_reenroll += 1
+            await asyncio.sleep(end.delay)
+            assert self.gate is not None
+            async with self.gate:
+                rs.attempts += 1
+                try:
+                    node = await self.attempt(i)
+                except (OSError, TimeoutError, ConnectionError) as exc:
+                    key = type(exc).__name__ + (
+                        f" errno {exc.errno}" if isinstance(exc, OSError) and exc.errno else ""
+                    )
+                    rs.errors[key] = rs.errors.get(key, 0) + 1
+                    error = exc
+                    continue
+            self.up(i, node)
+            self.full_next.add(i)
+            rs.back[i] = time.time()
+            return
+
+    async def connect_one(self, i: int, gate: asyncio.Semaphore) -> None:
         async with gate:
             if self.given_up:
                 self.stats.errors["not tried: the broker stopped answering"] = (
@@ -247,22 +363,10 @@ class Fleet:
                 return
             started = time.monotonic()
             try:
-                user, password = self.login(i)
-                client_id = user if not self.cfg.get("shared_login") else node_name(i).encode()
-                sock = bound_socket(source_address(i))
-                try:
-                    await loop.sock_connect(sock, (self.cfg["host"], self.cfg["port"]))
-                except OSError:
-                    sock.close()
-                    raise
-                _, node = await loop.create_connection(
-                    lambda: Node(self.stats),
-                    sock=sock,
-                    ssl=self.cfg.get("ssl_context"),
-                    server_hostname=self.cfg.get("server_hostname"),
-                )
-                node.send(connect_packet(client_id, user, password, self.topic(i, "state")))
-                code = await asyncio.wait_for(node.connack, CONNACK_TIMEOUT)
+                node = await self.attempt(i)
+            except ConnackRefused:
+                self.stats.refused_connects += 1
+                return
             except (OSError, TimeoutError, ConnectionError) as exc:
                 # a broker out of file descriptors leaves connections in its listen backlog,
                 # unanswered: stop trying rather than wait for every one of them
@@ -272,17 +376,13 @@ class Fleet:
                 )
                 self.stats.errors[key] = self.stats.errors.get(key, 0) + 1
                 return
-            if code != 0:
-                self.stats.refused_connects += 1
-                return
-            self.nodes[i] = node
             self.stats.connected += 1
             self.connect_seconds.append(time.monotonic() - started)
-            node.send(publish_packet(self.topic(i, "state"), b"online", 1, True, node.packet_id()))
+            self.up(i, node)
 
     async def connect_all(self) -> float:
         start = time.monotonic()
-        gate = asyncio.Semaphore(CONNECTS_IN_FLIGHT)
+        gate = self.gate = asyncio.Semaphore(CONNECTS_IN_FLIGHT)
         await asyncio.gather(*(self.connect_one(i, gate) for i in range(self.first, self.last)))
         return time.monotonic() - start
 
@@ -305,6 +405,9 @@ class Fleet:
 
     def full_this_cycle(self, i: int, cycle: int) -> bool:
         # cycle 0: every agent's first report; then 1 % of the fleet changes per interval
+        if i in self.full_next:
+            self.full_next.discard(i)
+            return True
         return self.mode == "full" or cycle == 0 or (i + cycle) % 100 == 0
 
     async def schedule(self, t0: float) -> None:
@@ -406,6 +509,11 @@ async def clients_main(cfg: dict[str, Any]) -> None:
                                                                if not n.lost),
                             "sink_received": sink_stats.received,
                             "sink_bytes": sink_stats.received_bytes, **proc_usage()}})  # fmt: skip
+        elif cmd == "reconnect":
+            fleet.reconnect, fleet.restart = True, RestartStats()
+            emit({"reconnecting": True})
+        elif cmd == "restart_stats":
+            emit({"restart_stats": fleet.restart.summary()})
         elif cmd == "burst":
             emit({"burst": fleet.burst([i for i in msg["nodes"] if fleet.first <= i < fleet.last])})
         elif cmd == "stop":
