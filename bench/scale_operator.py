@@ -6,7 +6,7 @@ write it is asked for (status patches, Node label/taint writes, Events) with no 
 latency. Kopf and the Node watch are replaced by what they would tell the runtime at start
 (N Nodes, one NetworkValidation targeting all of them).
 
-JSON lines: stdout says `ready`, `synced`, `replayed`; stdin asks for `stats`, `mark` (from
+JSON lines: stdout says `ready`, `synced`, `replayed`; stdin asks for `stats`, `ingest`, `mark` (from
 now on, note each node's first live report or matching beat) and `back` (how many nodes
 since the mark, and when the last of them came). SIGTERM stops the runtime as the real
 operator's shutdown does (a rollout).
@@ -201,6 +201,8 @@ async def operator_main(cfg: dict[str, Any]) -> None:
         if msg["cmd"] == "mark":
             firsts = {}
             emit({"marked": time.time()})
+        elif msg["cmd"] == "ingest":
+            emit({"ingest": {"connected": runtime.ingest.stats.connected}})
         elif msg["cmd"] == "back":
             emit({"back": {"count": len(firsts or {}),
                            "last": max((firsts or {}).values(), default=None)}})  # fmt: skip

@@ -89,8 +89,13 @@ async def broker_restart(ctx: Ctx, fig: dict[str, Any]) -> None:
     fig["restart_broker_listening_s"] = time.time() - t_start
     ctx.bpid = broker_pid(ctx.conf)
     deadline = time.time() + ctx.args.restart_timeout
-    connected = reported = None
+    connected = reported = operator_back = None
     while time.time() < deadline:
+        if (
+            operator_back is None
+            and (await ctx.operator.ask({"cmd": "ingest"}, "ingest"))["connected"]
+        ):
+            operator_back = time.time()  # within the poll's 0.2 s
         rs = [await c.ask({"cmd": "restart_stats"}, "restart_stats") for c in ctx.clients]
         back = await ctx.operator.ask({"cmd": "back"}, "back")
         if connected is None and sum(r["back"] for r in rs) >= ctx.n:
@@ -99,7 +104,7 @@ async def broker_restart(ctx: Ctx, fig: dict[str, Any]) -> None:
             reported = back["last"]
         if connected is not None and reported is not None:
             break
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0 if operator_back else 0.2)
     rs = [await c.ask({"cmd": "restart_stats"}, "restart_stats") for c in ctx.clients]
     back = await ctx.operator.ask({"cmd": "back"}, "back")
     fig["restart_nodes_lost"] = sum(r["lost_nodes"] for r in rs)
@@ -107,6 +112,7 @@ async def broker_restart(ctx: Ctx, fig: dict[str, Any]) -> None:
     fig["restart_nodes_reported"] = back["count"]
     fig["restart_all_connected_s"] = connected - t_kill if connected else None
     fig["restart_all_reported_s"] = reported - t_kill if reported else None
+    fig["restart_operator_connected_s"] = operator_back - t_kill if operator_back else None
     fig["restart_connect_attempts"] = sum(r["attempts"] for r in rs)
     fig["restart_would_reenroll"] = sum(r["would_reenroll"] for r in rs)
     errors: Counter[str] = Counter()
@@ -181,19 +187,21 @@ def kinds(d: dict[str, int] | None) -> str:
 
 
 def table(figs: list[dict[str, Any]]) -> None:
-    print("| nodes | mode | transport | broker listening again | all reconnected | all reported "
+    print("| nodes | mode | transport | broker listening again | operator back | all reconnected "
+          "| all reported "
           "| connects tried | would re-enroll | API writes outage (/s) | API writes after (/s) "
           "| Nodes written | operator rollout: stop / replay | rollout writes | new operator "
           "RSS (HWM) | machine busy (restart) |")  # fmt: skip
-    print("|---:|:---|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|:---|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for f in figs:
         if "failed" in f or "restart_failed" in f:
             print(f"| {f['nodes']:,} | {f['mode']} | {f['transport']} | FAILED: "
-                  f"{f.get('failed') or f.get('restart_failed')} |" + " |" * 11)  # fmt: skip
+                  f"{f.get('failed') or f.get('restart_failed')} |" + " |" * 12)  # fmt: skip
             continue
         print(
             f"| {f['nodes']:,} | {f['mode']} | {f['transport']} | "
             f"{cell(f, 'restart_broker_listening_s', '.1f', ' s')} | "
+            f"{cell(f, 'restart_operator_connected_s', '.1f', ' s')} | "
             f"{cell(f, 'restart_all_connected_s', '.1f', ' s')} | "
             f"{cell(f, 'restart_all_reported_s', '.1f', ' s')} | "
             f"{cell(f, 'restart_connect_attempts', ',')} | "
