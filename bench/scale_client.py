@@ -13,7 +13,8 @@ reconnects as the agent does (`netval.infra.mqtt_client.ReconnectRule` with the 
 publisher's policy: full jitter up to 0.5 s x 2^(failures-1), at most 30 s, reset by a
 session that held 10 s), through the same 100 connects in flight as the first connect; a
 CONNACK refusing the credential (0x86, 0x87) is what would make the agent enroll again
-(counted, not done). The first cycle after a reconnect goes out in full, as the agent's.
+(counted, not done; bench/scale_reconnect.py). The first cycle after a reconnect goes out
+in full, as the agent's.
 
 Run by bench/scale.py as a child (`--role clients`): JSON lines on stdin (commands) and
 stdout (answers).
@@ -34,6 +35,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from scale_reconnect import ConnackRefused, RestartStats, agent_rule, reconnect_one
+
 NODES_PER_ADDRESS: Final = 10000
 IP_BIND_ADDRESS_NO_PORT: Final = 24  # linux/in.h; not in Python's socket module
 CONNECTS_IN_FLIGHT: Final = 100  # Mosquitto listens with a backlog of 100: no SYN drops
@@ -41,16 +44,6 @@ KEEPALIVE: Final = 60  # s; every node publishes each interval (< keepalive), so
 PLACEHOLDER_ISO: Final = b"2000-01-01T00:00:00Z"
 TICK: Final = 0.05
 CONNACK_TIMEOUT: Final = 20.0  # s between scheduler rounds
-# the agent publisher's reconnect policy (netval.agent.publish: backoff_base, backoff_cap,
-# _STABLE_AFTER)
-AGENT_BACKOFF: Final = (0.5, 30.0, 10.0)
-CREDENTIAL_REFUSALS: Final = frozenset({0x86, 0x87})
-
-
-class ConnackRefused(ConnectionError):
-    def __init__(self, code: int) -> None:
-        super().__init__(f"CONNACK {code:#04x}")
-        self.code = code
 
 
 def node_name(i: int) -> str:
@@ -182,22 +175,6 @@ class Node(asyncio.Protocol):
 
 
 @dataclass
-class RestartStats:
-    """Since the `reconnect` command: what the fleet did to come back."""
-
-    lost_nodes: int = 0  # connections lost (each starts a reconnect loop)
-    attempts: int = 0  # connects tried (CONNECT sent or TCP/TLS failed)
-    would_reenroll: int = 0  # CONNACK refusals of the credential: the agent would enroll
-    errors: dict[str, int] = field(default_factory=dict)
-    back: dict[int, float] = field(default_factory=dict)  # node -> wall time reconnected
-
-    def summary(self) -> dict[str, Any]:
-        return {"lost_nodes": self.lost_nodes, "attempts": self.attempts,
-                "would_reenroll": self.would_reenroll, "errors": self.errors,
-                "back": len(self.back), "last_back": max(self.back.values(), default=None)}  # fmt: skip
-
-
-@dataclass
 class Stats:
     connected: int = 0
     lost: int = 0
@@ -310,49 +287,17 @@ class Fleet:
         return node
 
     def up(self, i: int, node: Node) -> None:
-        from netval.infra.mqtt_client import ReconnectPolicy, ReconnectRule
-
         self.nodes[i] = node
         if i not in self.rules:
-            self.rules[i] = ReconnectRule(
-                ReconnectPolicy(*AGENT_BACKOFF),
-                refused=lambda e: isinstance(e, ConnackRefused) and e.code in CREDENTIAL_REFUSALS,
-            )
+            self.rules[i] = agent_rule()
         self.rules[i].connected()
         node.send(publish_packet(self.topic(i, "state"), b"online", 1, True, node.packet_id()))
 
     def lost(self, i: int, node: Node, exc: Exception | None) -> None:
         if self.reconnect and self.nodes.get(i) is node:
-            task = asyncio.get_running_loop().create_task(self.reconnect_one(i, exc))
+            task = asyncio.get_running_loop().create_task(reconnect_one(self, i, exc))
             self.loops.add(task)  # a task only the loop references may be collected
             task.add_done_callback(self.loops.discard)
-
-    async def reconnect_one(self, i: int, error: BaseException | None) -> None:
-        """The agent's loop: wait the rule's delay, connect; again until it holds."""
-        rs = self.restart
-        rs.lost_nodes += 1
-        rule = self.rules[i]
-        while self.reconnect:
-            end = rule.ended(error if error is not None else ConnectionError("lost"))
-            if end.refused:
-                rs.would_reenroll += 1
-            await asyncio.sleep(end.delay)
-            assert self.gate is not None
-            async with self.gate:
-                rs.attempts += 1
-                try:
-                    node = await self.attempt(i)
-                except (OSError, TimeoutError, ConnectionError) as exc:
-                    key = type(exc).__name__ + (
-                        f" errno {exc.errno}" if isinstance(exc, OSError) and exc.errno else ""
-                    )
-                    rs.errors[key] = rs.errors.get(key, 0) + 1
-                    error = exc
-                    continue
-            self.up(i, node)
-            self.full_next.add(i)
-            rs.back[i] = time.time()
-            return
 
     async def connect_one(self, i: int, gate: asyncio.Semaphore) -> None:
         async with gate:

@@ -4,7 +4,7 @@ fleet of one case after its steady window (instead of the burst, so every label 
 
 broker-restart: SIGKILL of the broker, started again 5 s later with the same configuration
 (its persistence file and dynamic-security state file are the chart's: whatever the last
-autosave wrote). The nodes reconnect as the agent does (bench/scale_client.py) and the
+autosave wrote). The nodes reconnect as the agent does (bench/scale_reconnect.py) and the
 operator's ingest as it does. Measured from the kill: every node connected again (the
 clients' CONNACKs) and reported (the operator read a live report or a beat matching its
 standing report from each), connects tried, CONNACK refusals of the credential (would
