@@ -8,6 +8,11 @@ descriptor limits):
     python bench/scale.py --nodes 100000        # the attempt: says what failed, if anything
     python bench/scale.py --nodes 10000 --transport tls   # the chart's TLS listener
     python bench/scale.py --quick               # 500 nodes, seconds (tests/test_bench_scale.py)
+    python bench/scale.py --nodes 10000 --transport tls --scenario broker-restart operator-rollout
+
+--scenario (bench/scale_scenarios.py): after the steady window, instead of the burst, a
+broker restart (SIGKILL, back after 5 s; the nodes reconnect as the agent does) and/or an
+operator rollout (SIGTERM, a new operator replays), with their own table.
 
 Per size and mode (`full`, `beats`), each on a fresh broker, operator and fleet:
 - Broker: the chart's rendered mosquitto.conf, ACL and init script (tests/test_chart_broker.py
@@ -66,6 +71,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
+import scale_scenarios  # noqa: E402
 from scale_client import clients_main, node_name, node_password  # noqa: E402
 
 CLK_TCK: Final = os.sysconf("SC_CLK_TCK")
@@ -266,6 +272,7 @@ async def run_case(n: int, mode: str, tls: bool, args: argparse.Namespace,
               "template_pass": pass_t, "template_fail": fail_t}  # fmt: skip
     clients: list[Child] = []
     operator: Child | None = None
+    scenario: scale_scenarios.Ctx | None = None
     try:
         for p in range(procs):
             first, last = n * p // procs, n * (p + 1) // procs
@@ -298,12 +305,13 @@ async def run_case(n: int, mode: str, tls: bool, args: argparse.Namespace,
             await c.ask({"cmd": "run", "mode": mode, "t0": t0}, "running")
         await asyncio.sleep(t0 + args.interval + 1.0 - time.time())  # every first report out
 
-        operator = await Child.spawn("operator", {
+        operator_cfg = {
             "nodes": n, "interval": args.interval, "workdir": str(work), "password": pw["operator"],
             "url": f"mqtts://{BROKER_HOST}:{port}" if tls else f"mqtt://127.0.0.1:{port}",
             "ca_file": ca_file, "tls_host": BROKER_HOST if tls else None,
             "replay_timeout": TIMEOUT,
-        })  # fmt: skip
+        }  # fmt: skip
+        operator = await Child.spawn("operator", operator_cfg)
         await operator.expect("ready")
         fig["replay_synced_s"] = (await operator.expect("synced"))["synced"]
         replayed = await operator.expect("replayed")
@@ -359,6 +367,12 @@ async def run_case(n: int, mode: str, tls: bool, args: argparse.Namespace,
               f"operator {fig['operator_cpu_pct']:.0f} % {fig['operator_rss_mib']:.0f} MiB",
               file=sys.stderr, flush=True)  # fmt: skip
 
+        if args.scenario:
+            sampler.stop()
+            scenario = scale_scenarios.Ctx(n, args, port, conf, bpid, clients, operator,
+                                           operator_cfg, Child.spawn)  # fmt: skip
+            await scale_scenarios.run(scenario, fig)
+            return fig
         burst = [k * (n // args.burst) for k in range(args.burst)]
         sent: dict[str, float] = {}
         for c in clients:
@@ -395,9 +409,14 @@ async def run_case(n: int, mode: str, tls: bool, args: argparse.Namespace,
               f"{fig['api_writes_burst']}", file=sys.stderr, flush=True)  # fmt: skip
         return fig
     finally:
-        for child in [*clients, *([operator] if operator else [])]:
+        extra = scenario.children if scenario else []
+        for child in [*clients, *([operator] if operator else []), *extra]:
             child.kill()
             await child.proc.wait()
+        for broker in scenario.brokers if scenario else []:
+            if broker.returncode is None:
+                broker.terminate()
+                await broker.wait()
 
 
 def case(n: int, mode: str, tls: bool, args: argparse.Namespace) -> dict[str, Any]:
@@ -453,7 +472,7 @@ def table(figs: list[dict[str, Any]]) -> None:
             f"{f['msgs_per_s']:,.0f} ({f['reports_per_s']:,.0f} + {f['beats_per_s']:,.0f}) | "
             f"{f['operator_reports_per_s']:,.0f} + {f['operator_beats_per_s']:,.0f} | "
             f"{cell(f, 'detect_p50_s', '.2f')} / {cell(f, 'detect_p99_s', '.2f')} s | "
-            f"{f['api_writes_steady_per_s']:.2f}{dagger} / {f['api_writes_burst_per_s']:.1f} | "
+            f"{f['api_writes_steady_per_s']:.2f}{dagger} / {cell(f, 'api_writes_burst_per_s', '.1f')} | "
             f"{f['replay_s']:.1f} s | {f['other_load_pct']:.0f} % |"
         )
     print("CPU in % of one core; operator lag: age of the newest live report it had read at "
@@ -463,7 +482,7 @@ def table(figs: list[dict[str, Any]]) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[10000, 30000])
+    parser.add_argument("--nodes", type=int, nargs="+")
     parser.add_argument("--modes", nargs="+", choices=["full", "beats"], default=["full", "beats"])
     parser.add_argument("--interval", type=float, default=10.0, help="report interval, s")
     parser.add_argument("--window", type=float, default=30.0, help="steady window, s")
@@ -475,14 +494,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         default=["plaintext"], help="tls: the chart's TLS listener, verified")  # fmt: skip
     parser.add_argument("--dynsec-sample", type=int, default=10)
     parser.add_argument("--nodes-per-process", type=int, default=NODES_PER_CLIENT_PROCESS)
+    parser.add_argument("--scenario", nargs="+", choices=scale_scenarios.SCENARIOS, default=[],
+                        help="after the steady window, instead of the burst")  # fmt: skip
+    parser.add_argument("--restart-timeout", type=float, default=300.0,
+                        help="s from the broker's kill for every node to be back")  # fmt: skip
     parser.add_argument("--json", help="write the figures here too")
     parser.add_argument("--quick", action="store_true", help="500 nodes, a few seconds")
     parser.add_argument("--role", choices=["main", "clients", "operator"], default="main")
     parser.add_argument("--child-config", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
-        args.nodes, args.interval, args.window, args.burst = [500], 5.0, 5.0, 50
+        args.nodes = args.nodes or [500]
+        args.interval, args.window, args.burst = 5.0, 5.0, 50
         args.dynsec_sample, args.warmup = 3, 1.0
+    args.nodes = args.nodes or [10000, 30000]
     if args.warmup is None:
         args.warmup = args.interval
     return args
@@ -531,11 +556,14 @@ def main() -> None:
           f"beats QoS {args.beat_qos}")  # fmt: skip
     print()
     table(figs)
+    if args.scenario:
+        print()
+        scale_scenarios.table(figs)
     print()
     print("FIGURES " + json.dumps(figs))
     if args.json:
         Path(args.json).write_text(json.dumps(figs, indent=1))
-    if any("failed" in f for f in figs) and args.quick:
+    if any("failed" in f or "restart_failed" in f for f in figs) and args.quick:
         sys.exit(1)
 
 

@@ -8,6 +8,14 @@ whose slot in the interval has come, so 100,000 idle connections cost memory, no
 Source addresses 127.0.0.2, 127.0.0.3, ... (NODES_PER_ADDRESS each) keep every address's
 ephemeral ports (32768-60999 by default) far from exhausted.
 
+Broker restart (`reconnect` command): from then on a node whose connection is lost
+reconnects as the agent does (`netval.infra.mqtt_client.ReconnectRule` with the agent
+publisher's policy: full jitter up to 0.5 s x 2^(failures-1), at most 30 s, reset by a
+session that held 10 s), through the same 100 connects in flight as the first connect; a
+CONNACK refusing the credential (0x86, 0x87) is what would make the agent enroll again
+(counted, not done; bench/scale_reconnect.py). The first cycle after a reconnect goes out
+in full, as the agent's.
+
 Run by bench/scale.py as a child (`--role clients`): JSON lines on stdin (commands) and
 stdout (answers).
 """
@@ -26,6 +34,8 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
+
+from scale_reconnect import ConnackRefused, RestartStats, agent_rule, reconnect_one
 
 NODES_PER_ADDRESS: Final = 10000
 IP_BIND_ADDRESS_NO_PORT: Final = 24  # linux/in.h; not in Python's socket module
@@ -102,8 +112,9 @@ PINGREQ: Final = b"\xc0\x00"
 class Node(asyncio.Protocol):
     """One agent's connection. Counts what the broker acknowledged."""
 
-    def __init__(self, stats: Stats) -> None:
+    def __init__(self, stats: Stats, on_lost: Any = None) -> None:
         self.stats = stats
+        self.on_lost = on_lost  # called once a connection that had its CONNACK is lost
         self.transport: asyncio.Transport | None = None
         self.connack: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._buf = b""
@@ -119,6 +130,8 @@ class Node(asyncio.Protocol):
         self.stats.lost += 1
         if not self.connack.done():
             self.connack.set_exception(ConnectionError(str(exc or "closed before CONNACK")))
+        elif self.on_lost is not None and not self.connack.exception():
+            self.on_lost(self, exc)
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf + data
@@ -196,6 +209,12 @@ class Fleet:
         self.given_up = False
         self.connect_seconds: list[float] = []  # CONNECT to CONNACK, each node
         self.digests: dict[tuple[int, bool], str] = {}
+        self.reconnect = False  # broker restart: lost nodes reconnect as the agent does
+        self.rules: dict[int, Any] = {}  # node -> its ReconnectRule
+        self.full_next: set[int] = set()  # reconnected: the next cycle goes out in full
+        self.restart = RestartStats()
+        self.gate: asyncio.Semaphore | None = None
+        self.loops: set[asyncio.Task[None]] = set()
 
     def topic(self, i: int, kind: str) -> bytes:
         return f"netval/v1/{self.validation}/{node_name(i)}/{kind}".encode()
@@ -237,8 +256,50 @@ class Fleet:
         user = f"netval-node:{node_name(i)}".encode()
         return user, node_password(self.cfg["secret"], i).encode()
 
-    async def connect_one(self, i: int, gate: asyncio.Semaphore) -> None:
+    async def attempt(self, i: int) -> Node:
+        """One connect of node i up to its CONNACK (raises ConnackRefused on a refusal)."""
         loop = asyncio.get_running_loop()
+        user, password = self.login(i)
+        client_id = user if not self.cfg.get("shared_login") else node_name(i).encode()
+        sock = bound_socket(source_address(i))
+        try:
+            await loop.sock_connect(sock, (self.cfg["host"], self.cfg["port"]))
+        except OSError:
+            sock.close()
+            raise
+        _, node = await loop.create_connection(
+            lambda: Node(self.stats, lambda node, exc: self.lost(i, node, exc)),
+            sock=sock,
+            ssl=self.cfg.get("ssl_context"),
+            server_hostname=self.cfg.get("server_hostname"),
+        )
+        node.send(connect_packet(client_id, user, password, self.topic(i, "state")))
+        try:
+            code = await asyncio.wait_for(node.connack, CONNACK_TIMEOUT)
+        except BaseException:
+            if node.transport is not None:
+                node.transport.abort()
+            raise
+        if code != 0:
+            if node.transport is not None:
+                node.transport.abort()
+            raise ConnackRefused(code)
+        return node
+
+    def up(self, i: int, node: Node) -> None:
+        self.nodes[i] = node
+        if i not in self.rules:
+            self.rules[i] = agent_rule()
+        self.rules[i].connected()
+        node.send(publish_packet(self.topic(i, "state"), b"online", 1, True, node.packet_id()))
+
+    def lost(self, i: int, node: Node, exc: Exception | None) -> None:
+        if self.reconnect and self.nodes.get(i) is node:
+            task = asyncio.get_running_loop().create_task(reconnect_one(self, i, exc))
+            self.loops.add(task)  # a task only the loop references may be collected
+            task.add_done_callback(self.loops.discard)
+
+    async def connect_one(self, i: int, gate: asyncio.Semaphore) -> None:
         async with gate:
             if self.given_up:
                 self.stats.errors["not tried: the broker stopped answering"] = (
@@ -247,22 +308,10 @@ class Fleet:
                 return
             started = time.monotonic()
             try:
-                user, password = self.login(i)
-                client_id = user if not self.cfg.get("shared_login") else node_name(i).encode()
-                sock = bound_socket(source_address(i))
-                try:
-                    await loop.sock_connect(sock, (self.cfg["host"], self.cfg["port"]))
-                except OSError:
-                    sock.close()
-                    raise
-                _, node = await loop.create_connection(
-                    lambda: Node(self.stats),
-                    sock=sock,
-                    ssl=self.cfg.get("ssl_context"),
-                    server_hostname=self.cfg.get("server_hostname"),
-                )
-                node.send(connect_packet(client_id, user, password, self.topic(i, "state")))
-                code = await asyncio.wait_for(node.connack, CONNACK_TIMEOUT)
+                node = await self.attempt(i)
+            except ConnackRefused:
+                self.stats.refused_connects += 1
+                return
             except (OSError, TimeoutError, ConnectionError) as exc:
                 # a broker out of file descriptors leaves connections in its listen backlog,
                 # unanswered: stop trying rather than wait for every one of them
@@ -272,17 +321,13 @@ class Fleet:
                 )
                 self.stats.errors[key] = self.stats.errors.get(key, 0) + 1
                 return
-            if code != 0:
-                self.stats.refused_connects += 1
-                return
-            self.nodes[i] = node
             self.stats.connected += 1
             self.connect_seconds.append(time.monotonic() - started)
-            node.send(publish_packet(self.topic(i, "state"), b"online", 1, True, node.packet_id()))
+            self.up(i, node)
 
     async def connect_all(self) -> float:
         start = time.monotonic()
-        gate = asyncio.Semaphore(CONNECTS_IN_FLIGHT)
+        gate = self.gate = asyncio.Semaphore(CONNECTS_IN_FLIGHT)
         await asyncio.gather(*(self.connect_one(i, gate) for i in range(self.first, self.last)))
         return time.monotonic() - start
 
@@ -305,6 +350,9 @@ class Fleet:
 
     def full_this_cycle(self, i: int, cycle: int) -> bool:
         # cycle 0: every agent's first report; then 1 % of the fleet changes per interval
+        if i in self.full_next:
+            self.full_next.discard(i)
+            return True
         return self.mode == "full" or cycle == 0 or (i + cycle) % 100 == 0
 
     async def schedule(self, t0: float) -> None:
@@ -406,6 +454,11 @@ async def clients_main(cfg: dict[str, Any]) -> None:
                                                                if not n.lost),
                             "sink_received": sink_stats.received,
                             "sink_bytes": sink_stats.received_bytes, **proc_usage()}})  # fmt: skip
+        elif cmd == "reconnect":
+            fleet.reconnect, fleet.restart = True, RestartStats()
+            emit({"reconnecting": True})
+        elif cmd == "restart_stats":
+            emit({"restart_stats": fleet.restart.summary()})
         elif cmd == "burst":
             emit({"burst": fleet.burst([i for i in msg["nodes"] if fleet.first <= i < fleet.last])})
         elif cmd == "stop":

@@ -6,7 +6,10 @@ write it is asked for (status patches, Node label/taint writes, Events) with no 
 latency. Kopf and the Node watch are replaced by what they would tell the runtime at start
 (N Nodes, one NetworkValidation targeting all of them).
 
-JSON lines: stdout says `ready`, `synced`, `replayed`; stdin asks for `stats`.
+JSON lines: stdout says `ready`, `synced`, `replayed`; stdin asks for `stats`, `ingest`, `mark` (from
+now on, note each node's first live report or matching beat) and `back` (how many nodes
+since the mark, and when the last of them came). SIGTERM stops the runtime as the real
+operator's shutdown does (a rollout).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import socket
 import sys
 import time
@@ -35,6 +39,7 @@ class CountingKube:
         self.nodes = nodes
         self.writes: list[tuple[float, str]] = []
         self.patches: list[tuple[float, int, int]] = []  # (time, reporting, failing)
+        self.node_writes: list[tuple[float, str, str | None]] = []  # (time, node, label)
 
     async def patch_status(self, name: str, status: dict[str, Any]) -> None:
         now = time.time()
@@ -47,10 +52,12 @@ class CountingKube:
 
     async def set_node_gating(self, node: str, label: str | None, taint: bool) -> bool:
         self.writes.append((time.time(), "node"))
+        self.node_writes.append((time.time(), node, label))
         return True
 
     async def set_node_label(self, node: str, label: str | None) -> bool:
         self.writes.append((time.time(), "node"))
+        self.node_writes.append((time.time(), node, label))
         return True
 
     async def set_node_labels(self, node: str, patch: dict[str, Any]) -> bool:
@@ -129,15 +136,25 @@ async def operator_main(cfg: dict[str, Any]) -> None:
     )
     counts = {"live": 0, "retained": 0}
     newest = [0.0]  # the publish time of the newest live report handed to the runtime
-    on_report = runtime.ingest.on_report
+    on_report, on_beat = runtime.ingest.on_report, runtime.ingest.on_beat
+    firsts: dict[str, float] | None = None  # since `mark`: node -> first live report/beat
 
     def counted(report: Any, retained: bool) -> None:
         counts["retained" if retained else "live"] += 1
         if not retained:
             newest[0] = max(newest[0], report.started_at.timestamp())
+            if firsts is not None:
+                firsts.setdefault(report.node, time.time())
         on_report(report, retained)
 
+    def counted_beat(message: Any, retained: bool) -> object:
+        outcome = on_beat(message, retained)
+        if not retained and firsts is not None and str(outcome) == "matched":
+            firsts.setdefault(message.node, time.time())
+        return outcome
+
     runtime.ingest.on_report = counted
+    runtime.ingest.on_beat = counted_beat
     # The Nodes as the watch shows them once the operator has labelled them (any start but
     # the very first): healthy, so the steady window sees transitions only, not the first
     # labelling of N Nodes (500 writes per status window).
@@ -168,9 +185,28 @@ async def operator_main(cfg: dict[str, Any]) -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=64 << 20)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    while line := await reader.readline():
+    terminated = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, terminated.set)
+    stop = asyncio.ensure_future(terminated.wait())
+    while True:
+        read = asyncio.ensure_future(reader.readline())
+        await asyncio.wait([read, stop], return_when=asyncio.FIRST_COMPLETED)
+        if not read.done():
+            read.cancel()
+            break
+        line = read.result()
+        if not line:
+            break
         msg = json.loads(line)
-        if msg["cmd"] == "stats":
+        if msg["cmd"] == "mark":
+            firsts = {}
+            emit({"marked": time.time()})
+        elif msg["cmd"] == "ingest":
+            emit({"ingest": {"connected": runtime.ingest.stats.connected}})
+        elif msg["cmd"] == "back":
+            emit({"back": {"count": len(firsts or {}),
+                           "last": max((firsts or {}).values(), default=None)}})  # fmt: skip
+        elif msg["cmd"] == "stats":
             since = msg.get("since", 0.0)
             stats = runtime.ingest.stats
             emit({"stats": {
@@ -183,6 +219,8 @@ async def operator_main(cfg: dict[str, Any]) -> None:
                 "beats": sum(stats.beats.values()),
                 "beat_outcomes": dict(stats.beats),
                 "problems": problems.lines,
+                "node_writes": [w for w in kube.node_writes if w[0] >= since],
+                "ingest_connected": stats.connected,
             }})  # fmt: skip
         elif msg["cmd"] == "stop":
             break
