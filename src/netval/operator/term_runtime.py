@@ -23,11 +23,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any, Final
 
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from netval.infra.mqtt_client import ReconnectPolicy
 from netval.infra.supervised import supervised_task
 from netval.infra.task_stop import cancel_and_wait
 from netval.model.results import Report
@@ -104,6 +106,12 @@ class OperatorRuntime:
             "on_beat": self.store.ingest_beat,
             "on_endpoint": self.on_endpoint,
             "on_replayed": self.store.note_replay,
+            # after the operator's own connection was down, the agents get their reconnect
+            # backoff's ceiling (the default policy's, which the agent publisher uses) to
+            # come back before their silence counts
+            "on_reconnected": lambda: self.store.note_deaf(
+                utcnow(), timedelta(seconds=ReconnectPolicy().cap)
+            ),
             "deleted": self.store.is_deleted,
             "tracer": self.tracer,
         }

@@ -144,12 +144,15 @@ class ReportIngest:
         on_replayed: Callable[[frozenset[ReplayKey]], None] = lambda keys: None,
         deleted: Callable[[str], bool] = lambda validation: False,
         on_load_result: Callable[[str, str, bytes], None] | None = None,
+        on_reconnected: Callable[[], None] = lambda: None,
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
         stable_after: float = STABLE_SESSION_SECONDS,
         tracer: Tracer | None = None,
     ) -> None:
         self.settings = settings
+        # a session after an earlier one: the operator was deaf in between (Store.note_deaf)
+        self.on_reconnected = on_reconnected
         self._tracer = tracer or trace.NoOpTracer()  # CONSUMER spans, netval.infra.telemetry
         self.on_report = on_report
         self.on_state = on_state
@@ -327,6 +330,8 @@ class ReportIngest:
             self.stats.connected = True
             self._reconnect.connected()
             log.info("MQTT ingest connected to %s", s.url)
+            if self.stats.sessions:
+                self.on_reconnected()
             self.replayed = set()
             self._replaying = True
             self._live_seen = False

@@ -58,7 +58,7 @@ def compute_status(
                 stale.append((node, "offline"))
             elif rec.unconfirmed:
                 stale.append((node, "a beat contradicts its last report; awaiting the next"))
-            elif now - rec.reported_at > window:
+            elif now - state.last_heard(rec.reported_at) > window:
                 stale.append((node, f"last report {_ago(now - rec.reported_at)} ago"))
             else:
                 fresh.append((node, rec))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from netval.model.keys import LabelKey
@@ -339,6 +339,15 @@ class Store:
         return True
 
     # -- what the retained replay says ------------------------------------------------------
+
+    def note_deaf(self, reconnected_at: datetime, grace: timedelta) -> None:
+        """The operator's broker connection came back at `reconnected_at` after it was down:
+        agents get `grace` (their own reconnect backoff ceiling) to come back before their
+        silence starts to count (`ValidationState.last_heard`)."""
+        floor = reconnected_at + grace
+        for state in self.states.values():
+            if state.heard_floor is None or state.heard_floor < floor:
+                state.heard_floor = floor
 
     def note_replay(self, keys: frozenset[tuple[str, str]]) -> None:
         """The retained reports the broker replayed after a (re)subscribe."""

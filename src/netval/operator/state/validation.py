@@ -173,9 +173,22 @@ class ValidationState:
     # node -> its newest beat that matched no stored report (netval.operator.state.beats)
     beats_ahead: dict[str, BeatAhead] = field(default_factory=dict)
 
+    # The operator could not hear any agent before this instant (its broker connection was
+    # down until shortly before): nobody's silence counts against them until then.
+    heard_floor: datetime | None = None
+
     @property
     def stale_after(self) -> timedelta:
         return timedelta(seconds=STALE_AFTER_INTERVALS * self.interval_seconds)
+
+    def last_heard(self, reported_at: datetime) -> datetime:
+        """What staleness is measured from: the last report, or the end of a time in which
+        the operator itself could not hear (a broker restart cuts every agent and the
+        operator at once; the agents come back over their reconnect backoff, a few at a
+        time, each batch below the breaker's cap, so without this every late one would flip
+        healthy -> unknown -> healthy)."""
+        floor = self.heard_floor
+        return reported_at if floor is None or reported_at >= floor else floor
 
 
 # -- mutations --------------------------------------------------------------------------
@@ -388,7 +401,7 @@ def next_deadline(state: ValidationState, now: datetime) -> datetime | None:
         rec = state.nodes.get(node)
         if rec is not None and rec.unconfirmed:
             continue  # stale already, until its next report
-        start = rec.reported_at if rec is not None else grace_start(state, node)
+        start = state.last_heard(rec.reported_at) if rec is not None else grace_start(state, node)
         at = start + window
         if at >= now and (best is None or at < best):
             best = at
@@ -465,7 +478,7 @@ def _fresh(state: ValidationState, node: str, rec: NodeRecord, now: datetime) ->
     return (
         not rec.unconfirmed
         and node not in state.offline
-        and now - rec.reported_at <= state.stale_after
+        and now - state.last_heard(rec.reported_at) <= state.stale_after
     )
 
 
