@@ -111,6 +111,10 @@ def publish_reports(broker: Any, n: int) -> None:
         )
         topic = f"netval/v1/{VALIDATION}/{node(i)}/report"
         infos.append(client.publish(topic, r.to_json().encode(), qos=1, retain=True))
+        if len(infos) >= 5000:  # in batches: paho refuses to queue without bound (100,000)
+            for info in infos:
+                info.wait_for_publish(30)
+            infos = []
     for info in infos:
         info.wait_for_publish(30)
     client.disconnect()
