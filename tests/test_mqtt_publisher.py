@@ -25,9 +25,10 @@ from aiomqtt import ProtocolVersion
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 import mosquitto
-from netval.agent.publish import ReportPublisher, check_topic_level
+from netval.agent.publish import ReportPublisher
 from netval.infra.mqtt_settings import MqttSettings, mqtt_settings_from_env
 from netval.model import Report, Status
+from netval.model.topics import check_topic_level
 
 pytestmark = pytest.mark.timeout(30)
 

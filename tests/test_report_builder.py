@@ -23,7 +23,7 @@ from netval.agent import report as report_builder
 from netval.agent import runner as runner_module
 from netval.agent.collect.snapshot_dir import load_snapshot
 from netval.agent.config import AgentConfig
-from netval.agent.publish import ReportPublisher, topic_prefix
+from netval.agent.publish import ReportPublisher
 from netval.agent.runner import ProbeRunner
 from netval.cli import main
 from netval.infra.mqtt_client import make_client
@@ -31,6 +31,7 @@ from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.telemetry import make_tracer_provider
 from netval.model.manifest import DEFAULT_VALIDATION_NAME
 from netval.model.snapshot import NodeSnapshot, Sample
+from netval.model.topics import topic_prefix
 
 pytestmark = pytest.mark.timeout(60)
 

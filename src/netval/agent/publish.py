@@ -9,12 +9,11 @@ Topics, all under ``netval/v1/<validation>/<node>/``:
 - ``state``: ``online`` (retained, on every connect); ``offline`` as the retained last will
   (the broker publishes it when the connection dies: SIGKILL, node loss, keepalive timeout)
   and published explicitly on a clean `ReportPublisher.stop`.
-- any other single level via `ReportPublisher.publish_retained` (e.g. ``endpoint`` for
-  east-west): the latest payload per suffix is kept and re-published on every connect, since
-  a broker restarted without persistence forgets retained messages.
+- any other single level, retained (``endpoint``) or once (``loadresult``):
+  `netval.agent.publish_extras`.
 
-One background task owns the connection: connect, publish ``online`` and the retained extras,
-then send reports as they come. Any `aiomqtt.MqttError` (refused, bad credentials, broker
+One background task owns the connection: connect, publish ``online`` and the extras, then
+send reports as they come. Any `aiomqtt.MqttError` (refused, bad credentials, broker
 gone, PUBACK timeout) tears the connection down and the task reconnects after a capped
 exponential backoff with full jitter. Reports are never queued: a single slot holds the
 newest unsent report, a newer one replaces it (counted in ``replaced``), so memory is bounded
@@ -35,7 +34,6 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -45,6 +43,7 @@ from aiomqtt import MqttError, Will
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
+from netval.agent.publish_extras import ExtraTopics
 from netval.agent.refusal import PUBLISH_REFUSAL_GRACE, PublishRefusals, credential_refused
 from netval.agent.report_digest import ReportCadence
 from netval.infra.mqtt_client import (
@@ -64,9 +63,8 @@ from netval.model.topics import (
     MAX_REPORT_BYTES,
     OFFLINE,
     ONLINE,
-    TOPIC_ROOT,
     TopicKind,
-    check_topic_level,
+    topic_prefix,
 )
 
 log = logging.getLogger(__name__)
@@ -74,19 +72,9 @@ log = logging.getLogger(__name__)
 REPORT: Final = TopicKind.REPORT.value
 STATE: Final = TopicKind.STATE.value
 BEAT: Final = TopicKind.BEAT.value
-_RESERVED_SUFFIXES: Final = frozenset({REPORT, STATE, BEAT})
 _STABLE_AFTER: Final = 10.0  # seconds a connection must hold before the backoff resets
-MAX_QUEUED_MESSAGES: Final = 16
 
 MessageHandler = Callable[[aiomqtt.Message], None]
-
-
-def topic_prefix(validation: str, node: str) -> str:
-    """``netval/v1/<validation>/<node>`` after checking both levels."""
-    return (
-        f"{TOPIC_ROOT}/{check_topic_level(validation, 'validation name')}"
-        f"/{check_topic_level(node, 'node name')}"
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,10 +148,8 @@ class ReportPublisher:
 
         self._pending: Report | None = None  # the single slot
         self._pending_beat: Beat | None = None  # the newest unsent beat (after the report)
-        self._retained: dict[str, bytes] = {}  # suffix -> latest payload
-        self._retained_dirty: set[str] = set()
-        # not retained, QoS 1, in order (load-test results); bounded: the oldest goes first
-        self._messages: deque[tuple[str, bytes]] = deque(maxlen=MAX_QUEUED_MESSAGES)
+        # retained extras (endpoint) and one-shot messages (load-test results)
+        self._extras = ExtraTopics(self.prefix)
         self._wakeup = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -291,20 +277,13 @@ class ReportPublisher:
         """Publish ``payload`` retained (QoS 1) on ``<prefix>/<topic_suffix>`` now or on the
         next connect, and again on every reconnect. Only the latest payload per suffix is
         kept. ``report`` and ``state`` are owned by the publisher."""
-        check_topic_level(topic_suffix, "topic suffix")
-        if topic_suffix in _RESERVED_SUFFIXES:
-            raise ValueError(f"topic suffix {topic_suffix!r} is reserved")
-        self._retained[topic_suffix] = bytes(payload)
-        self._retained_dirty.add(topic_suffix)
+        self._extras.retain(topic_suffix, payload)
         self._wakeup.set()
 
     def publish_message(self, topic_suffix: str, payload: bytes) -> None:
         """Publish ``payload`` once (QoS 1, not retained) on ``<prefix>/<topic_suffix>``, now
-        or after the next connect; at most MAX_QUEUED_MESSAGES wait (the oldest is dropped)."""
-        check_topic_level(topic_suffix, "topic suffix")
-        if topic_suffix in _RESERVED_SUFFIXES:
-            raise ValueError(f"topic suffix {topic_suffix!r} is reserved")
-        self._messages.append((topic_suffix, bytes(payload)))
+        or after the next connect (`publish_extras.MAX_QUEUED_MESSAGES` wait at most)."""
+        self._extras.send_once(topic_suffix, payload)
         self._wakeup.set()
 
     async def stop(self) -> None:
@@ -412,7 +391,7 @@ class ReportPublisher:
                     log.warning(
                         "MQTT %s: subscription to %s refused: %s", self.settings.url, topic, granted
                     )
-            self._retained_dirty = set(self._retained)
+            self._extras.connected()
             self._sessions += 1
             self._refused = None
             self._connected = True
@@ -503,25 +482,7 @@ class ReportPublisher:
             # without waiting for its next cycle.
             await client.publish(self.beat_topic, beat.to_json().encode(), qos=0, retain=True)
             self._beats += 1
-        while self._messages:
-            suffix, payload = self._messages[0]
-            try:
-                await client.publish(f"{self.prefix}/{suffix}", payload, qos=1, retain=False)
-            except MqttError as exc:
-                if isinstance(exc, PublishRefused):
-                    self._refused_publish(exc)
-                raise
-            self._messages.popleft()
-        while self._retained_dirty:
-            suffix = self._retained_dirty.pop()
-            payload = self._retained[suffix]
-            try:
-                await client.publish(f"{self.prefix}/{suffix}", payload, qos=1, retain=True)
-            except MqttError as exc:
-                if isinstance(exc, PublishRefused):
-                    self._refused_publish(exc)
-                self._retained_dirty.add(suffix)
-                raise
+        await self._extras.flush(client, self._refused_publish)
 
     def _refused_publish(self, exc: PublishRefused) -> None:
         """The broker did not take a publish: counted as refused, never as published; the

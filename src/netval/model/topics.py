@@ -104,3 +104,11 @@ def parse_topic(name: str) -> ParsedTopic | None:
     if not validation or not node or kind not in TopicKind.__members__.values():
         return None
     return ParsedTopic(validation, node, TopicKind(kind))
+
+
+def topic_prefix(validation: str, node: str) -> str:
+    """``netval/v1/<validation>/<node>`` after checking both levels."""
+    return (
+        f"{TOPIC_ROOT}/{check_topic_level(validation, 'validation name')}"
+        f"/{check_topic_level(node, 'node name')}"
+    )
