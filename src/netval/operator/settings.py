@@ -175,10 +175,12 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
         agent_enroll_url=_enroll_url(env),
         agent_enroll_ca_configmap=env.get(ENV_AGENT_ENROLL_CA_CONFIGMAP, "").strip() or None,
         acl_probe=_acl_probe(env, mqtt),
-        loadtest_max_rate_mbps=_max_rate(env),
+        loadtest_max_rate_mbps=_number_env(env, ENV_LOADTEST_MAX_RATE, 0, 0, MAX_MBPS),
         mqtt_shards=shards,
         agent_mqtt_url_pattern=agent_pattern,
-        node_writes_per_second=_node_write_rate(env),
+        node_writes_per_second=_number_env(
+            env, ENV_NODE_WRITES_PER_SECOND, DEFAULT_NODE_WRITES_PER_SECOND, 0.1, 1000
+        ),
         node_write_burst=_node_write_burst(env),
     )
 
@@ -205,14 +207,17 @@ def _shards(
     return tuple(shards), pattern
 
 
-def _node_write_rate(env: Mapping[str, str]) -> float:
-    text = env.get(ENV_NODE_WRITES_PER_SECOND, "").strip() or str(DEFAULT_NODE_WRITES_PER_SECOND)
+def _number_env(
+    env: Mapping[str, str], name: str, default: float, low: float, high: float
+) -> float:
+    """A float setting within [low, high]; unset or empty: `default`."""
+    text = env.get(name, "").strip() or str(default)
     try:
         value = float(text)
     except ValueError:
-        raise OperatorConfigError(f"{ENV_NODE_WRITES_PER_SECOND}: not a number: {text!r}") from None
-    if not 0.1 <= value <= 1000:
-        raise OperatorConfigError(f"{ENV_NODE_WRITES_PER_SECOND}: must be 0.1..1000, got {text}")
+        raise OperatorConfigError(f"{name}: not a number: {text!r}") from None
+    if not low <= value <= high:
+        raise OperatorConfigError(f"{name}: must be {low:g}..{high:g}, got {text}")
     return value
 
 
@@ -223,17 +228,6 @@ def _node_write_burst(env: Mapping[str, str]) -> int:
             f"{ENV_NODE_WRITE_BURST}: must be an integer 1..10000, got {text!r}"
         )
     return int(text)
-
-
-def _max_rate(env: Mapping[str, str]) -> float:
-    text = env.get(ENV_LOADTEST_MAX_RATE, "").strip() or "0"
-    try:
-        value = float(text)
-    except ValueError:
-        raise OperatorConfigError(f"{ENV_LOADTEST_MAX_RATE}: not a number: {text!r}") from None
-    if not 0 <= value <= MAX_MBPS:
-        raise OperatorConfigError(f"{ENV_LOADTEST_MAX_RATE}: must be 0..{MAX_MBPS:g}, got {text}")
-    return value
 
 
 # A DNS subdomain (RFC 1123): what names of namespaces, Secrets and PriorityClasses must be.
