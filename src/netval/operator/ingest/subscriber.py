@@ -166,7 +166,8 @@ class ReportIngest:
         self.on_load_result = on_load_result
         self.stable_after = stable_after
         self._reconnect = ReconnectRule(ReconnectPolicy(backoff_base, backoff_cap, stable_after))
-        # the retained reports of the current session's replay
+        # the reports handled during the current session's replay (retained, or live ones
+        # published after the subscribe)
         self.replayed: set[ReplayKey] = set()
         self._replaying = False
         # retained topics to clear (a deleted validation's), in order; kept across sessions
@@ -288,7 +289,10 @@ class ReportIngest:
                     self.stats.cleared_late += 1
                     self.clear_retained([topic_name])
             elif isinstance(decoded, Report):
-                if retained and self._replaying:
+                if self._replaying:
+                    # a live report that overtook the replay counts too: the broker sends
+                    # no retained copy of a report published after the subscribe, so the
+                    # node would look lost although it just spoke
                     self.replayed.add((decoded.validation, decoded.node))
                 self.on_report(decoded, retained)
                 self.stats.reports += 1
