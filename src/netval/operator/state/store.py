@@ -369,6 +369,13 @@ class Store:
             if (rec := state.nodes.get(n)) is not None and rec.reported_at < before
         )
         previous = self.previous.get(name)
+        # only a status describing the time before this replay (written by an earlier
+        # operator, read back at start) says what the broker should hold; one this operator
+        # wrote from live reports after the replay says nothing about it
+        if previous is not None and (
+            previous.last_report_time is None or previous.last_report_time >= before
+        ):
+            previous = None
         return ReplayGap(
             validation=name,
             replay=self.replays,
