@@ -145,7 +145,8 @@ class Store:
         self.dropped: dict[str, int] = {"pending": 0, "offline_pending": 0, "beats_pending": 0}
         self.pending_bytes = 0
         # the (validation, node) keys of the last retained replay, and its number
-        self.replayed: frozenset[tuple[str, str]] = frozenset()
+        # (retained reports handled since, late ones included, join it)
+        self.replayed: set[tuple[str, str]] = set()
         self.replays = 0
         self.replayed_at: datetime | None = None
         self.deleted: dict[str, datetime] = {}  # validation -> when it was deleted
@@ -154,6 +155,10 @@ class Store:
 
     def ingest_report(self, report: Report, retained: bool) -> IngestResult | None:
         """None: kept pending until the validation is known."""
+        if retained:
+            # a retained report handled after the replay was declared over (its quiet
+            # period ran out on a loaded machine) came back late, it was not lost
+            self.replayed.add((report.validation, report.node))
         state = self.states.get(report.validation)
         if state is None:
             key = (report.validation, report.node)
@@ -351,7 +356,7 @@ class Store:
 
     def note_replay(self, keys: frozenset[tuple[str, str]]) -> None:
         """The retained reports the broker replayed after a (re)subscribe."""
-        self.replayed = keys
+        self.replayed = set(keys)
         self.replays += 1
         self.replayed_at = utcnow()
 
