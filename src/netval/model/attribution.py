@@ -49,7 +49,8 @@ class Evidence(StrEnum):
     """Evidence on the node's own port that turns requester-side retries into a local
     failure: the id of the check that judges that evidence (netval.model.ids.CheckId)."""
 
-    LINK_DOWN = "link.carrier"  # the port's netdev has no carrier / RDMA port not active
+    PORT_DOWN = "rdma.port_state"  # the RDMA port is not ACTIVE / LinkUp
+    LINK_DOWN = "link.carrier"  # the port's netdev has no carrier
     LINK_FLAPS = "link.flaps"  # carrier changes in the window
     PHY_ERRORS = "link.phy_errors"  # PHY link-down events or errors past FEC
     IB_PORT_ERRORS = "ib.port_errors"  # IB PortCounters: symbol errors, link downed...
