@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Final
 
 _U32: Final = 1 << 32
+_U64: Final = 1 << 64
 
 # mlx5 hw_counters that are not Q counters (64-bit); every other mlx5 hw_counter is a Q
 # counter (32-bit).
@@ -58,7 +59,8 @@ def hw_counter_width(driver_map: str, name: str) -> int:
 
 
 def delta(first: int | None, last: int | None, *, width: int = 64) -> int | None:
-    """Growth of a counter between two samples, or None when either read failed.
+    """Growth of a counter between two samples, or None when either read failed (or holds
+    a value no kernel counter can: negative, or 2^64 and above).
 
     A counter that went backwards either wrapped (only 32-bit counters do in practice: the
     mlx5 Q counters behind the RDMA error counters, carrier_changes) or was reset (driver
@@ -67,6 +69,10 @@ def delta(first: int | None, last: int | None, *, width: int = 64) -> int | None
     wrapped growth would be implausibly large (over half the range), which again means reset.
     """
     if first is None or last is None:
+        return None
+    if not (0 <= first < _U64 and 0 <= last < _U64):
+        # No kernel counter is negative or wider than 64 bits: a hostile or corrupt value
+        # says nothing about what happened, so it reads as "not readable".
         return None
     if last >= first:
         return last - first

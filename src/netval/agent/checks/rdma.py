@@ -1,15 +1,9 @@
-"""rdma.devices, rdma.port_state, rdma.link_layer, rdma.rate, rdma.errors (GIDs: gid.py)."""
+"""rdma.devices, rdma.port_state, rdma.link_layer, rdma.rate (GIDs: gid.py, counters:
+rdma_errors.py)."""
 
 from __future__ import annotations
 
-from netval.agent.checks.context import (
-    CheckContext,
-    port_counter_inputs,
-    result,
-    skipped,
-)
-from netval.agent.checks.counters import hw_deltas, per_second
-from netval.agent.checks.rate_policy import CounterFamily, Verdict, family_of
+from netval.agent.checks.context import CheckContext, result, skipped
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.model.snapshot import RdmaPort, Transport
@@ -255,84 +249,3 @@ def check_rate(ctx: CheckContext) -> list[CheckResult]:
                 )
             )
     return out
-
-
-def check_errors(ctx: CheckContext) -> list[CheckResult]:
-    if not ctx.judged.ports:
-        return _no_devices(CheckId.RDMA_ERRORS, ctx)
-    out: list[CheckResult] = []
-    for port in ctx.judged.ports:
-        inputs = port_counter_inputs(
-            ctx,
-            CheckId.RDMA_ERRORS,
-            port,
-            f"unknown RDMA driver for {port.device}: its error counter names are not mapped",
-        )
-        if isinstance(inputs, CheckResult):
-            out.append(inputs)
-            continue
-        driver, first_hw = inputs
-        grown = hw_deltas(driver.name, first_hw, port.hw_counters, driver.rdma_errors)
-        if not grown:
-            out.append(
-                skipped(
-                    CheckId.RDMA_ERRORS,
-                    port.subject,
-                    f"none of the {driver.name} error counters "
-                    f"({', '.join(driver.rdma_errors)}) is in hw_counters",
-                )
-            )
-            continue
-        if ctx.snapshot.elapsed_seconds <= 0:
-            out.append(skipped(CheckId.RDMA_ERRORS, port.subject, "zero-length sampling window"))
-            continue
-        out.append(judge_error_rates(ctx, port.subject, grown))
-    return out
-
-
-def judge_error_rates(ctx: CheckContext, subject: str, grown: dict[str, int]) -> CheckResult:
-    """rdma.errors of one port: each counter's rate against its family's policy
-    (rate_policy.py); a family over its limit is named once with its meaning."""
-    spec = ctx.checks.rdma
-    elapsed = ctx.snapshot.elapsed_seconds
-    span = ctx.interval_text()
-    over: dict[CounterFamily, list[str]] = {}
-    reported: list[str] = []
-    rates: dict[str, float] = {}
-    for name, count in grown.items():
-        rate = per_second(count, elapsed)
-        rates[name] = round(rate, 6)
-        if not count:
-            continue
-        family = family_of(name)
-        limit = family.limit(spec)
-        text = f"{name} +{count} ({rate:.3g}/s)"
-        if family.verdict is not Verdict.INFO and limit is not None and rate > limit:
-            over.setdefault(family, []).append(text)
-        else:
-            reported.append(text)
-    observed: dict[str, object] = {**grown, "perSecond": rates, "elapsedSeconds": elapsed}
-    expected = {
-        "maxRetryErrorsPerSecond": spec.retry_errors_limit,
-        "warnReceiverErrorsPerSecond": spec.warn_receiver_errors_per_second,
-        "warnCompletionErrorsPerSecond": spec.warn_completion_errors_per_second,
-    }
-    findings = [
-        f"{', '.join(texts)} in {span}, over {family.key} limit {family.limit(spec):g}/s "
-        f"({family.meaning})"
-        for family, texts in sorted(over.items(), key=lambda kv: kv[0].verdict is Verdict.WARN)
-    ]
-    tail = f"; reported only: {', '.join(reported)}" if reported else ""
-    if any(f.verdict is Verdict.FAIL for f in over):
-        status = Status.FAIL
-    elif over:
-        status = Status.WARN
-    else:
-        status = Status.PASS
-    if findings:
-        message = "; ".join(findings) + tail
-    elif reported:
-        message = f"no RDMA counter family over its limit in {span}; {', '.join(reported)}"
-    else:
-        message = f"no RDMA transport errors in {span}"
-    return result(CheckId.RDMA_ERRORS, subject, status, message, observed, expected)
