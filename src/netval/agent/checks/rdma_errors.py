@@ -10,11 +10,17 @@ completion counters warn as `application`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 
-from netval.agent.checks.context import CheckContext, port_counter_inputs, result, skipped
+from netval.agent.checks.context import (
+    CheckContext,
+    port_counter_inputs,
+    port_driver,
+    result,
+    skipped,
+)
 from netval.agent.checks.counters import hw_deltas, per_second
 from netval.agent.checks.port_evidence import PortEvidence
 from netval.agent.checks.rate_policy import CounterFamily, Verdict, family_of
@@ -59,7 +65,9 @@ def check_errors(ctx: CheckContext) -> list[CheckResult]:
         if ctx.snapshot.elapsed_seconds <= 0:
             out.append(skipped(CheckId.RDMA_ERRORS, port.subject, "zero-length sampling window"))
             continue
-        out.append(judge_error_rates(ctx, port.subject, grown, partial(evidence.for_port, port)))
+        own_port = partial(evidence.for_port, port)
+        driver_seen = port_driver(ctx, port).observed
+        out.append(judge_error_rates(ctx, port.subject, grown, own_port, driver_seen))
     return out
 
 
@@ -110,6 +118,7 @@ def judge_error_rates(
     subject: str,
     grown: dict[str, int],
     own_port: Callable[[], list[Evidence]] = list,
+    driver: Mapping[str, str | None] | None = None,
 ) -> CheckResult:
     """rdma.errors of one port: each counter's rate against its family's policy
     (rate_policy.py), and who the families over their limit point at."""
@@ -134,7 +143,12 @@ def judge_error_rates(
         else:
             reported.append(text)
     verdict = _decide(list(over.values()), own_port)
-    observed: dict[str, object] = {**grown, "perSecond": rates, "elapsedSeconds": elapsed}
+    observed: dict[str, object] = {
+        **grown,
+        "perSecond": rates,
+        "elapsedSeconds": elapsed,
+        **(driver or {}),
+    }
     if verdict.attribution is not None:
         blamed = {k: v for f in verdict.blamed for k, v in f.grown.items()}
         observed[ErrorsKey.ATTRIBUTION] = verdict.attribution.value
@@ -182,7 +196,8 @@ def _message(
     elif verdict.attribution is Attribution.REQUESTER:
         head += (
             "; requester-side counters rise on every node that talks to a peer that died, "
-            "and this port shows no link, PHY, PFC or pause fault in the same window: "
+            "and none of this port's own checks (link, PHY, PFC, pause) fails in the same "
+            "window: "
             "attribution requester (the peer or the path), a warning, not this node's fault"
         )
     return head + tail
