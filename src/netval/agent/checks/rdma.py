@@ -24,9 +24,20 @@ def _is_active(port: RdmaPort) -> bool:
     return bool(port.state and port.state.endswith(_ACTIVE))
 
 
-def _board(ctx: CheckContext, port: RdmaPort) -> str | None:
+# (link layer, board_id, PCI id): the ports expected to run at one rate.
+_RateGroup = tuple[str, str | None, str | None]
+
+
+def _rate_group(ctx: CheckContext, port: RdmaPort) -> _RateGroup:
+    """Ports of one card model on one link layer. A VPI card's InfiniBand port and its
+    Ethernet port share a board_id but not a rate; a virtual function shares the board_id
+    of its physical function but has its own PCI device id (ConnectX-7 PF 15B3:1021, VF
+    15B3:101E) and is limited to what the PF gives it."""
     device = ctx.snapshot.last.rdma.get(port.device)
-    return device.board_id if device else None
+    transport = ctx.judged.transport(port).value
+    if device is None:
+        return (transport, None, None)
+    return (transport, device.board_id, device.pci_id)
 
 
 def check_devices(ctx: CheckContext) -> list[CheckResult]:
@@ -185,24 +196,25 @@ def check_rate(ctx: CheckContext) -> list[CheckResult]:
         return _no_devices(CheckId.RDMA_RATE, ctx)
     rdma_minimum = ctx.checks.rdma.min_rate_gbps
     ib_minimum = ctx.checks.infiniband.min_rate_gbps
-    # Without a stated minimum, the ports of one card model on a node are expected to run at
-    # one rate: a port that negotiated down (a bad cable or optic) runs below its siblings.
-    # Comparing per model (board_id) keeps a 200G storage NIC beside 400G compute NICs from
-    # looking degraded.
-    fastest: dict[str | None, float] = {}
+    # Without a stated minimum, the ports of one card model on one link layer are expected to
+    # run at one rate: a port that negotiated down (a bad cable or optic) runs below its
+    # siblings. Comparing per group (_rate_group) keeps a 200G storage NIC beside 400G
+    # compute NICs, or an Ethernet VF beside InfiniBand ports, from looking degraded.
+    fastest: dict[_RateGroup, float] = {}
     for p in ctx.judged.ports:
         p_rate = p.rate_gbps
         if _is_active(p) and p_rate is not None:
-            board = _board(ctx, p)
-            fastest[board] = max(p_rate, fastest.get(board, p_rate))
+            group = _rate_group(ctx, p)
+            fastest[group] = max(p_rate, fastest.get(group, p_rate))
     out: list[CheckResult] = []
     for port in ctx.judged.ports:
         minimum, basis = rdma_minimum, "checks.rdma.minRateGbps"
         if ib_minimum is not None and ctx.judged.transport(port) is Transport.INFINIBAND:
             minimum, basis = ib_minimum, "checks.infiniband.minRateGbps"
         if minimum is None:
-            basis = "the fastest port of the same card model on this node"
-        reference = minimum if minimum is not None else fastest.get(_board(ctx, port))
+            basis = "the fastest port of the same card and link layer on this node"
+        group = _rate_group(ctx, port)
+        reference = minimum if minimum is not None else fastest.get(group)
         rate = port.rate_gbps
         if not _is_active(port):
             out.append(
@@ -224,7 +236,9 @@ def check_rate(ctx: CheckContext) -> list[CheckResult]:
                 )
             )
             continue
-        observed = {"rateGbps": rate, "rate": port.rate}
+        observed: dict[str, object] = {"rateGbps": rate, "rate": port.rate}
+        if minimum is None:
+            observed["rateGroup"] = {"linkLayer": group[0], "boardId": group[1], "pciId": group[2]}
         expected = {"minRateGbps": reference}
         if rate < reference:
             out.append(
