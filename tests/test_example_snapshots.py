@@ -50,6 +50,12 @@ EXPECTED_FAILING = {
     "fault-ib-ipoib-down-port-down": {"rdma.port_state"},
     # AMD Pensando Pollara 400 (examples/snapshots/make_ionic_snapshot.py)
     "healthy-ionic-pollara": set(),
+    # Who rdma.errors points at (examples/snapshots/make_attribution_snapshots.py): a peer
+    # died, so this node's requester QPs time out; nothing on its own ports fails.
+    "victim-peer-down-roce": set(),
+    "victim-irdma-gen3-retransmits": set(),
+    # 400 retransmits/s on irdma0 and a bad optic on its port: the port explains them.
+    "fault-irdma-e810-crc-retransmits": {"link.phy_errors", "rdma.errors"},
 }
 # The subject each fault is expected to pin the failure on.
 EXPECTED_SUBJECTS = {
@@ -62,6 +68,7 @@ EXPECTED_SUBJECTS = {
     "fault-ib-symbol-errors": {"mlx5_1/1"},
     "fault-bnxt-ecn-np-disabled": {"bnxt_re0/1"},
     "fault-ib-ipoib-down-port-down": {"mlx5_1/1"},
+    "fault-irdma-e810-crc-retransmits": {"ens801f0", "irdma0/1"},
 }
 
 # rdma.errors per subject: (status, observed.attribution, observed.evidence) where it is not
@@ -79,6 +86,12 @@ EXPECTED_ATTRIBUTION: dict[str, dict[str, tuple[str, str, list[str] | None]]] = 
         ),
     },
     "fault-efa-retrans-timeouts": {"rdmap144s27/1": ("warn", "requester", None)},
+    "victim-peer-down-roce": {
+        "mlx5_0/1": ("warn", "requester", None),
+        "mlx5_1/1": ("warn", "requester", None),
+    },
+    "victim-irdma-gen3-retransmits": {"irdma0/1": ("warn", "requester", None)},
+    "fault-irdma-e810-crc-retransmits": {"irdma0/1": ("fail", "local", ["link.phy_errors"])},
 }
 
 
