@@ -282,7 +282,7 @@ class IbCounterLimits(_Spec):
 class InfinibandChecks(_Spec):
     """`spec.checks.infiniband`: expectations for InfiniBand ports only."""
 
-    # null: rdma.minRateGbps (or, unset too, the fastest port of the same card model)
+    # null: rdma.minRateGbps (or, unset too, the fastest port of the same card and link layer)
     min_rate_gbps: Annotated[float | None, Field(ge=0)] = None
     max_counter_deltas: IbCounterLimits = Field(default_factory=IbCounterLimits)
 
