@@ -20,16 +20,8 @@ from netval.agent.checks.drivers import MAPS, DriverCounters
 from netval.agent.checks.rate_policy import CORRUPTION, family_of
 from netval.model import CheckResult, Checks, Status
 from netval.model.attribution import Attribution, Evidence, attribution_of, evidence_of
-from netval.model.snapshot import (
-    Dcb,
-    DcbApp,
-    Gid,
-    Netdev,
-    NodeSnapshot,
-    RdmaDevice,
-    RdmaPort,
-    Sample,
-)
+from netval.model.snapshot import NodeSnapshot, Sample
+from node_kit import merged, roce_sample
 
 PORTS = ("eth0", "eth1")
 MLX5_PORT = {
@@ -46,35 +38,16 @@ MLX5_PORT = {
 }
 
 
-def _netdev(name: str, *, changes: int, ethtool: dict[str, int], carrier: int = 1) -> Netdev:
-    return Netdev(
-        name=name,
-        mtu=9000,
-        carrier=carrier,
-        operstate="up" if carrier else "down",
-        carrier_changes=changes,
-        speed_mbps=400_000,
-        driver="mlx5_core",
-        ecn_np={p: p == 3 for p in range(8)},
-        ecn_rp={p: p == 3 for p in range(8)},
-        ethtool=ethtool,
-        dcb=Dcb(frozenset({3}), app=(DcbApp("dscp", 26, 3),)),
-    )
-
-
-def _port(n: int, hw: dict[str, int]) -> RdmaDevice:
-    gid = Gid(3, f"0000:0000:0000:0000:0000:ffff:0a00:000{n + 1}", "RoCE v2", PORTS[n])
-    port = RdmaPort(
+def _one(n: int, hw: dict[str, int], ethtool: dict[str, int], changes: int) -> Sample:
+    return roce_sample(
+        hw,
+        ethtool,
+        netdev=PORTS[n],
         device=f"mlx5_{n}",
-        port=1,
-        state="4: ACTIVE",
-        phys_state="5: LinkUp",
-        rate="400 Gb/sec (4X NDR)",
-        link_layer="Ethernet",
-        gids=(gid,),
-        hw_counters=hw,
+        carrier_changes=changes,
+        board_id="MT_0000000838",
+        gid=f"0000:0000:0000:0000:0000:ffff:0a00:000{n + 1}",
     )
-    return RdmaDevice(f"mlx5_{n}", ports={1: port}, driver="mlx5_core", board_id="MT_0000000838")
 
 
 def _sample(
@@ -82,10 +55,7 @@ def _sample(
     ethtool: tuple[dict[str, int], dict[str, int]] = (MLX5_PORT, MLX5_PORT),
     changes: tuple[int, int] = (2, 2),
 ) -> Sample:
-    return Sample(
-        {n: _netdev(n, changes=changes[i], ethtool=ethtool[i]) for i, n in enumerate(PORTS)},
-        {f"mlx5_{i}": _port(i, hw[i]) for i in range(2)},
-    )
+    return merged(*(_one(n, hw[n], ethtool[n], changes[n]) for n in range(2)))
 
 
 def _errors(results: list[CheckResult]) -> dict[str, CheckResult]:
@@ -197,14 +167,12 @@ def test_bond_slave_evidence_counts_for_the_lag_port() -> None:
     bad = {**MLX5_PORT, "link_down_events_phy": 2}
 
     def sample(hw: dict[str, int], slave0: dict[str, int]) -> Sample:
-        slaves = {
-            "eth0": _netdev("eth0", changes=2, ethtool=slave0),
-            "eth1": _netdev("eth1", changes=2, ethtool=MLX5_PORT),
-        }
-        bond = replace(slaves["eth1"], name="bond0", driver=None, bond_slaves=PORTS, ethtool=None)
-        dev = _port(0, hw)
+        node = _sample((hw, {}), (slave0, MLX5_PORT))
+        bond = replace(node.netdevs["eth1"], name="bond0", driver=None, bond_slaves=PORTS)
+        dev = node.rdma["mlx5_0"]
         port = replace(dev.ports[1], gids=(replace(dev.ports[1].gids[0], ndev="bond0"),))
-        return Sample({**slaves, "bond0": bond}, {"mlx5_0": replace(dev, ports={1: port})})
+        netdevs = {**node.netdevs, "bond0": replace(bond, ethtool=None)}
+        return Sample(netdevs, {"mlx5_0": replace(dev, ports={1: port})})
 
     snap = NodeSnapshot("n", "now", 10.0, (sample(TIMEOUTS_0, MLX5_PORT), sample(TIMEOUTS_1, bad)))
     (r,) = _errors(run_node_checks(snap, Checks())).values()

@@ -22,18 +22,13 @@ from netval.agent.collect.snapshot_dir import load_snapshot
 from netval.model import (
     CheckResult,
     Checks,
-    Dcb,
-    DcbApp,
-    Gid,
-    Netdev,
     NetworkValidationSpec,
     NodeSnapshot,
-    RdmaDevice,
-    RdmaPort,
     Sample,
     Status,
 )
 from netval.model.spec import deprecated_fields_set
+from node_kit import roce_sample
 
 CAPTURES = json.loads(
     (Path(__file__).parent / "data" / "counter_captures" / "captures.json").read_text()
@@ -41,40 +36,8 @@ CAPTURES = json.loads(
 WINDOWS = (1.0, 30.0, 300.0)
 
 
-def _sample(
-    hw: dict[str, int],
-    ethtool: dict[str, int],
-    *,
-    rdma_driver: str = "mlx5_core",
-    netdev_driver: str = "mlx5_core",
-    speed_mbps: int | None = 400_000,
-) -> Sample:
-    netdev = Netdev(
-        name="eth0",
-        mtu=9000,
-        carrier=1,
-        operstate="up",
-        carrier_changes=2,
-        speed_mbps=speed_mbps,
-        driver=netdev_driver,
-        ecn_np={p: p == 3 for p in range(8)},
-        ecn_rp={p: p == 3 for p in range(8)},
-        ethtool=ethtool,
-        dcb=Dcb(frozenset({3}), app=(DcbApp("dscp", 26, 3),)),
-    )
-    port = RdmaPort(
-        device="rdma0",
-        port=1,
-        state="4: ACTIVE",
-        phys_state="5: LinkUp",
-        rate="400 Gb/sec (4X NDR)",
-        link_layer="Ethernet",
-        gids=(Gid(3, "0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2", "eth0"),),
-        hw_counters=hw,
-    )
-    return Sample(
-        {"eth0": netdev}, {"rdma0": RdmaDevice("rdma0", ports={1: port}, driver=rdma_driver)}
-    )
+def _sample(hw: dict[str, int], ethtool: dict[str, int], **kw: Any) -> Sample:
+    return roce_sample(hw, ethtool, **kw)
 
 
 def _replay(capture: dict[str, Any], window: float) -> NodeSnapshot:

@@ -16,17 +16,8 @@ from netval.agent.checks.drivers import INTEL, INTEL_IPU, INTEL_X722, hw_counter
 from netval.agent.checks.rate_policy import REORDER, family_of
 from netval.agent.collect.snapshot_dir import load_snapshot
 from netval.model import CheckResult, Checks, Status
-from netval.model.snapshot import (
-    IWARP_NODE_TYPE,
-    Dcb,
-    DcbApp,
-    Gid,
-    Netdev,
-    NodeSnapshot,
-    RdmaDevice,
-    RdmaPort,
-    Sample,
-)
+from netval.model.snapshot import IWARP_NODE_TYPE, NodeSnapshot, Sample
+from node_kit import roce_sample
 
 DATA = json.loads((Path(__file__).parent / "data" / "irdma" / "hw_counter_names.json").read_text())
 SNAPSHOTS = Path(__file__).resolve().parent.parent / "examples" / "snapshots"
@@ -50,36 +41,19 @@ def _node(
     ethtool: dict[str, int] | None = None,
     node_type: str = "1: CA",
 ) -> Sample:
-    netdev = Netdev(
-        name="ens801f0",
-        mtu=9000,
-        carrier=1,
-        operstate="up",
-        carrier_changes=2,
-        speed_mbps=100_000,
-        driver=netdev_driver,
-        ethtool=dict(ICE_PORT if ethtool is None else ethtool),
-        dcb=Dcb(frozenset({3}), app=(DcbApp("dscp", 26, 3),)),
-    )
-    port = RdmaPort(
+    return roce_sample(
+        hw,
+        dict(ICE_PORT if ethtool is None else ethtool),
+        netdev="ens801f0",
         device=device,
-        port=1,
-        state="4: ACTIVE",
-        phys_state="5: LinkUp",
+        rdma_driver=rdma_driver,
+        netdev_driver=netdev_driver,
+        speed_mbps=100_000,
         rate="100 Gb/sec (4X EDR)",
-        link_layer="Ethernet",
-        gids=(Gid(1, "0000:0000:0000:0000:0000:ffff:0a1e:011f", "RoCE v2", "ens801f0"),),
-        hw_counters=hw,
-    )
-    rdma = RdmaDevice(
-        device,
+        ecn=False,
         node_type=node_type,
-        ports={1: port},
-        driver=rdma_driver,
         pci_id=pci_id,
-        pci_netdevs={"ens801f0": 0},
     )
-    return Sample({"ens801f0": netdev}, {device: rdma})
 
 
 def _run(first: Sample, last: Sample, checks: Checks | None = None) -> list[CheckResult]:

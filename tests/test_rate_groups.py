@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from netval.agent.checks import run_node_checks
 from netval.model import CheckResult, Checks, Status
-from netval.model.snapshot import Gid, Netdev, NodeSnapshot, RdmaDevice, RdmaPort, Sample
+from netval.model.snapshot import NodeSnapshot, Sample
+from node_kit import merged, roce_sample
 
 CX7 = "MT_0000000838"
 PF, VF = "15B3:1021", "15B3:101E"  # ConnectX-7 PF / VF (drivers/net/ethernet/mellanox/mlx5)
@@ -14,31 +15,21 @@ PF, VF = "15B3:1021", "15B3:101E"  # ConnectX-7 PF / VF (drivers/net/ethernet/me
 
 def _device(
     name: str, rate: str, link_layer: str, *, board: str | None = CX7, pci_id: str | None = PF
-) -> RdmaDevice:
-    gids = (
-        (Gid(3, "0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2", f"{name}-eth"),)
-        if link_layer == "Ethernet"
-        else ()
-    )
-    port = RdmaPort(
+) -> Sample:
+    return roce_sample(
+        {},
+        None,
+        netdev=f"{name}-net",
         device=name,
-        port=1,
-        state="4: ACTIVE",
-        phys_state="5: LinkUp",
         rate=rate,
         link_layer=link_layer,
-        gids=gids,
+        board_id=board,
+        pci_id=pci_id,
     )
-    return RdmaDevice(name, ports={1: port}, driver="mlx5_core", board_id=board, pci_id=pci_id)
 
 
-def _rates(*devices: RdmaDevice) -> dict[str, CheckResult]:
-    netdevs = {
-        f"{d.name}-eth": Netdev(f"{d.name}-eth", mtu=9000, carrier=1, operstate="up")
-        for d in devices
-        if d.ports[1].link_layer == "Ethernet"
-    }
-    sample = Sample(netdevs, {d.name: d for d in devices})
+def _rates(*devices: Sample) -> dict[str, CheckResult]:
+    sample = merged(*devices)
     checks = Checks.model_validate({"rdma": {"linkLayers": ["Ethernet", "InfiniBand"]}})
     results = run_node_checks(NodeSnapshot("n", "now", 10.0, (sample, sample)), checks)
     return {r.subject: r for r in results if r.check.value == "rdma.rate"}
