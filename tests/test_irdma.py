@@ -15,6 +15,7 @@ from netval.agent.checks import run_node_checks
 from netval.agent.checks.drivers import INTEL, INTEL_IPU, INTEL_X722, hw_counter_names_for
 from netval.agent.checks.rate_policy import REORDER, family_of
 from netval.agent.collect.snapshot_dir import load_snapshot
+from netval.agent.collect.sysfs import SysfsReader
 from netval.model import CheckResult, Checks, Status
 from netval.model.snapshot import IWARP_NODE_TYPE, NodeSnapshot, Sample
 from node_kit import roce_sample
@@ -195,3 +196,24 @@ def test_bundled_gen3_snapshot_reads_counter_files_with_spaces() -> None:
         "requester",
         "idpf",
     )
+
+
+def test_live_reader_takes_the_pci_functions_driver_link(tmp_path: Path) -> None:
+    """Live, an RDMA device whose PCI function's uevent has no DRIVER= (an unusual kernel or
+    a sandbox's copy of sysfs) still names its driver: the function's `driver` link, as
+    udev-renamed `rdmap0s9` on an IPU VF shows it."""
+    pci = tmp_path / "devices" / "pci0000:00" / "0000:00:09.0"
+    pci.mkdir(parents=True)
+    (pci / "uevent").write_text("PCI_ID=8086:145C\nPCI_SLOT_NAME=0000:00:09.0\n")
+    drivers = tmp_path / "bus" / "pci" / "drivers" / "idpf"
+    drivers.mkdir(parents=True)
+    (pci / "driver").symlink_to(drivers)
+    ib = tmp_path / "class" / "infiniband" / "rdmap0s9"
+    (ib / "ports" / "1" / "hw_counters").mkdir(parents=True)
+    (ib / "device").symlink_to(pci)
+    (ib / "ports" / "1" / "hw_counters" / "Nak Sequence Error").write_text("7\n")
+    device = SysfsReader(tmp_path, hw_counter_names_for=hw_counter_names_for).read_rdma_device(
+        "rdmap0s9"
+    )
+    assert (device.driver, device.pci_id) == ("idpf", "8086:145C")
+    assert device.ports[1].hw_counters == {"Nak Sequence Error": 7}
