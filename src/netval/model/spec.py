@@ -103,6 +103,9 @@ DEFAULT_INTERVAL: Final = "30s"
 # Each ACK timeout stalls its QP for the transport timeout (4.3 s at NCCL_IB_TIMEOUT 20): one
 # every 10 s on a port is already visible in collective times (docs/checks.md).
 DEFAULT_MAX_RETRY_ERRORS_PER_SECOND: Final = 0.1
+# A go-back-N retransmission resends the window behind the lost packet; ten per second on a
+# port is a lossy path (400/s is one packet in ~20,000 at 100 Gb/s of 4 KiB frames).
+DEFAULT_MAX_RETRANSMITS_PER_SECOND: Final = 10.0
 
 
 def _python_name(camel: str) -> str:
@@ -152,6 +155,10 @@ class RdmaChecks(_Spec):
     max_retry_errors_per_second: Annotated[float | None, Field(ge=0)] = None
     warn_receiver_errors_per_second: Annotated[float, Field(ge=0)] = 0.0
     warn_completion_errors_per_second: Annotated[float, Field(ge=0)] = 0.0
+    # Requester-side retransmissions (irdma RetransSegs/tcpRetransSegs, NAK sequence errors):
+    # TCP-based iWARP retransmits now and then on a healthy lossy fabric, so these have their
+    # own bar; over it they warn (requester) or fail with own-port evidence.
+    max_retransmits_per_second: Annotated[float, Field(ge=0)] = DEFAULT_MAX_RETRANSMITS_PER_SECOND
     # Deprecated: a count per spec.interval; read as maxRetryErrorsPerSecond = value /
     # interval when maxRetryErrorsPerSecond is not set.
     max_errors_per_interval: Annotated[int | None, Field(ge=0, strict=True)] = None
@@ -275,7 +282,7 @@ class IbCounterLimits(_Spec):
 class InfinibandChecks(_Spec):
     """`spec.checks.infiniband`: expectations for InfiniBand ports only."""
 
-    # null: rdma.minRateGbps (or, unset too, the fastest port of the same card model)
+    # null: rdma.minRateGbps (or, unset too, the fastest port of the same card and link layer)
     min_rate_gbps: Annotated[float | None, Field(ge=0)] = None
     max_counter_deltas: IbCounterLimits = Field(default_factory=IbCounterLimits)
 
