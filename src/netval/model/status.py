@@ -95,9 +95,10 @@ class NodeCounts(_Status):
     failing: int = 0
     stale: int = 0
     # what the node verdict (docs/gating.md) makes of them: nodes admission keeps workloads
-    # off, and nodes with a fresh passing or warning report no exclusion holds
-    excluded: int = 0
-    admissible: int = 0
+    # off, and nodes with a fresh passing or warning report no exclusion holds (None: a
+    # status computed without a verdict, or written before there was one)
+    excluded: int | None = None
+    admissible: int | None = None
 
 
 class CheckCounts(BaseModel):

@@ -17,7 +17,7 @@ from netval.model.status import Condition, ConditionType, NetworkValidationStatu
 from netval.operator.consistency.ingest import apply_changes
 from netval.operator.consistency.status import consistency_status
 from netval.operator.gating.conditions import gating_condition, usable_condition
-from netval.operator.gating.facts import NodeFabric, current_verdict
+from netval.operator.gating.facts import NodeFabric, verdict_of
 from netval.operator.gating.verdict import ValidationVerdict
 from netval.operator.state import validation as vs
 from netval.operator.state.aggregation import compute_status
@@ -44,8 +44,7 @@ def validation_status(
 ) -> NetworkValidationStatus:
     """`load_run`: the newest finished NetworkLoadTest run on the validation ("<test>/<run
     id>", run), whose figures join status.topology.domainPairs. `verdict`: the node verdict
-    of the last gating round (default: the state's, or one decided now from the state and
-    `node_fabric`, what netval has on the Nodes)."""
+    (default: decided now from the state and `node_fabric`, what netval has on the Nodes)."""
     apply_changes(state, now)  # a rollout's `until` passed: its values are Outliers now
     # topology.agreement is judged across nodes and folded into their records first, so it
     # counts in the status like any check
@@ -89,8 +88,11 @@ def validation_status(
             "load_test": load_run[0] if load_run is not None and load is not None else None,
         }
         status = status.model_copy(update={"topology": topology.model_copy(update=figures)})
-    if verdict is None:
-        verdict = current_verdict(state.name, state, spec, node_fabric or {}, now)
+    if verdict is None and spec is not None:
+        # decided at this `now` from this state, the last recorded verdict as the decision
+        # before: what the next gating round records (deciding is idempotent), so the status
+        # never lags the reports it counts
+        verdict = verdict_of(state.name, state, spec, node_fabric or {}, now)
     if verdict is not None:
         counts = {"excluded": len(verdict.excluded), "admissible": verdict.admissible}
         status = status.model_copy(update={"nodes": status.nodes.model_copy(update=counts)})
