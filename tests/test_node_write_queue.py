@@ -233,8 +233,12 @@ def _fleet_store() -> Store:
             "interval": "60s",
             # every failing node labelled unhealthy: no breaker turning some into suspect;
             # one passing report releases a node
-            "gating": {"nodeLabel": True, "taint": False, "maxUnhealthyPercent": 100,
-                       "recoveryReports": 1},
+            "gating": {
+                "nodeLabel": True,
+                "taint": False,
+                "maxUnhealthyPercent": 100,
+                "recoveryReports": 1,
+            },
         }
     )
     store.upsert_validation(POOL, generation=1, spec=spec, body={}, status=None)

@@ -124,8 +124,9 @@ def test_breaker_keeps_exclusions_and_labels_the_rest_suspect() -> None:
     assert "admission goes on (onBreakerTripped: admit)" in message
     held = verdict(nodes, taint=True, max_unhealthy_percent=50,
                    on_breaker_tripped=BreakerAction.HOLD)  # fmt: skip
-    assert held.holds_admission and "admission waits (onBreakerTripped: hold)" in (
-        gating_condition(held)[2]
+    assert (
+        held.holds_admission
+        and "admission waits (onBreakerTripped: hold)" in (gating_condition(held)[2])
     )
 
 
@@ -179,7 +180,7 @@ def node_facts(draw: st.DrawFn) -> NodeFacts:
         ok_streak=draw(st.integers(0, 6)),
         blamed=draw(st.booleans()),
         retries=draw(st.booleans()),
-        was_excluded=was_label is U or draw(st.booleans()) and was_label is None,
+        was_excluded=was_label is U or (draw(st.booleans()) and was_label is None),
         was_label=was_label,
     )
 
@@ -199,8 +200,9 @@ fleets = st.dictionaries(st.from_regex(r"n[0-9]{2}", fullmatch=True), node_facts
 def again(v: ValidationVerdict, nodes: Mapping[str, NodeFacts]) -> dict[str, NodeFacts]:
     """The same facts with this verdict as the decision before."""
     return {
-        n: NodeFacts(f.heard, f.last, f.ok_streak, f.blamed, f.retries,
-                     v.nodes[n].excluded, v.nodes[n].label)  # fmt: skip
+        n: NodeFacts(
+            f.heard, f.last, f.ok_streak, f.blamed, f.retries, v.nodes[n].excluded, v.nodes[n].label
+        )
         for n, f in nodes.items()
     }
 
@@ -226,8 +228,10 @@ def test_properties_of_one_round(policy: GatingPolicy, nodes: dict[str, NodeFact
         if f.heard is not FRESH and (f.last in (Status.FAIL, Status.ERROR) or f.was_excluded):
             assert d.label in (U, S)
         # healthy then stale is unknown (or its label held), never unhealthy
-        if f.heard is not FRESH and f.last in (Status.PASS, Status.SKIP, Status.WARN) and (
-            not f.was_excluded and f.was_label in (H, D)
+        if (
+            f.heard is not FRESH
+            and f.last in (Status.PASS, Status.SKIP, Status.WARN)
+            and (not f.was_excluded and f.was_label in (H, D))
         ):
             assert d.label in (K, f.was_label) and not d.excluded
         # requester retries alone never exclude a node
