@@ -1,0 +1,170 @@
+"""The node verdict through the real `netval operator` process (its webhook, its Kueue
+controller), a real Mosquitto broker (two for the shard tests) and simulated agents
+(tests/fleet_sim.py) where the fleet is large:
+
+- 200 nodes: a failing node goes silent (its last will arrives) and stays excluded by
+  label, taint, affinity and Kueue for 4+ intervals; it is back after recoveryReports
+  passing reports; rack-level TAS assignments are judged by count;
+- 40 nodes warn with requester-side retries while one node is offline: none is tainted or
+  unhealthy, the status names the offline node, admission goes on;
+- 30 % fail at once: at most the cap tainted, an annotated Pod admitted with an affinity
+  that excludes the tainted nodes, a Warning Event; with `onBreakerTripped: hold`, gated;
+- a relabel of 2,000 nodes at a low write rate: a node that fails meanwhile is labelled
+  before the relabel completes;
+- two brokers: one reconnecting does not extend the staleness of the other's nodes, an
+  `offline` left on a node's old shard does not mark it offline, and after a broker
+  restart a node that reported and went silent is stale by the normal rule.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mosquitto
+from fleet_sim import Agents, add_nodes, node_report
+from kube import KubeCluster, wait_for
+from mosquitto import MosquittoBroker
+from netval.model import Status
+from netval.operator.admission.configurations import MUTATE_PODS
+from operator_processes import OperatorProc
+from test_admission import FABRIC as AFFINITY
+from test_admission import pod, required_terms
+from test_kueue import Kueue, admission_check, tas_admission
+from verdict_process_kit import (
+    FLEET,
+    HOSTNAME,
+    RACK,
+    admitted,
+    fabric,
+    fleet_validation,
+    label_counts,
+    start_operator,
+    status,
+    wait_webhook,
+)
+
+pytestmark = pytest.mark.skipif(not mosquitto.available(), reason=mosquitto.MISSING_REASON)
+
+INTERVAL = 5.0  # seconds, the shortest allowed: a report is stale 15 s after it arrived
+
+
+@pytest.fixture
+def procs() -> Iterator[list[OperatorProc]]:
+    started: list[OperatorProc] = []
+    yield started
+    for proc in started:
+        proc.terminate()
+
+
+@pytest.fixture
+def agents_closed() -> Iterator[list[Agents]]:
+    made: list[Agents] = []
+    yield made
+    for agents in made:
+        agents.close()
+
+
+def fleet(kube: KubeCluster, count: int, prefix: str = "node", per_rack: int = 20) -> list[str]:
+    names = [f"{prefix}-{i:03d}" if count <= 1000 else f"{prefix}-{i:04d}" for i in range(count)]
+    add_nodes(kube, [(n, {FLEET: "a", RACK: f"r{i // per_rack}", HOSTNAME: n})
+                     for i, n in enumerate(names)])  # fmt: skip
+    kube.ensure_namespace("netval-system")
+    return names
+
+
+def held_for(seconds: float, check: Any, what: str) -> int:
+    """Poll `check` (raising AssertionError when it does not hold) for `seconds`; the checks
+    made. Polls at least every second, so a short slip is seen."""
+    end = time.monotonic() + seconds
+    checks = 0
+    while True:
+        check()
+        checks += 1
+        if time.monotonic() >= end:
+            return checks
+        time.sleep(1.0)
+
+
+# -- 200 nodes: silent after failing stays out ------------------------------------------------------
+
+
+def test_a_failing_node_gone_silent_stays_excluded_until_it_recovers(
+    kube: KubeCluster, mosquitto_broker: MosquittoBroker, tmp_path: Path,
+    procs: list[OperatorProc], agents_closed: list[Agents],
+) -> None:  # fmt: skip
+    nodes = fleet(kube, 200)
+    bad = "node-017"  # rack r0, with 19 others
+    kube.create(fleet_validation(taint=True, recoveryReports=3))
+    kube.create(admission_check("fabric"))
+    proc = start_operator(kube, mosquitto_broker, tmp_path)
+    procs.append(proc)
+    wait_webhook(kube, proc)
+    agents = Agents([mosquitto_broker], period=2.0)
+    agents_closed.append(agents)
+    agents.set([n for n in nodes if n != bad], Status.PASS)
+    agents.own_client(bad)
+    agents.set([bad], Status.FAIL)
+    agents.start()
+    wait_for(lambda: fabric(kube).get(bad) == ("unhealthy", True)
+             and label_counts(kube)["healthy"] == 199, timeout=120, interval=1.0,
+             what=f"node-017 excluded, 199 healthy\n{proc.log()[-3000:]}")  # fmt: skip
+
+    # its agent dies: the last will arrives, the node is offline, its verdict holds
+    agents.crash(bad)
+    wait_for(lambda: status(kube).get("nodes", {}).get("stale") == 1, timeout=60,
+             what="node-017 offline in the status")  # fmt: skip
+    k = Kueue(kube, "v1beta2")
+    on_bad = tas_admission({"levels": [HOSTNAME], "slices": [{"domainCount": 1,
+        "valuesPerLevel": [{"universal": bad}], "podCounts": {"universal": 1}}]})  # fmt: skip
+    k.queue("on-bad", ["fabric"], admission=on_bad)
+    k.reserve("on-bad")
+
+    def out() -> None:
+        assert fabric(kube)[bad] == ("unhealthy", True)
+        assert status(kube)["nodes"]["excluded"] == 1
+        gated = admitted(kube, MUTATE_PODS, pod("trainer"))
+        assert AFFINITY in required_terms(gated["spec"])[0]["matchExpressions"]
+        assert "schedulingGates" not in gated["spec"]  # admission goes on, elsewhere
+
+    silent_from = time.monotonic()
+    retry = k.wait_state("on-bad", "fabric", "Retry", timeout=60)
+    assert f"unhealthy fabric: {bad}" in retry["message"]
+    # rack r0 holds node-017 and 19 admissible nodes: 8 pods fit, 20 do not
+    for name, count in (("rack-8", 8), ("rack-20", 20)):
+        k.queue(name, ["fabric"], admission=tas_admission({"levels": [RACK], "slices": [
+            {"domainCount": 1, "valuesPerLevel": [{"universal": "r0"}],
+             "podCounts": {"universal": count}}]}))  # fmt: skip
+        k.reserve(name)
+    k.wait_state("rack-8", "fabric", "Ready", timeout=60)
+    short = k.wait_state("rack-20", "fabric", "Retry", timeout=60)
+    assert "has 19 healthy node(s), the assignment needs 20" in short["message"]
+    # 4+ intervals of silence: still out (it would be `unknown` had it been healthy)
+    held_for(4.5 * INTERVAL - (time.monotonic() - silent_from), out, "node-017 excluded")
+    assert k.checks("on-bad")["fabric"]["state"] == "Retry"
+
+    # back: recoveryReports (3) passing reports, each made visible in the status by a check
+    # id of its own, before the exclusion lifts
+    agents.own_client(bad)
+    extra = ("link.carrier", "link.flaps", "pfc.priorities")
+    for i, check in enumerate(extra):
+        from netval.model import CheckId, CheckResult
+
+        result = CheckResult(check=CheckId(check), subject="ens1np0", status=Status.PASS,
+                             message="ok", observed={}, expected={})  # fmt: skip
+        agents.publish(node_report(bad, Status.PASS, extra=(result,)))
+        wait_for(lambda c=check: c in status(kube).get("checks", {}), timeout=60,
+                 what=f"report {i + 1} of node-017 folded")  # fmt: skip
+        if i < len(extra) - 1:
+            assert status(kube)["nodes"]["excluded"] == 1, f"released after {i + 1} reports"
+            assert fabric(kube)[bad] == ("unhealthy", True)
+    wait_for(lambda: fabric(kube)[bad] == ("healthy", False), timeout=60,
+             what="node-017 healthy after 3 passing reports")  # fmt: skip
+    assert status(kube)["nodes"]["excluded"] == 0
+    k.queue("on-bad-again", ["fabric"], admission=on_bad)
+    k.reserve("on-bad-again")
+    k.wait_state("on-bad-again", "fabric", "Ready", timeout=60)
