@@ -6,6 +6,7 @@ client of its own with the last will `offline` for a node whose crash a test nee
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -177,10 +178,9 @@ class Agents:
         def run() -> None:
             while not self._stop.is_set():
                 started = time.monotonic()
-                try:
+                # a broker restarting under the test: the next round publishes again
+                with contextlib.suppress(RuntimeError, ValueError, OSError):
                     self.publish_all()
-                except (RuntimeError, ValueError, OSError):
-                    pass  # a broker restarting under the test: the next round publishes again
                 self._stop.wait(max(0.0, self.period - (time.monotonic() - started)))
 
         self._thread = threading.Thread(target=run, name="simulated-agents", daemon=True)
