@@ -29,8 +29,10 @@ import mosquitto
 from fleet_sim import Agents, add_nodes, node_report
 from kube import KubeCluster, wait_for
 from mosquitto import MosquittoBroker
-from netval.model import Status
+from netval.model import CheckId, CheckResult, Status
+from netval.model.keys import SchedulingGate
 from netval.operator.admission.configurations import MUTATE_PODS
+from operator_env import NV
 from operator_processes import OperatorProc
 from test_admission import FABRIC as AFFINITY
 from test_admission import pod, required_terms
@@ -40,11 +42,15 @@ from verdict_process_kit import (
     HOSTNAME,
     RACK,
     admitted,
+    condition,
+    events,
     fabric,
     fleet_validation,
     label_counts,
+    metrics,
     start_operator,
     status,
+    tainted,
     wait_webhook,
 )
 
@@ -152,8 +158,6 @@ def test_a_failing_node_gone_silent_stays_excluded_until_it_recovers(
     agents.own_client(bad)
     extra = ("link.carrier", "link.flaps", "pfc.priorities")
     for i, check in enumerate(extra):
-        from netval.model import CheckId, CheckResult
-
         result = CheckResult(check=CheckId(check), subject="ens1np0", status=Status.PASS,
                              message="ok", observed={}, expected={})  # fmt: skip
         agents.publish(node_report(bad, Status.PASS, extra=(result,)))
@@ -168,3 +172,109 @@ def test_a_failing_node_gone_silent_stays_excluded_until_it_recovers(
     k.queue("on-bad-again", ["fabric"], admission=on_bad)
     k.reserve("on-bad-again")
     k.wait_state("on-bad-again", "fabric", "Ready", timeout=60)
+
+
+# -- victims are not culprits --------------------------------------------------------------------
+
+
+def test_retries_on_forty_nodes_while_one_is_offline_name_it_and_admission_goes_on(
+    kube: KubeCluster, mosquitto_broker: MosquittoBroker, tmp_path: Path,
+    procs: list[OperatorProc], agents_closed: list[Agents],
+) -> None:  # fmt: skip
+    nodes = fleet(kube, 60, prefix="gpu")
+    culprit, victims, others = nodes[17], nodes[20:], [*nodes[:17], *nodes[18:20]]
+    assert len(victims) == 40 and len(others) == 19
+    kube.create(fleet_validation(taint=True))
+    proc = start_operator(kube, mosquitto_broker, tmp_path, kueue=False)
+    procs.append(proc)
+    wait_webhook(kube, proc)
+    agents = Agents([mosquitto_broker], period=2.0)
+    agents_closed.append(agents)
+    agents.set([*others, *victims], Status.PASS)
+    agents.own_client(culprit)
+    agents.set([culprit], Status.PASS)
+    agents.start()
+    wait_for(lambda: label_counts(kube)["healthy"] == 60, timeout=90, interval=1.0,
+             what=f"60 healthy\n{proc.log()[-3000:]}")  # fmt: skip
+
+    # gpu-017 dies; every node that talked to it counts requester-side retries
+    agents.crash(culprit)
+    agents.set(victims, Status.WARN)  # rdma.errors warn, attribution requester
+    retries = wait_for(
+        lambda: (r := status(kube).get("retries")) and r["nodes"] == 40 and r,
+        timeout=60,
+        what="40 nodes warning with retries",
+    )
+    assert retries["culprits"][0] == {**retries["culprits"][0], "node": culprit,
+                                      "state": "offline"}  # fmt: skip
+    assert retries["message"].startswith(f"requester-side retries on 40 nodes since {culprit} "
+                                         "went offline")  # fmt: skip
+    assert retries["counters"] == ["local_ack_timeout_err", "req_transport_retries_exceeded"]
+    healthy = condition(kube, "Healthy")
+    assert f"since {culprit} went offline" in healthy["message"]
+    # victims are neither tainted nor unhealthy; admission goes on
+    wait_for(lambda: label_counts(kube)["degraded"] == 40, timeout=60, what="40 degraded")
+    assert not tainted(kube) and label_counts(kube)["unhealthy"] == 0
+    usable = condition(kube, "Usable")
+    assert usable["status"] == "True" and usable["reason"] == "CapacityAvailable"
+    assert status(kube)["nodes"]["failing"] == 0 and status(kube)["nodes"]["warning"] == 40
+    response = admitted(kube, MUTATE_PODS, pod("restart"))
+    assert "schedulingGates" not in response["spec"]
+    (event,) = wait_for(lambda: events(kube, "RetriesAttributed"), timeout=30,
+                        what="a RetriesAttributed Event")  # fmt: skip
+    assert event["type"] == "Warning" and culprit in event["message"]
+
+
+# -- a tripped breaker does not stop the cluster ---------------------------------------------------
+
+
+def test_thirty_percent_failing_at_once_admit_then_hold(
+    kube: KubeCluster, mosquitto_broker: MosquittoBroker, tmp_path: Path,
+    procs: list[OperatorProc], agents_closed: list[Agents],
+) -> None:  # fmt: skip
+    nodes = fleet(kube, 100)
+    bad = set(nodes[::10]) | set(nodes[1::10]) | set(nodes[2::10])
+    assert len(bad) == 30
+    kube.create(fleet_validation(taint=True))
+    proc = start_operator(kube, mosquitto_broker, tmp_path, kueue=False)
+    procs.append(proc)
+    wait_webhook(kube, proc)
+    agents = Agents([mosquitto_broker], period=2.0)
+    agents_closed.append(agents)
+    agents.set([n for n in nodes if n not in bad], Status.PASS)
+    agents.set(bad, Status.FAIL)
+    agents.start()
+
+    def settled() -> bool:
+        counts = label_counts(kube)
+        return counts == {"healthy": 70, "unhealthy": 10, "suspect": 20}
+
+    wait_for(settled, timeout=120, interval=1.0, what=f"10 unhealthy, 20 suspect\n"
+             f"{proc.log()[-3000:]}")  # fmt: skip
+    cut = tainted(kube)
+    assert len(cut) == 10 and cut <= bad  # at most the cap tainted
+    assert {n for n, (label, _) in fabric(kube).items() if label == "unhealthy"} == cut
+    usable = condition(kube, "Usable")
+    assert (usable["status"], usable["reason"]) == ("True", "AdmittingPastBreaker")
+    gate = condition(kube, "Gating")
+    assert gate["reason"] == "BreakerTripped"
+    assert "admission goes on (onBreakerTripped: admit)" in gate["message"]
+    (event,) = wait_for(lambda: events(kube, "BreakerTripped"), timeout=30, what="the Event")
+    assert event["type"] == "Warning" and "onBreakerTripped: admit" in event["message"]
+    assert 'netval_operator_breaker_tripped{action="admit",validation="pool-a"} 1.0' in (
+        metrics(proc)
+    )
+    # an annotated Pod is admitted at once, with the affinity that keeps it off the tainted
+    # (unhealthy-labelled) nodes
+    pod_spec = admitted(kube, MUTATE_PODS, pod("trainer"))["spec"]
+    assert "schedulingGates" not in pod_spec
+    assert AFFINITY in required_terms(pod_spec)[0]["matchExpressions"]
+
+    # onBreakerTripped: hold: the same failures hold admission
+    kube.patch(NV, "networkvalidations", "pool-a",
+               {"spec": {"gating": {"onBreakerTripped": "hold"}}})  # fmt: skip
+    wait_for(lambda: condition(kube, "Usable").get("reason") == "TooManyFailing", timeout=60,
+             what="Usable False TooManyFailing")  # fmt: skip
+    held = admitted(kube, MUTATE_PODS, pod("trainer-2"))["spec"]
+    assert held["schedulingGates"] == [{"name": SchedulingGate.FABRIC}]
+    assert tainted(kube) == cut  # the exclusions themselves do not change
