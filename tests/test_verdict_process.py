@@ -18,6 +18,7 @@ controller), a real Mosquitto broker (two for the shard tests) and simulated age
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,12 +32,15 @@ from kube import KubeCluster, wait_for
 from mosquitto import MosquittoBroker
 from netval.model import CheckId, CheckResult, Status
 from netval.model.keys import SchedulingGate
+from netval.model.shards import shard_of
+from netval.model.topics import TopicKind
 from netval.operator.admission.configurations import MUTATE_PODS
 from operator_env import NV
 from operator_processes import OperatorProc
 from test_admission import FABRIC as AFFINITY
 from test_admission import pod, required_terms
 from test_kueue import Kueue, admission_check, tas_admission
+from test_shards_brokers import brokers, retained_on, shard_env, sigkill  # noqa: F401 (a fixture)
 from verdict_process_kit import (
     FLEET,
     HOSTNAME,
@@ -278,3 +282,95 @@ def test_thirty_percent_failing_at_once_admit_then_hold(
     held = admitted(kube, MUTATE_PODS, pod("trainer-2"))["spec"]
     assert held["schedulingGates"] == [{"name": SchedulingGate.FABRIC}]
     assert tainted(kube) == cut  # the exclusions themselves do not change
+
+
+# -- exclusions first --------------------------------------------------------------------------------
+
+
+def test_a_node_failing_during_a_relabel_of_2000_is_labelled_first(
+    kube: KubeCluster, mosquitto_broker: MosquittoBroker, tmp_path: Path,
+    procs: list[OperatorProc], agents_closed: list[Agents],
+) -> None:  # fmt: skip
+    """2,000 unlabelled nodes targeted at once: 2,000 writes of `unknown` at 5 Node writes a
+    second (400 s). A node that fails a few seconds in is labelled unhealthy (and tainted)
+    while most of the relabel still waits."""
+    kube.api.keep_requests = 10  # the test API's request log would hold every write
+    nodes = fleet(kube, 2000)
+    env = {"NETVAL_NODE_WRITES_PER_SECOND": "5", "NETVAL_NODE_WRITE_BURST": "1"}
+    kube.create(fleet_validation(taint=True))
+    proc = start_operator(kube, mosquitto_broker, tmp_path, env, kueue=False)
+    procs.append(proc)
+    wait_for(lambda: label_counts(kube)["unknown"] >= 10, timeout=120, interval=1.0,
+             what=f"the relabel started\n{proc.log()[-3000:]}")  # fmt: skip
+    agents = Agents([mosquitto_broker])
+    agents_closed.append(agents)
+    late = nodes[-1]  # last in the relabel's order
+    agents.publish(node_report(late, Status.FAIL))
+    wait_for(lambda: fabric(kube)[late] == ("unhealthy", True), timeout=60, interval=0.5,
+             what="the failing node labelled and tainted")  # fmt: skip
+    done = label_counts(kube)["unknown"]
+    assert done < 1000, f"{done} of 2,000 relabelled first: the exclusion waited behind them"
+    # every other node still gets its label, at the rate
+    wait_for(lambda: "netval_operator_exclusions_pending 0.0" in metrics(proc), timeout=30,
+             what="no exclusion pending")  # fmt: skip
+
+
+# -- two brokers: the reconnect grace is per shard ------------------------------------------------
+
+
+def stale_in_ready(kube: KubeCluster) -> str:
+    ready = condition(kube, "Ready")
+    return ready.get("message", "") if ready.get("reason") == "NodesStale" else ""
+
+
+def test_two_brokers_one_reconnecting_moves_only_its_nodes_clock(
+    kube: KubeCluster, brokers: list[MosquittoBroker], tmp_path: Path,  # noqa: F811
+    procs: list[OperatorProc], agents_closed: list[Agents],
+) -> None:  # fmt: skip
+    names = [f"gpu-{i:02d}" for i in range(40)]
+    on = {s: [n for n in names if shard_of(n, 2) == s] for s in (0, 1)}
+    a0, z0 = on[0][:2]  # shard 0: reports again after the restart / stays silent
+    s1, moved = on[1][:2]  # shard 1: silent / reports (and left an `offline` on shard 0)
+    add_nodes(kube, [(n, {FLEET: "a"}) for n in (a0, z0, s1, moved)])
+    kube.ensure_namespace("netval-system")
+    agents = Agents(brokers, period=2.0)
+    agents_closed.append(agents)
+    # what `moved`'s agent left on shard 0 before the shards were two: its last will
+    agents.publish_raw(0, f"netval/v1/pool-a/{moved}/state", b"offline")
+    kube.create(fleet_validation())
+    env = shard_env(brokers, tmp_path)
+    proc = start_operator(kube, brokers[0], tmp_path, env, kueue=False)
+    procs.append(proc)
+    for node in (a0, z0, s1):
+        agents.publish(node_report(node, Status.PASS))
+    agents.set([moved], Status.PASS)
+    agents.start()
+    wait_for(lambda: status(kube).get("nodes", {}).get("reporting") == 4, timeout=60,
+             what=f"4 nodes reporting\n{proc.log()[-3000:]}")  # fmt: skip
+    # the old shard's `offline` did not mark `moved` offline; it was counted and cleared
+    wrong = 'netval_operator_messages_dropped_total{reason="wrong_shard"} 1.0'
+    wait_for(lambda: wrong in metrics(proc), timeout=30, what=wrong)
+    wait_for(lambda: moved not in asyncio.run(retained_on(brokers[0], TopicKind.STATE)),
+             timeout=30, what="the stale offline cleared on shard 0")  # fmt: skip
+
+    # shard 0's broker restarts (no persistence): the operator's session on it reconnects
+    sigkill(brokers[0])
+    brokers[0].start()
+    wait_for(lambda: 'netval_operator_mqtt_shard_connected{shard="0"} 1.0' in metrics(proc)
+             and "netval_operator_mqtt_reconnects_total 1.0" in metrics(proc), timeout=60,
+             what="the operator back on shard 0")  # fmt: skip
+    agents.reconnect(0)
+    agents.publish(node_report(a0, Status.PASS))  # heard after the reconnect, then silent
+
+    # shard 1's silent node turns stale by the normal rule (3 intervals after its report),
+    # while z0, as old but on the reconnected shard, is within its grace (30 s more)
+    text = wait_for(lambda: (m := stale_in_ready(kube)) and f"{s1} (" in m and m, timeout=60,
+                    what=f"{s1} stale")  # fmt: skip
+    assert f"{z0} (" not in text and moved not in text
+    # a0 was heard after the reconnect: its grace ended then, it is stale by the normal rule
+    text = wait_for(lambda: (m := stale_in_ready(kube)) and f"{a0} (" in m and m, timeout=60,
+                    what=f"{a0} stale")  # fmt: skip
+    assert f"{z0} (" not in text, f"{z0} stale before its grace ended: {text}"
+    # z0's grace ends too: stale once 3 intervals passed since reconnect + 30 s
+    wait_for(lambda: f"{z0} (" in stale_in_ready(kube), timeout=90, what=f"{z0} stale")
+    assert moved not in stale_in_ready(kube)

@@ -293,9 +293,9 @@ class ReportIngest:
                     self.on_load_result(parsed.validation, parsed.node, payload)
                     return
             if self.shards > 1 and not self._owns(topic_name):
-                self.stats.drop(Dropped(DropReason.WRONG_SHARD, f"{topic_name[:300]} is not on "
-                                        f"shard {self.shard} of {self.shards}"))  # fmt: skip
-                if payload:
+                if payload:  # (an empty one is a clear, ours coming back among them)
+                    self.stats.drop(Dropped(DropReason.WRONG_SHARD, f"{topic_name[:300]} is "
+                                            f"not on shard {self.shard} of {self.shards}"))  # fmt: skip
                     self.clear_retained([topic_name])  # on this shard's broker only
                 return
             decoded = decode_message(topic_name, payload)
