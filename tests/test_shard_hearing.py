@@ -97,3 +97,33 @@ def test_a_message_on_a_shard_not_the_nodes_is_dropped_counted_and_cleared() -> 
         f"netval/v1/pool-a/{theirs}/report",
         f"netval/v1/pool-a/{theirs}/state",
     ]
+
+
+def test_the_verdicts_freshness_is_the_states(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gating.facts` inlines `state.validation.heard` (it runs for every node every window):
+    both say the same of fresh, silent, offline, unconfirmed and never-reported nodes, with
+    and without a shard's reconnect grace."""
+    from netval.model.beat import Beat
+    from netval.operator.gating.facts import node_facts
+    from netval.operator.ingest.decode import BeatMessage, StateChange
+
+    now = datetime.now(UTC)
+    store, state = sharded_store()
+    at(monkeypatch, now - timedelta(seconds=40))
+    for node in NODES[:10]:
+        store.ingest_report(report(node), False)
+    at(monkeypatch, now)
+    for node in NODES[5:20]:
+        store.ingest_report(report(node), False)
+    store.on_state(StateChange("pool-a", NODES[6], False))
+    store.on_state(StateChange("pool-a", NODES[30], False))
+    beat = Beat(seq=5, cycle_at=now, digest="0" * 32, worst="pass")
+    store.ingest_beat(BeatMessage("pool-a", NODES[8], beat), False)  # contradicts its report
+    for deaf in (False, True):
+        if deaf:
+            store.note_deaf(now - timedelta(seconds=20), timedelta(seconds=30), shard=0)
+        for moment in (now, now + timedelta(seconds=25), now + timedelta(seconds=60)):
+            facts = node_facts(state, store.node_fabric, moment)
+            assert {n: f.heard for n, f in facts.items()} == {
+                n: vs.heard(state, n, moment) for n in state.targeted
+            }

@@ -20,12 +20,13 @@ from netval.model.keys import FabricHealth
 from netval.model.spec import NetworkValidationSpec
 from netval.operator.gating.verdict import (
     GatingPolicy,
+    Heard,
     NodeFacts,
     ValidationVerdict,
     decide_validation,
 )
 from netval.operator.state import validation as vs
-from netval.operator.state.node_verdicts import is_blamed, settle_fleet
+from netval.operator.state.node_verdicts import BLAME, settle_fleet
 
 # what netval has on a Node: (its netval.io/fabric label, our taint present)
 NodeFabric = Mapping[str, tuple[str | None, bool]]
@@ -52,9 +53,14 @@ def node_facts(
     if state.fleet.dirty or state.fleet.expires_at is not None:
         settle_fleet(state, now)  # a pending cohort judgement changes report statuses
     before = state.verdict.nodes if state.verdict is not None else {}
+    # the freshness rule of `state.validation.heard`, inlined: this runs for every targeted
+    # node of every validation every status window
+    offline, records, window = state.offline, state.nodes, state.stale_after
+    heard_at = state.deafness.heard_at
+    fresh, silent = Heard.FRESH, Heard.SILENT
     out: dict[str, NodeFacts] = {}
     for node in state.targeted:
-        rec = state.nodes.get(node)
+        rec = records.get(node)
         decided = before.get(node)
         was_label: FabricHealth | None
         if decided is not None:
@@ -63,21 +69,20 @@ def node_facts(
             label, tainted = node_fabric.get(node, (None, False))
             was_label = _LABELS.get(label or "")
             was_excluded = tainted or was_label is FabricHealth.UNHEALTHY
-        if rec is None:
-            out[node] = NodeFacts(
-                vs.heard(state, node, now), None, 0,
-                was_excluded=was_excluded, was_label=was_label,
-            )  # fmt: skip
+        if node in offline:
+            heard = Heard.OFFLINE
+        elif rec is None:
+            out[node] = NodeFacts(Heard.NEVER, None, 0, False, False, was_excluded, was_label)
             continue
-        out[node] = NodeFacts(
-            heard=vs.heard(state, node, now),
-            last=rec.status,
-            ok_streak=rec.ok_streak,
-            blamed=is_blamed(rec),
-            retries=rec.retries is not None,
-            was_excluded=was_excluded,
-            was_label=was_label,
-        )
+        elif rec.unconfirmed or now - heard_at(node, rec.reported_at) > window:
+            heard = silent
+        else:
+            heard = fresh
+        if rec is None:
+            out[node] = NodeFacts(heard, None, 0, False, False, was_excluded, was_label)
+            continue
+        out[node] = NodeFacts(heard, rec.status, rec.ok_streak, BLAME in rec.folded,
+                              rec.retries is not None, was_excluded, was_label)  # fmt: skip
     return out
 
 
