@@ -23,7 +23,6 @@ from netval.operator.state.validation import (
     ingest_report,
     is_fresh,
     next_deadline,
-    node_health,
     node_offline,
     node_online,
     restore_since,
@@ -31,6 +30,7 @@ from netval.operator.state.validation import (
     set_spec,
     set_targeted,
 )
+from state_kit import node_health
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
 INTERVAL = 10.0

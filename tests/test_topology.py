@@ -32,6 +32,7 @@ from netval.operator.topology.agreement import (
     levels_in_use,
     netdev_views,
 )
+from state_kit import node_health
 
 
 def frame(
@@ -466,7 +467,6 @@ def test_agreement_folds_into_the_node_status_and_fail_lists_a_failure() -> None
     from netval.operator.state.validation import (
         ValidationState,
         ingest_report,
-        node_health,
         set_agents_ready,
         set_targeted,
     )

@@ -59,7 +59,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final
 
 from netval.model.beat import report_digest
 from netval.model.ids import CheckGroup, Status, worst
@@ -75,7 +75,6 @@ from netval.operator.state.node_verdicts import CHECK_BUCKET as _BUCKET
 from netval.operator.state.node_verdicts import (
     apply_fleet_verdict,
     carry_blame,
-    settle_fleet,
     shared_buckets,
 )
 from netval.operator.state.node_verdicts import truncate_failure as _truncate
@@ -87,16 +86,6 @@ if TYPE_CHECKING:
     from netval.operator.state.beats import BeatAhead
 
 STALE_AFTER_INTERVALS: Final = 3
-
-NodeHealth = Literal["healthy", "degraded", "unhealthy", "unknown"]
-
-_HEALTH: Final[dict[Status, NodeHealth]] = {
-    Status.SKIP: "healthy",
-    Status.PASS: "healthy",
-    Status.WARN: "degraded",
-    Status.FAIL: "unhealthy",
-    Status.ERROR: "unhealthy",
-}
 
 # (since, node, check, subject, message): sorts as the failures list is ordered.
 FailureKey = tuple[datetime, str, str, str, str]
@@ -396,19 +385,6 @@ def heard(state: ValidationState, node: str, now: datetime) -> Heard:
 
 def is_fresh(state: ValidationState, node: str, now: datetime) -> bool:
     return heard(state, node, now) is Heard.FRESH
-
-
-def node_health(state: ValidationState, node: str, now: datetime) -> NodeHealth:
-    """What the node's fresh report says (its own results and the operator's verdicts folded
-    in); ``unknown`` when it is stale, never reported or not targeted. One input of the node
-    verdict (`netval.operator.gating.verdict`), which decides labels, taints and admission."""
-    require_aware(now)
-    if state.fleet.dirty or state.fleet.expires_at is not None:
-        settle_fleet(state, now)
-    rec = state.nodes.get(node)
-    if node not in state.targeted or rec is None or heard(state, node, now) is not Heard.FRESH:
-        return "unknown"
-    return _HEALTH[rec.status]
 
 
 def next_deadline(state: ValidationState, now: datetime) -> datetime | None:
