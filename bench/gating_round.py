@@ -23,14 +23,12 @@ after (0: stable). Pure CPU: no broker, no Kubernetes.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
-import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
+
+# bench/ is on the path: a `git archive` of src/, a side in its own process
+from node_watch_memory import extract, merge_base, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,29 +99,7 @@ print(json.dumps({"side": side, "first_ms": times[0] * 1000,
 
 
 def run_side(src: Path, size: int, percent: int, rounds: int) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(size), str(percent), str(rounds)],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
-
-
-def extract(rev: str, into: Path) -> Path:
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "--format=tar", rev, "src"],
-        check=True,
-        capture_output=True,
-    ).stdout
-    tar_path = into / "src.tar"
-    tar_path.write_bytes(archive)
-    with tarfile.open(tar_path) as tar:
-        tar.extractall(into, filter="data")
-    return into / "src"
+    return run_child(CHILD, [src], size, percent, rounds)
 
 
 def main() -> None:
@@ -138,15 +114,7 @@ def main() -> None:
         if args.before is not None and Path(args.before).is_dir():
             before_src, label = Path(args.before), args.before
         else:
-            rev = (
-                args.before
-                or subprocess.run(
-                    ["git", "-C", str(ROOT), "merge-base", "HEAD", "main"],
-                    check=True,
-                    capture_output=True,
-                    text=True,
-                ).stdout.strip()
-            )
+            rev = args.before or merge_base()
             before_src, label = extract(rev, Path(tmp)), rev[:10]
         print(f"before: {label}; after: this tree; median of {args.rounds} rounds")
         print(f"{'nodes':>6} {'failing':>7} {'before ms':>9} {'after ms':>9} {'ratio':>6} "

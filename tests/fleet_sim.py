@@ -194,6 +194,12 @@ class Agents:
             old.loop_stop()
             old.disconnect()
 
+    def __enter__(self) -> Agents:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:

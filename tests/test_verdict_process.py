@@ -19,6 +19,7 @@ controller), a real Mosquitto broker (two for the shard tests) and simulated age
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +41,7 @@ from operator_processes import OperatorProc
 from test_admission import FABRIC as AFFINITY
 from test_admission import pod, required_terms
 from test_kueue import Kueue, admission_check, tas_admission
+from test_operator_process import procs  # noqa: F401 (a fixture)
 from test_shards_brokers import brokers, retained_on, shard_env, sigkill  # noqa: F401 (a fixture)
 from verdict_process_kit import (
     FLEET,
@@ -64,19 +66,10 @@ INTERVAL = 5.0  # seconds, the shortest allowed: a report is stale 15 s after it
 
 
 @pytest.fixture
-def procs() -> Iterator[list[OperatorProc]]:
-    started: list[OperatorProc] = []
-    yield started
-    for proc in started:
-        proc.terminate()
-
-
-@pytest.fixture
-def agents_closed() -> Iterator[list[Agents]]:
-    made: list[Agents] = []
-    yield made
-    for agents in made:
-        agents.close()
+def stack() -> Iterator[contextlib.ExitStack]:
+    """What a test opens (simulated agents) is closed when it ends, passed or failed."""
+    with contextlib.ExitStack() as opened:
+        yield opened
 
 
 def fleet(kube: KubeCluster, count: int, prefix: str = "node", per_rack: int = 20) -> list[str]:
@@ -105,7 +98,7 @@ def held_for(seconds: float, check: Any, what: str) -> int:
 
 def test_a_failing_node_gone_silent_stays_excluded_until_it_recovers(
     kube: KubeCluster, mosquitto_broker: MosquittoBroker, tmp_path: Path,
-    procs: list[OperatorProc], agents_closed: list[Agents],
+    procs: list[OperatorProc], stack: contextlib.ExitStack,  # noqa: F811
 ) -> None:  # fmt: skip
     nodes = fleet(kube, 200)
     bad = "node-017"  # rack r0, with 19 others
@@ -114,8 +107,7 @@ def test_a_failing_node_gone_silent_stays_excluded_until_it_recovers(
     proc = start_operator(kube, mosquitto_broker, tmp_path)
     procs.append(proc)
     wait_webhook(kube, proc)
-    agents = Agents([mosquitto_broker], period=2.0)
-    agents_closed.append(agents)
+    agents = stack.enter_context(Agents([mosquitto_broker], period=2.0))
     agents.set([n for n in nodes if n != bad], Status.PASS)
     agents.own_client(bad)
     agents.set([bad], Status.FAIL)
@@ -183,7 +175,7 @@ def test_a_failing_node_gone_silent_stays_excluded_until_it_recovers(
 
 def test_retries_on_forty_nodes_while_one_is_offline_name_it_and_admission_goes_on(
     kube: KubeCluster, mosquitto_broker: MosquittoBroker, tmp_path: Path,
-    procs: list[OperatorProc], agents_closed: list[Agents],
+    procs: list[OperatorProc], stack: contextlib.ExitStack,  # noqa: F811
 ) -> None:  # fmt: skip
     nodes = fleet(kube, 60, prefix="gpu")
     culprit, victims, others = nodes[17], nodes[20:], [*nodes[:17], *nodes[18:20]]
@@ -192,8 +184,7 @@ def test_retries_on_forty_nodes_while_one_is_offline_name_it_and_admission_goes_
     proc = start_operator(kube, mosquitto_broker, tmp_path, kueue=False)
     procs.append(proc)
     wait_webhook(kube, proc)
-    agents = Agents([mosquitto_broker], period=2.0)
-    agents_closed.append(agents)
+    agents = stack.enter_context(Agents([mosquitto_broker], period=2.0))
     agents.set([*others, *victims], Status.PASS)
     agents.own_client(culprit)
     agents.set([culprit], Status.PASS)
@@ -234,7 +225,7 @@ def test_retries_on_forty_nodes_while_one_is_offline_name_it_and_admission_goes_
 
 def test_thirty_percent_failing_at_once_admit_then_hold(
     kube: KubeCluster, mosquitto_broker: MosquittoBroker, tmp_path: Path,
-    procs: list[OperatorProc], agents_closed: list[Agents],
+    procs: list[OperatorProc], stack: contextlib.ExitStack,  # noqa: F811
 ) -> None:  # fmt: skip
     nodes = fleet(kube, 100)
     bad = set(nodes[::10]) | set(nodes[1::10]) | set(nodes[2::10])
@@ -243,8 +234,7 @@ def test_thirty_percent_failing_at_once_admit_then_hold(
     proc = start_operator(kube, mosquitto_broker, tmp_path, kueue=False)
     procs.append(proc)
     wait_webhook(kube, proc)
-    agents = Agents([mosquitto_broker], period=2.0)
-    agents_closed.append(agents)
+    agents = stack.enter_context(Agents([mosquitto_broker], period=2.0))
     agents.set([n for n in nodes if n not in bad], Status.PASS)
     agents.set(bad, Status.FAIL)
     agents.start()
@@ -289,7 +279,7 @@ def test_thirty_percent_failing_at_once_admit_then_hold(
 
 def test_a_node_failing_during_a_relabel_of_2000_is_labelled_first(
     kube: KubeCluster, mosquitto_broker: MosquittoBroker, tmp_path: Path,
-    procs: list[OperatorProc], agents_closed: list[Agents],
+    procs: list[OperatorProc], stack: contextlib.ExitStack,  # noqa: F811
 ) -> None:  # fmt: skip
     """2,000 unlabelled nodes targeted at once: 2,000 writes of `unknown` at 5 Node writes a
     second (400 s). A node that fails a few seconds in is labelled unhealthy (and tainted)
@@ -302,8 +292,7 @@ def test_a_node_failing_during_a_relabel_of_2000_is_labelled_first(
     procs.append(proc)
     wait_for(lambda: label_counts(kube)["unknown"] >= 10, timeout=120, interval=1.0,
              what=f"the relabel started\n{proc.log()[-3000:]}")  # fmt: skip
-    agents = Agents([mosquitto_broker])
-    agents_closed.append(agents)
+    agents = stack.enter_context(Agents([mosquitto_broker]))
     late = nodes[-1]  # last in the relabel's order
     agents.publish(node_report(late, Status.FAIL))
     wait_for(lambda: fabric(kube)[late] == ("unhealthy", True), timeout=60, interval=0.5,
@@ -325,7 +314,7 @@ def stale_in_ready(kube: KubeCluster) -> str:
 
 def test_two_brokers_one_reconnecting_moves_only_its_nodes_clock(
     kube: KubeCluster, brokers: list[MosquittoBroker], tmp_path: Path,  # noqa: F811
-    procs: list[OperatorProc], agents_closed: list[Agents],
+    procs: list[OperatorProc], stack: contextlib.ExitStack,  # noqa: F811
 ) -> None:  # fmt: skip
     names = [f"gpu-{i:02d}" for i in range(40)]
     on = {s: [n for n in names if shard_of(n, 2) == s] for s in (0, 1)}
@@ -333,8 +322,7 @@ def test_two_brokers_one_reconnecting_moves_only_its_nodes_clock(
     s1, moved = on[1][:2]  # shard 1: silent / reports (and left an `offline` on shard 0)
     add_nodes(kube, [(n, {FLEET: "a"}) for n in (a0, z0, s1, moved)])
     kube.ensure_namespace("netval-system")
-    agents = Agents(brokers, period=2.0)
-    agents_closed.append(agents)
+    agents = stack.enter_context(Agents(brokers, period=2.0))
     # what `moved`'s agent left on shard 0 before the shards were two: its last will
     agents.publish_raw(0, f"netval/v1/pool-a/{moved}/state", b"offline")
     kube.create(fleet_validation())
