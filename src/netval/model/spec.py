@@ -65,7 +65,15 @@ class AdmissionPolicy(StrEnum):
     """What admission (webhook gate/deny, the Kueue check, gate release) waits for."""
 
     CAPACITY = "capacity"  # Usable, enough healthy nodes, the workload's own nodes not failing
-    STRICT = "strict"  # Healthy: no targeted node failing (the behaviour before issue 20)
+    STRICT = "strict"  # Healthy: no targeted node failing
+
+
+class BreakerAction(StrEnum):
+    """What admission does while more nodes fail than `maxUnhealthyPercent` allows."""
+
+    # admit with the exclusions that still hold (the capped taints and `unhealthy` labels)
+    ADMIT = "admit"
+    HOLD = "hold"  # Usable turns False: admission waits until the failures are within the cap
 
 
 class LinkChecks(_Spec):
@@ -367,6 +375,7 @@ class Gating(_Spec):
     recovery_reports: Annotated[int, Field(ge=1, le=100)] = 3
     admission: AdmissionMode = AdmissionMode.GATE
     admission_policy: AdmissionPolicy = AdmissionPolicy.CAPACITY
+    on_breaker_tripped: BreakerAction = BreakerAction.ADMIT
 
 
 class Telemetry(_Spec):

@@ -90,6 +90,7 @@ class _RuntimeCollector(Collector):
         yield CounterMetricFamily(
             "netval_operator_gating_writes", "Node label/taint writes", value=rt.gating.writes
         )
+        yield from _breaker_metrics(rt)
         yield from _node_write_metrics(rt)
         yield CounterMetricFamily(
             "netval_operator_topology_label_writes",
@@ -166,6 +167,46 @@ class _RuntimeCollector(Collector):
                 nodes.add_metric([name, state], getattr(counts, state))
         yield nodes
         yield from _loadtest_metrics(rt)
+
+
+def _breaker_metrics(rt: OperatorRuntime) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """The node verdict's circuit breaker, per validation (docs/gating.md "The breaker")."""
+    tripped = GaugeMetricFamily(
+        "netval_operator_breaker_tripped",
+        "1 while more nodes want exclusion than maxUnhealthyPercent allows, per validation;"
+        " action: what admission does then (gating.onBreakerTripped: admit or hold)",
+        labels=["validation", "action"],
+    )
+    for name, state in sorted(rt.store.states.items()):
+        verdict = state.verdict
+        if verdict is not None:
+            action = verdict.policy.on_breaker_tripped.value
+            tripped.add_metric([name, action], int(verdict.tripped))
+    yield tripped
+    trips = CounterMetricFamily(
+        "netval_operator_breaker_trips",
+        "Times a validation's breaker tripped, by what admission did (admit, hold)",
+        labels=["action"],
+    )
+    for action, count in sorted(rt.gating.breaker_trips.items()):
+        trips.add_metric([action], count)
+    yield trips
+    excluded = GaugeMetricFamily(
+        "netval_operator_nodes_excluded",
+        "Targeted nodes the node verdict excludes from admission (labelled unhealthy), per"
+        " validation",
+        labels=["validation"],
+    )
+    pending = GaugeMetricFamily(
+        "netval_operator_exclusions_pending",
+        "Nodes whose exclusion (label unhealthy, taint) is decided and not written yet",
+        value=len(rt.gating.queue.pending_exclusions()),
+    )
+    for name, state in sorted(rt.store.states.items()):
+        if state.verdict is not None:
+            excluded.add_metric([name], len(state.verdict.excluded))
+    yield excluded
+    yield pending
 
 
 def _node_write_metrics(

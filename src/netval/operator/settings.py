@@ -105,7 +105,7 @@ class OperatorSettings:
     mqtt_shards: tuple[MqttSettings, ...] = ()
     agent_mqtt_url_pattern: str | None = None
     # Node writes (fabric label, taint, topology labels): a token bucket, per node the latest
-    # wish queued FIFO (`gating.write_queue`).
+    # wish queued, exclusions first (`gating.write_queue`).
     node_writes_per_second: float = DEFAULT_NODE_WRITES_PER_SECOND
     node_write_burst: int = DEFAULT_NODE_WRITE_BURST
 

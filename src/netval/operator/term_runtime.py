@@ -68,10 +68,13 @@ class OperatorRuntime:
         self.tracer_provider = tracer_provider
         self.tracer = tracer_provider.get_tracer("netval.operator")
         self.store = Store(
-            on_targets_changed=self.targets_changed, on_label_keys_added=self._list_missing_labels
+            on_targets_changed=self.targets_changed,
+            on_label_keys_added=self._list_missing_labels,
+            shards=settings.shard_count,
         )
         self.events = Events(kube, self.store)
         self.gating = NodeGating(settings, kube, self.store, self.events)
+        self.store.exclusions_pending = self.gating.queue.pending_exclusions
         self.topology_labels = TopologyLabels(
             settings,
             kube,
@@ -88,7 +91,6 @@ class OperatorRuntime:
             self.store,
             self.events,
             self.tracer,
-            gating_conditions=self.gating.conditions,
             before_round=self.before_round,
         )
         self.loadtests = LoadTests(
@@ -106,11 +108,11 @@ class OperatorRuntime:
             "on_beat": self.store.ingest_beat,
             "on_endpoint": self.on_endpoint,
             "on_replayed": self.store.note_replay,
-            # after the operator's own connection was down, the agents get their reconnect
-            # backoff's ceiling (the default policy's, which the agent publisher uses) to
-            # come back before their silence counts
-            "on_reconnected": lambda: self.store.note_deaf(
-                utcnow(), timedelta(seconds=ReconnectPolicy().cap)
+            # after the operator's own connection to a shard was down, that shard's agents
+            # get their reconnect backoff's ceiling (the default policy's, which the agent
+            # publisher uses) to come back before their silence counts
+            "on_reconnected": lambda shard: self.store.note_deaf(
+                utcnow(), timedelta(seconds=ReconnectPolicy().cap), shard=shard
             ),
             "deleted": self.store.is_deleted,
             "tracer": self.tracer,
