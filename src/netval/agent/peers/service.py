@@ -223,7 +223,7 @@ class PeerService:
         if self.responder is not None:
             return True
         peers = self.spec.checks.peers
-        ifname = peers.interface
+        ifname = peers.primary_interface
         if ifname is None and self._collector is not None:
             try:
                 ifname = first_rdma_netdev(self._collector.sample(), self.spec.checks)
@@ -297,7 +297,7 @@ class PeerService:
         """The cycle's peer.* results (see the module docstring)."""
         if spec is not None:
             if spec.checks.peers.port != self.spec.checks.peers.port or (
-                spec.checks.peers.interface != self.spec.checks.peers.interface
+                spec.checks.peers.primary_interface != self.spec.checks.peers.primary_interface
             ):
                 log.warning("peers.port/peers.interface changes take effect on agent restart")
             self.spec = spec
