@@ -64,8 +64,9 @@ MAX_LATENCY_MS: Final = 60_000.0
 MAX_TERM: Final = 2**62
 CLOCK_TOLERANCE_SECONDS: Final = 1.0
 # An engine's server starts this long before its client and runs this long after the
-# client's planned end (the engine's closing exchange): a ServeTask spans
-# lead + warm-up + measured + tail, its `warmup_seconds` is lead + warm-up.
+# client's planned end (the engine's closing exchange; perftest's trailing margin adds its
+# warm-up): a ServeTask spans lead + warm-up + measured (+ warm-up) + tail, its
+# `warmup_seconds` is lead + warm-up.
 SERVE_LEAD_SECONDS: Final = 0.5
 SERVE_TAIL_SECONDS: Final = 2.0
 
@@ -167,8 +168,11 @@ class ServeTask(_Msg):
     streams: Streams = 1
     dscp: Dscp | None = None
     start: AwareDatetime
-    warmup_seconds: Warmup = 0.0  # its CPU counts from start + warm-up
-    seconds: Seconds  # warm-up included
+    # lead + the client's warm-up: its CPU counts from start + warmup_seconds
+    warmup_seconds: Warmup = 0.0
+    seconds: Seconds  # its whole span: then it is killed
+    # the client's measured seconds: a perftest server runs the client's options
+    client_seconds: Seconds | None = None
 
     @property
     def end(self) -> AwareDatetime:

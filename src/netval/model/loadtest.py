@@ -130,8 +130,9 @@ class EastWestLoad(_Spec):
     # the class to load: iperf3 --dscp, perftest --tclass (DSCP << 2); null: iperf3 the
     # default class, perftest the RDMA port's default_roce_tos (the class RDMA CM gives jobs)
     dscp: Annotated[int | None, Field(ge=0, le=63)] = None
-    # engine servers listen on port .. port + 15 of each rail address, during their window
-    port: Annotated[int, Field(ge=1024, le=65535 - MAX_FANOUT)] = DEFAULT_ENGINE_PORT
+    # engine servers listen on port .. port + 31 of each rail address, during their window
+    # (bandwidth servers from port, latency servers from port + 16)
+    port: Annotated[int, Field(ge=1024, le=65535 - 2 * MAX_FANOUT)] = DEFAULT_ENGINE_PORT
 
 
 EndpointName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9._-]+$")]

@@ -97,6 +97,9 @@ class OperatorRuntime:
             lambda group, desired: self.ingest.set_retained(desired, group=group),
             max_rate_ceiling_mbps=settings.loadtest_max_rate_mbps,
             endpoints=lambda validation: self.endpoints.of(validation),
+            rails=lambda validation: self.endpoints.rails_of(validation),
+            # the term's fencing token for load plans: this leader's clock (ms) at its start
+            term=time.time_ns() // 1_000_000,
         )
         # one session per broker shard when mqtt.shards > 1 (ingest.shards)
         ingest_kwargs: dict[str, Any] = {

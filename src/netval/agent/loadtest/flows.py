@@ -247,7 +247,9 @@ async def run_serve(task: ServeTask, ctx: Context, halt: asyncio.Event) -> Ran:
             target = rdma_rail(rail, ctx.checks)
             # the client's own warm-up and measured seconds: both ends run the same options
             warmup = max(task.warmup_seconds - SERVE_LEAD_SECONDS, 0.0)
-            seconds = max(task.seconds - task.warmup_seconds - SERVE_TAIL_SECONDS, 1.0)
+            seconds = task.client_seconds or max(
+                task.seconds - task.warmup_seconds - SERVE_TAIL_SECONDS, 1.0
+            )
             if task.test == "lat":
                 argv = perftest.lat_argv(binary, target, tcp_port=task.port, seconds=seconds,
                                          dscp=task.dscp)  # fmt: skip

@@ -12,9 +12,10 @@ rail address. The options come from the validation and the rail:
   `eastWest.dscp`, else the port's `default_roce_tos` (the class RDMA CM gives jobs);
   `-S <sl>`: the first PFC priority on InfiniBand (its service level) or with
   `pfc.trust: pcp` (RoCE's priority then comes from the SL);
-- bandwidth: `-q <streams> -D <seconds> -f <margin> --report_gbits -F`, with
-  `--rate_limit=<Gb/s> --rate_limit_type=SW` for a cap; perftest measures the middle
-  `D - 2 x margin` seconds, the window's measured length;
+- bandwidth: `-q <streams> -D <seconds + 2 x warm-up> -f <warm-up> --report_gbits -F`,
+  with `--rate_limit=<Gb/s> --rate_limit_type=SW` for a cap; perftest measures the middle
+  `D - 2 x margin` seconds: the window's measured part, after the warm-up (it runs a
+  warm-up's length past the window, within the stage's slack);
 - latency: `-n <iterations> --latency_gap=<us> -H -F`: every round trip printed ("#, usec"
   then "<i>, <half round trip + gap>"), paced by the gap so the samples spread over the
   window; the gap is spun with the same clock perftest converts with, so it is subtracted
@@ -101,9 +102,10 @@ def _common(rail: RdmaRail, tcp_port: int, dscp: int | None) -> list[str]:
 
 
 def duration_and_margin(warmup_seconds: float, seconds: float) -> tuple[int, int]:
-    """(-D, -f): perftest measures from `margin` to `duration - margin`, whole seconds."""
-    margin = max(1, math.floor(warmup_seconds / 2))
-    return max(math.ceil(seconds) + 2 * margin, 2 * margin + 1), margin
+    """(-D, -f): perftest measures from `margin` to `duration - margin` (whole seconds), so
+    the margin is the warm-up and the run goes on for as long after the measured part."""
+    margin = max(1, round(warmup_seconds))
+    return math.ceil(seconds) + 2 * margin, margin
 
 
 def bw_argv(
