@@ -97,6 +97,8 @@ WindowId = Annotated[str, Field(min_length=1, max_length=80, pattern=r"^[A-Za-z0
 NodeName = Annotated[str, Field(min_length=1, max_length=253, pattern=NAME_PATTERN)]
 EndpointName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9._-]+$")]
 Seconds = Annotated[float, Field(gt=0, le=MAX_DURATION_SECONDS)]
+# a server's span: lead, warm-up, the measured part, perftest's trailing warm-up, tail
+SpanSeconds = Annotated[float, Field(gt=0, le=MAX_DURATION_SECONDS + 3 * MAX_WARMUP_SECONDS)]
 Warmup = Annotated[float, Field(ge=0, le=MAX_WARMUP_SECONDS)]
 ShortText = Annotated[str, Field(max_length=256)]
 Rail = Annotated[int, Field(ge=0, lt=MAX_RAILS)]
@@ -170,7 +172,7 @@ class ServeTask(_Msg):
     start: AwareDatetime
     # lead + the client's warm-up: its CPU counts from start + warmup_seconds
     warmup_seconds: Warmup = 0.0
-    seconds: Seconds  # its whole span: then it is killed
+    seconds: SpanSeconds  # its whole span: then it is killed
     # the client's measured seconds: a perftest server runs the client's options
     client_seconds: Seconds | None = None
 

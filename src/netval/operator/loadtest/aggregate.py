@@ -418,7 +418,8 @@ class Aggregator:
             if c.a != c.b and c.oversubscription is not None and c.reason is None
         ]
         shown = bounded_cells(cells, breaches)
-        coverage = 100 * self.counted / self.planned if self.planned else None
+        # flows counted before their node was withdrawn stay counted: at most all planned
+        coverage = 100 * min(self.counted, self.planned) / self.planned if self.planned else None
         return LoadRun(
             id=plan.run_id,
             started_at=plan.stages[0].start,

@@ -20,8 +20,9 @@ the intra-domain reference of that plane).
   (a veth reports 10000 Mb/s it never reaches).
 - **NotMeasured**: a planned cell with no counted flow: no figure, and a breach.
 - **Partial**: a cross cell whose larger side could not all be loaded (beyond the fan-out
-  bound), or whose ratio reaches the smaller side's fan-in (its receivers' ports, carrying
-  several flows each, may be the bottleneck): kept out of ``maxOversubscription``.
+  bound), or whose ratio is the smaller side's fan-in within 10 % (its receivers' ports,
+  carrying that many flows each, may be the bottleneck rather than the uplink; a ratio
+  clearly above the fan-in is the uplink's): kept out of ``maxOversubscription``.
 - Latency: ``idle/loadedLatencyP99Ms`` the p99 of every round trip of the cell's pairs
   (first rail), from 1%-wide buckets: within 0.5 % of the exact nearest-rank p99.
 - Storage per endpoint: every planned reader counts, a failed or silent one as 0 MB/s, in
@@ -49,7 +50,7 @@ from netval.model.loadtest import (
 )
 
 CellKey = tuple[str, str, int]  # (domain a, domain b, rail), a <= b
-PARTIAL_FAN_SHARE: Final = 0.9  # a ratio this close to the fan-in: the receivers' ports
+PARTIAL_FAN_SHARE: Final = 0.1  # a ratio this close to the fan-in: the receivers' ports
 
 
 class Hist:
@@ -206,7 +207,7 @@ def _verdict(
                     f"({fan} flows per receiver at most): the uplink was not fully loaded"
                 ),
             )
-        if fan > 1 and over >= PARTIAL_FAN_SHARE * fan:
+        if fan > 1 and abs(over / fan - 1) <= PARTIAL_FAN_SHARE:
             return (
                 over,
                 CellReason.PARTIAL,

@@ -6,7 +6,8 @@ and other interfaces a load test may name. A run's rail i of a node is:
 - with the load test's `eastWest.interfaces`: the node's announced interface of that name
   (a rail or another interface), absent if it announced none of that name;
 - else its announced rail i; a node that announced no rails (an agent without them) has one
-  rail, its responder's address (the responder binds the first rail).
+  rail, its responder's address (the responder binds the first rail); a node that announced
+  nothing at all is planned on every rail asked for, so its absence counts (NotMeasured).
 
 Flows run rail i to rail i (rail-optimised fabrics): on the rails both ends have. Each
 node's rails are a bit mask (`NodeRails`), so a run of 10,000 nodes holds two ints per node;
@@ -65,7 +66,17 @@ def rails_of(
     announced: Mapping[str, AnnouncedRails],
     endpoints: Mapping[str, Address],
 ) -> dict[str, NodeRails]:
-    return {n: node_rails(addresses(interfaces, announced.get(n), endpoints.get(n))) for n in nodes}
+    """Each node's rails. A node that announced nothing is taken to have every rail asked
+    for (the named interfaces, else one): its flows are planned, fail, and count as not
+    measured, rather than vanish from the plan."""
+    out: dict[str, NodeRails] = {}
+    for n in nodes:
+        said, endpoint = announced.get(n), endpoints.get(n)
+        if said is None and endpoint is None:
+            out[n] = NodeRails(mask=(1 << min(len(interfaces), MAX_RAILS)) - 1 or 1, rdma=0)
+        else:
+            out[n] = node_rails(addresses(interfaces, said, endpoint))
+    return out
 
 
 def common_rails(a: NodeRails, b: NodeRails) -> list[int]:
