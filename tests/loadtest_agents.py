@@ -72,7 +72,7 @@ def answer_plans(fabric: Fabric, plans: dict[str, LoadPlan]) -> list[LoadResult]
                 else:
                     latency.append(LatencyResult(window=task.window, peer=task.peer, loaded=False,
                                                  sent=30, received=30, histogram=_samples(IDLE_MS, 30)))  # fmt: skip
-            else:
+            elif isinstance(task, StorageTask):
                 mbps = min(fabric.port_mbps, fabric.storage_mbps / readers[task.window])
                 storage.append(StorageResult(window=task.window, endpoint=task.endpoint,
                                              bytes=int(mbps * 1e6 / 8 * task.seconds),

@@ -98,7 +98,10 @@ def _number(doc: Any, *path: str) -> float | None:
         doc = doc.get(key)
     if isinstance(doc, bool) or not isinstance(doc, int | float):
         return None
-    value = float(doc)
+    try:
+        value = float(doc)
+    except OverflowError:  # an integer beyond any float: not a figure iperf3 writes
+        return None
     return value if math.isfinite(value) and value >= 0 else None
 
 
