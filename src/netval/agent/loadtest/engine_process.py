@@ -157,6 +157,8 @@ async def run_engine(
                 await asyncio.wait_for(asyncio.shield(waiter), POLL_SECONDS)
     finally:
         ended = time.time()
+        if killed is None and halt.is_set():
+            killed = "stopped"  # it ended by itself as the plan stopped (its peer killed)
         if not waiter.done():  # cancelled: never leave the child behind
             _signal_group(process, signal.SIGKILL)
             with contextlib.suppress(Exception):
