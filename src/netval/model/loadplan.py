@@ -68,7 +68,7 @@ CLOCK_TOLERANCE_SECONDS: Final = 1.0
 # warm-up): a ServeTask spans lead + warm-up + measured (+ warm-up) + tail, its
 # `warmup_seconds` is lead + warm-up.
 SERVE_LEAD_SECONDS: Final = 0.5
-SERVE_TAIL_SECONDS: Final = 2.0
+SERVE_TAIL_SECONDS: Final = 4.0
 
 # Latency histograms: bucket k holds round trips in [1.01^k, 1.01^(k+1)) ms, so a p99 read
 # from the buckets is within 0.5 % of the exact one. Round trips are clamped to

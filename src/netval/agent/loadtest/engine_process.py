@@ -49,6 +49,7 @@ class EngineRun:
 def cpu_time_ns(pid: int, proc: Path = _PROC) -> int | None:
     """On-CPU plus runqueue-wait nanoseconds of every thread of `pid`; None if unreadable."""
     total = 0
+    read = False
     try:
         tasks = list((proc / str(pid) / "task").iterdir())
     except OSError:
@@ -57,9 +58,10 @@ def cpu_time_ns(pid: int, proc: Path = _PROC) -> int | None:
         try:
             fields = (task / "schedstat").read_text().split()
             total += int(fields[0]) + int(fields[1])
+            read = True
         except (OSError, ValueError, IndexError):
             continue  # a thread that just ended
-    return total
+    return total if read else None
 
 
 class _Demand:
@@ -79,7 +81,9 @@ class _Demand:
             return
         if self.first is None:
             self.first = (now, ns)
-        self.last = (now, ns)
+        # a thread that ended takes its time out of the sum: keep the counter monotonic
+        if self.last is None or ns >= self.last[1]:
+            self.last = (now, ns)
 
     def percent(self) -> float | None:
         if self.first is None or self.last is None:
@@ -87,7 +91,8 @@ class _Demand:
         elapsed = self.last[0] - self.first[0]
         if elapsed < 0.5:  # too short to say anything
             return None
-        return round(100 * (self.last[1] - self.first[1]) / 1e9 / elapsed, 1)
+        used = max(0, self.last[1] - self.first[1])
+        return min(round(100 * used / 1e9 / elapsed, 1), 100_000.0)
 
 
 async def _read(stream: asyncio.StreamReader | None, into: bytearray) -> bool:

@@ -21,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
 import aiomqtt
@@ -249,16 +249,18 @@ class LoadExecutor:
         reads: list[asyncio.Future[StorageResult]] = []
         for t in plan.tasks:
             if isinstance(t, FlowTask):
-                jobs.append(asyncio.ensure_future(run_flow(t, context(t.peer, t.rail), halt)))
+                job = guarded(t, run_flow(t, context(t.peer, t.rail), halt))
             elif isinstance(t, ServeTask):
-                jobs.append(asyncio.ensure_future(run_serve(t, context(t.peer, t.rail), halt)))
+                job = guarded(t, run_serve(t, context(t.peer, t.rail), halt))
             elif isinstance(t, LatencyTask):
-                jobs.append(asyncio.ensure_future(self._latency(plan, t, context, halt)))
+                job = guarded(t, self._latency(plan, t, context, halt))
             else:
                 read = read_endpoint(
                     t, endpoints.get(t.endpoint), t.start.timestamp(), halt, self.node
                 )
                 reads.append(asyncio.ensure_future(read))
+                continue
+            jobs.append(asyncio.ensure_future(job))
         self.stats.engine_runs += sum(
             isinstance(t, FlowTask | ServeTask)
             or (isinstance(t, LatencyTask) and t.engine is LatencyEngine.PERFTEST)
@@ -309,6 +311,24 @@ class LoadExecutor:
         )  # fmt: skip
         self.publish(encode(result))
         self.stats.results_published += 1
+
+
+async def guarded(task: FlowTask | ServeTask | LatencyTask, job: Awaitable[Ran]) -> Ran:
+    """The task's outcome; a failure of the agent's own (a bug, a figure the model refuses)
+    costs that task only, said in its result, never the plan's other results."""
+    try:
+        return await job
+    except Exception:
+        log.exception("load task %s of %s failed", task.kind, task.window)
+        why = "the agent failed running this task"
+        if isinstance(task, FlowTask):
+            begin = task.start + timedelta(seconds=task.warmup_seconds)
+            return Ran(FlowResult(window=task.window, peer=task.peer, rail=task.rail, bytes=0,
+                                  start=begin, end=task.end, error=why))  # fmt: skip
+        if isinstance(task, ServeTask):
+            return Ran(ServeResult(window=task.window, peer=task.peer, rail=task.rail, error=why))
+        return Ran(LatencyResult(window=task.window, peer=task.peer, loaded=task.loaded,
+                                 engine=task.engine, sent=0, received=0, error=why))  # fmt: skip
 
 
 def coarsen(histogram: list[tuple[int, int]], level: int) -> list[tuple[int, int]]:

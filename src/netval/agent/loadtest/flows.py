@@ -48,7 +48,9 @@ from netval.model.loadplan import (
 from netval.model.snapshot import Transport
 from netval.model.spec import Checks
 
-KILL_SLACK_SECONDS: Final = 2.0  # after its planned end: the engine's closing exchange
+# after its planned end: the engine's closing exchange (iperf3's results travel over the
+# control connection, behind whatever the loaded fabric still queues: seconds, not ms)
+KILL_SLACK_SECONDS: Final = SERVE_TAIL_SECONDS - 0.5  # the server outlives its client
 RETRY_SECONDS: Final = 0.2  # between attempts while the server is not up yet
 _ACCEPTED: Final = re.compile(rb"Accepted connection from ([0-9a-fA-F:.]+)")
 
@@ -164,11 +166,13 @@ async def _iperf3_flow(
     except iperf3.Iperf3Error as exc:
         why = _stop_reason(run) or str(exc)
         return Ran(_failed(task, why, rail), engine)
-    end = run.ended
+    # the measured part began when the omitted seconds (-O, whole seconds) ended after the
+    # client started; not counted back from its exit, which waits for the results exchange
+    begin = run.started + iperf3.omitted_seconds(argv)
     return Ran(
         FlowResult(
             window=task.window, peer=task.peer, rail=task.rail, bytes=outcome.bytes,
-            start=_at(end - outcome.seconds), end=_at(end), error=_stop_reason(run),
+            start=_at(begin), end=_at(begin + outcome.seconds), error=_stop_reason(run),
             streams=task.streams, port_mbps=rail.port_mbps, cpu_percent=outcome.cpu_percent,
             remote_cpu_percent=outcome.remote_cpu_percent,
             cpu_demand_percent=run.cpu_demand_percent, retransmits=outcome.retransmits,

@@ -60,6 +60,11 @@ def client_argv(
     return argv
 
 
+def omitted_seconds(argv: list[str]) -> int:
+    """The -O of a client's arguments: the seconds before the measured part."""
+    return int(argv[argv.index("-O") + 1]) if "-O" in argv else 0
+
+
 def server_argv(binary: str, *, address: str, port: int) -> list[str]:
     # --forceflush: who connected is on stdout even when the server is killed
     return [binary, "-s", "-1", "-B", address, "-p", str(port), "--forceflush"]

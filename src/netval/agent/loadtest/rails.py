@@ -3,7 +3,8 @@
 Rail i of one node faces rail i of its peer (rail-optimised fabrics: each NIC of a node on
 its own leaf plane). The default rails are `checks.peers.interfaces` in the order given,
 else the node's judged RDMA netdevs (sorted by name, which follows the NIC order on the
-usual `ens<N>np0` / `ib<N>` naming). A load test may name other interfaces; the agent
+usual `ens<N>np0` / `ib<N>` naming), else `checks.peers.interface` (an Ethernet node: the
+responder's interface is its one rail). A load test may name other interfaces; the agent
 therefore announces, besides its rails, the other interfaces the validation names
 (`checks.link.interfaces`, `checks.mtu.interfaces`), at most `MAX_RAILS` of each.
 
@@ -40,11 +41,14 @@ class Rail:
 
 
 def default_rail_names(sample: Sample | None, checks: Checks) -> list[str]:
+    """`peers.interfaces`, else the RDMA netdevs, else the responder's interface (what the
+    operator plans for a node that announced no rails)."""
     if checks.peers.interfaces:
         return list(checks.peers.interfaces)[:MAX_RAILS]
-    if sample is None:
-        return []
-    return sorted(judged_subjects(sample, checks).rdma_netdevs)[:MAX_RAILS]
+    rdma = sorted(judged_subjects(sample, checks).rdma_netdevs) if sample is not None else []
+    if rdma:
+        return rdma[:MAX_RAILS]
+    return [checks.peers.interface] if checks.peers.interface else []
 
 
 def other_names(checks: Checks, rails: Sequence[str]) -> list[str]:
