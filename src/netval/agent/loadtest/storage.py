@@ -87,6 +87,8 @@ async def object_size(endpoint: StorageEndpoint) -> int:
         async with asyncio.timeout(PHASE_SECONDS):
             stream, head = await _get(Share(endpoint, False), {"Range": "bytes=0-0"})
         status = head.status
+        if status not in (200, 206):
+            raise ProbeFailure(head.said("GET", target.shown))
         if status != 206:
             raise ProbeFailure(
                 f"GET {target.shown} with Range answered {status}, not 206: the store ignores "
