@@ -19,6 +19,9 @@ from typing import Final
 
 from netval.agent.loadtest.engine_process import run_engine
 
+# The agent pod of a validation with RDMA load tests sets this: the image's perftest copies
+# that hold cap_ipc_lock come first (netval.operator.agents.agent_pod.ENGINE_PATH).
+ENV_ENGINE_PATH: Final = "NETVAL_ENGINE_PATH"
 IPERF3: Final = "iperf3"
 IB_WRITE_BW: Final = "ib_write_bw"
 IB_WRITE_LAT: Final = "ib_write_lat"
@@ -38,7 +41,8 @@ class EngineUnavailable(Exception):
 
 def find_binary(name: str, which: Callable[[str], str | None] | None = None) -> str:
     """The path of engine binary `name`, or EngineUnavailable naming its package."""
-    found = which(name) if which is not None else shutil.which(name, path=SEARCH_PATH)
+    path = os.environ.get(ENV_ENGINE_PATH) or SEARCH_PATH
+    found = which(name) if which is not None else shutil.which(name, path=path)
     if found is None:
         raise EngineUnavailable(
             f"{name} is not installed (Debian package {PACKAGES.get(name, name)})"

@@ -374,6 +374,15 @@ class KubeApi:
             raise
         return True
 
+    async def list_loadtest_specs(self) -> dict[str, dict[str, Any]]:
+        """Every NetworkLoadTest's spec, by name (one list: they are few)."""
+        found = await self._run(
+            Concern.OTHER, self.custom.list_cluster_custom_object, API_GROUP, VERSION,
+            LOADTEST_PLURAL,
+        )  # fmt: skip
+        items: list[dict[str, Any]] = cast(dict[str, Any], found).get("items", [])
+        return {item["metadata"]["name"]: dict(item.get("spec") or {}) for item in items}
+
     async def list_validation_names(self) -> list[str]:
         found = await self._run(
             Concern.OTHER, self.custom.list_cluster_custom_object, API_GROUP, VERSION, PLURAL
