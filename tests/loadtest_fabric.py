@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from netval.model.loadplan import (
     FlowResult,
@@ -24,11 +25,27 @@ from netval.model.loadplan import (
     StorageResult,
     latency_bucket,
 )
+from netval.model.spec import NetworkValidationSpec
 from netval.operator.loadtest.aggregate import Received
-from netval.operator.loadtest.plan import Candidate, RunPlan, Window, WindowKind
+from netval.operator.loadtest.plan import Candidate, RunPlan, Window, WindowKind, plan_run
 from netval.operator.loadtest.rails import common_rails
+from netval.operator.loadtest.validate import RunSettings, settle
 
 IDLE_MS = 0.05
+NOW = datetime(2026, 3, 1, 2, 0, tzinfo=UTC)
+# peers and one readable store: every phase can run
+VALIDATION = NetworkValidationSpec.model_validate(
+    {
+        "checks": {
+            "peers": {"enabled": True},
+            "storage": {
+                "endpoints": [
+                    {"name": "datasets", "protocol": "http", "host": "s.local", "path": "/d"}
+                ]
+            },
+        }
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -180,3 +197,12 @@ def answer(
                 )
             )  # fmt: skip
     return received
+
+
+def make_plan(fabric: Fabric, spec: dict[str, Any] | None = None, **kw: Any) -> RunPlan:
+    """The run a test `spec` (over a 10 s default duration) plans on `fabric` at `NOW`."""
+    s = settle({"validation": "pool", "duration": "10s", **(spec or {})}, VALIDATION)
+    assert isinstance(s, RunSettings)
+    plan = plan_run(s, fabric.candidates(), run_id="run-1", now=NOW, **{"seed": 1, **kw})
+    assert isinstance(plan, RunPlan)
+    return plan

@@ -154,24 +154,29 @@ def start_agent(
         )  # fmt: skip
 
 
-def shape_uplink(ns: Namespace, senders: list[str], mbit: int, dev: str, rail: int) -> None:
-    """The uplink's direction out of a leaf at `mbit`, shared evenly by the leaf's nodes:
-    htb with a class per sending node (its fair share guaranteed, the whole rate when the
-    others are idle). This kernel has no fair queueing qdisc (fq_codel, sfq); in one FIFO a
-    TCP flow can starve the others for seconds, while flows hashed over a switch's ECMP
-    port share roughly evenly."""
-    share = mbit / len(senders)
+def shape_per_host(ns: Namespace, dev: str, mbit: int, hosts: list[str], match: str) -> None:
+    """`dev`'s direction out at `mbit`, shared evenly by `hosts` (addresses, matched as the
+    packets' `match`: src or dst): htb with a class per host (its fair share guaranteed, the
+    whole rate when the others are idle). This kernel has no fair queueing qdisc (fq_codel,
+    sfq); in one FIFO a TCP flow can starve the others for seconds, while flows hashed over
+    a switch's ECMP port share roughly evenly."""
+    share = mbit / len(hosts)
     run_in(ns, *f"tc qdisc add dev {dev} root handle 1: htb default 99 r2q 50".split())
     run_in(ns, *f"tc class add dev {dev} parent 1: classid 1:1 htb rate {mbit}mbit "
                 "burst 64k cburst 64k".split())  # fmt: skip
-    for i, node in enumerate(["default", *senders]):
+    for i, host in enumerate(["default", *hosts]):
         classid = "1:99" if i == 0 else f"1:{10 + i}"
         rate = 0.1 if i == 0 else share
         run_in(ns, *f"tc class add dev {dev} parent 1:1 classid {classid} htb rate "
                     f"{rate:.3f}mbit ceil {mbit}mbit burst 64k cburst 64k".split())  # fmt: skip
         if i:
             run_in(ns, *f"tc filter add dev {dev} parent 1: protocol ip prio 1 u32 match "
-                        f"ip src {rail_address(node, rail)}/32 flowid {classid}".split())  # fmt: skip
+                        f"ip {match} {host}/32 flowid {classid}".split())  # fmt: skip
+
+
+def shape_uplink(ns: Namespace, senders: list[str], mbit: int, dev: str, rail: int) -> None:
+    """The uplink's direction out of a leaf at `mbit`, shared evenly by the leaf's nodes."""
+    shape_per_host(ns, dev, mbit, [rail_address(n, rail) for n in senders], "src")
 
 
 def build_fabric(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from loadtest_fabric import Fabric, answer, leaf_spine
+from loadtest_fabric import NOW, VALIDATION, Fabric, answer, leaf_spine, make_plan
 from netval.model.loadplan import CLOCK_TOLERANCE_SECONDS, FlowResult, latency_bucket
 from netval.model.loadtest import (
     MAX_LOAD_CELLS,
@@ -23,35 +23,12 @@ from netval.model.loadtest import (
     RunPhase,
     SkipReason,
 )
-from netval.model.spec import NetworkValidationSpec
 from netval.operator.loadtest import status as st
 from netval.operator.loadtest.aggregate import Aggregator, Received, aggregate, jain
 from netval.operator.loadtest.figures import Hist
-from netval.operator.loadtest.plan import RunPlan, plan_run
-from netval.operator.loadtest.validate import RunSettings, SpecProblem, settle
+from netval.operator.loadtest.validate import SpecProblem, settle
 
-NOW = datetime(2026, 3, 1, 2, 0, tzinfo=UTC)
-VALIDATION = NetworkValidationSpec.model_validate(
-    {
-        "checks": {
-            "peers": {"enabled": True},
-            "storage": {
-                "endpoints": [
-                    {"name": "datasets", "protocol": "http", "host": "s.local", "path": "/d"}
-                ]
-            },
-        }
-    }
-)
 NO_EXPECTATIONS = Expectations()
-
-
-def make_plan(fabric: Fabric, spec: dict[str, Any] | None = None, seed: int = 1) -> RunPlan:
-    s = settle({"validation": "pool", "duration": "10s", **(spec or {})}, VALIDATION)
-    assert isinstance(s, RunSettings)
-    plan = plan_run(s, fabric.candidates(), run_id="run-1", now=NOW, seed=seed)
-    assert isinstance(plan, RunPlan)
-    return plan
 
 
 def run(fabric: Fabric, expect: Expectations = NO_EXPECTATIONS, **kw: Any) -> LoadRun:

@@ -14,12 +14,11 @@ aggregator, then the status verdict):
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from loadtest_fabric import Fabric, answer, leaf_spine
+from loadtest_fabric import NOW, Fabric, answer, leaf_spine, make_plan
 from netval.model.loadtest import (
     CellReason,
     Expectations,
@@ -29,34 +28,10 @@ from netval.model.loadtest import (
     RunPhase,
     SkipReason,
 )
-from netval.model.spec import NetworkValidationSpec
 from netval.operator.loadtest import status as st
 from netval.operator.loadtest.aggregate import Aggregator, aggregate
-from netval.operator.loadtest.plan import RunPlan, WindowKind, plan_run
+from netval.operator.loadtest.plan import RunPlan, WindowKind
 from netval.operator.loadtest.rails import NodeRails
-from netval.operator.loadtest.validate import RunSettings, settle
-
-NOW = datetime(2026, 3, 1, 2, 0, tzinfo=UTC)
-VALIDATION = NetworkValidationSpec.model_validate(
-    {
-        "checks": {
-            "peers": {"enabled": True},
-            "storage": {
-                "endpoints": [
-                    {"name": "datasets", "protocol": "http", "host": "s.local", "path": "/d"}
-                ]
-            },
-        }
-    }
-)
-
-
-def make_plan(fabric: Fabric, spec: dict[str, Any] | None = None, **kw: Any) -> RunPlan:
-    s = settle({"validation": "pool", "duration": "10s", **(spec or {})}, VALIDATION)
-    assert isinstance(s, RunSettings)
-    plan = plan_run(s, fabric.candidates(), run_id="run-1", now=NOW, seed=1, **kw)
-    assert isinstance(plan, RunPlan)
-    return plan
 
 
 def finish(

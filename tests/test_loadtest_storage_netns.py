@@ -37,7 +37,7 @@ import pytest
 import yaml
 
 import mosquitto
-from loadtest_netns import TERM, TOOL, Fabric, start_agent, wait_until
+from loadtest_netns import TERM, TOOL, Fabric, shape_per_host, start_agent, wait_until
 from netns import Namespace, namespace
 from netval.model.loadplan import LoadResult, encode
 from netval.model.loadtest import Expectations, LoadRun
@@ -57,7 +57,6 @@ from test_peers_netns import (
     Messages,
     ip,
     mgmt_broker,
-    run_in,
     shape,
     start_broker,
     stop_process,
@@ -156,23 +155,6 @@ class Store:
         return [tuple(line.split(" ", 2)) for line in lines]  # type: ignore[misc]
 
 
-def shape_store(ns: Namespace, readers: list[str], mbit: int, dev: str = "s0") -> None:
-    """The store's link towards the readers at `mbit`: htb with a class per reader (an even
-    share guaranteed, the whole link when the others are idle; see the module docstring)."""
-    share = mbit / len(readers)
-    run_in(ns, *f"tc qdisc add dev {dev} root handle 1: htb default 99 r2q 50".split())
-    run_in(ns, *f"tc class add dev {dev} parent 1: classid 1:1 htb rate {mbit}mbit "
-                "burst 64k cburst 64k".split())  # fmt: skip
-    for i, node in enumerate(["default", *readers]):
-        classid = "1:99" if i == 0 else f"1:{10 + i}"
-        rate = 0.1 if i == 0 else share
-        run_in(ns, *f"tc class add dev {dev} parent 1:1 classid {classid} htb rate "
-                    f"{rate:.3f}mbit ceil {mbit}mbit burst 64k cburst 64k".split())  # fmt: skip
-        if i:
-            run_in(ns, *f"tc filter add dev {dev} parent 1: protocol ip prio 1 u32 match "
-                        f"ip dst {FABRIC[node]}/32 flowid {classid}".split())  # fmt: skip
-
-
 def _build(stack: contextlib.ExitStack) -> tuple[dict[str, Namespace], Namespace, Namespace,
                                                   Namespace]:  # fmt: skip
     nodes = {n: stack.enter_context(namespace()) for n in NODES}
@@ -199,7 +181,8 @@ def _build(stack: contextlib.ExitStack) -> tuple[dict[str, Namespace], Namespace
     ip(store, "addr", "add", f"{STORE_ADDR}/24", "dev", "s0")
     ip(store, "link", "set", "lo", "up")
     ip(store, "link", "set", "s0", "up")
-    shape_store(store, NODES, STORE_MBIT)
+    # the store's link towards the readers: an even share each, the whole link when alone
+    shape_per_host(store, "s0", STORE_MBIT, [FABRIC[n] for n in NODES], "dst")
     for ns in nodes.values():
         ns.wait_operstate("f0", "up")
     store.wait_operstate("s0", "up")
