@@ -364,17 +364,18 @@ def test_times_are_absolute_ahead_and_stages_do_not_overlap() -> None:
         assert before.deadline <= after.start
 
 
-def test_the_lead_grows_with_the_nodes_beyond_10000_up_to_a_minute() -> None:
-    """A stage's plans take ~0.17 ms per node to build and publish (bench/loadtest_publish.py):
-    the lead stays 5 s up to 10,000 nodes and leaves three times that beyond."""
-    assert stage_lead_seconds(1) == stage_lead_seconds(10_000) == LEAD_SECONDS == 5.0
-    assert stage_lead_seconds(20_000) == 10.0
+def test_the_lead_grows_with_the_nodes_beyond_5000_up_to_a_minute() -> None:
+    """A stage's plans take ~0.25-0.45 ms per node to build and publish
+    (bench/loadtest_publish.py): the lead stays 5 s up to 5,000 nodes and leaves about three
+    times that beyond."""
+    assert stage_lead_seconds(1) == stage_lead_seconds(5_000) == LEAD_SECONDS == 5.0
+    assert stage_lead_seconds(10_000) == 10.0
     assert stage_lead_seconds(10**6) == MAX_LEAD_SECONDS == 60.0
     leads = [stage_lead_seconds(n) for n in range(0, 200_000, 997)]
     assert leads == sorted(leads)
 
 
-@pytest.mark.parametrize(("nodes", "lead"), [(6, 5.0), (30_000, 15.0), (130_000, 60.0)])
+@pytest.mark.parametrize(("nodes", "lead"), [(6, 5.0), (30_000, 30.0), (130_000, 60.0)])
 def test_every_stage_is_issued_its_lead_ahead_and_within_the_plan_span(
     nodes: int, lead: float
 ) -> None:

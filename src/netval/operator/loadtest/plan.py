@@ -2,7 +2,7 @@
 the same candidates, settings, start time and seed give the same plan.
 
 A run is a sequence of *stages*, each a few seconds to a few minutes long; the operator
-publishes a stage's plans `stage_lead_seconds` before it starts (5 s; more above 10,000
+publishes a stage's plans `stage_lead_seconds` before it starts (5 s; more above 5,000
 nodes), so a plan's deadline is never more than one stage away: an agent that loses the
 operator stops by itself. Stages, in
 order:
@@ -51,11 +51,12 @@ from netval.operator.loadtest.rails import NodeRails
 from netval.operator.loadtest.validate import RunSettings, SpecProblem
 
 LEAD_SECONDS: Final = 5.0  # a stage's plans go out this long before it starts (at least)
-# Building and publishing a stage's plans takes ~0.17 ms per node (bench/loadtest_publish.py:
-# 10,000 nodes in 1.7-1.8 s); the lead grows with three times that beyond 10,000 nodes, up
-# to a minute (the longest stage, a 300 s storage read with 8 single reads, plus a minute
-# stays within MAX_PLAN_SECONDS from issue to deadline).
-LEAD_SECONDS_PER_NODE: Final = 0.0005
+# Building and publishing a stage's plans takes ~0.25 ms per node, ~0.45 ms on a busy
+# machine (bench/loadtest_publish.py: 10,000 nodes in 2.2-2.6 s, 4.3 s beside other work);
+# the lead grows with about three times that beyond 5,000 nodes, up to a minute (the
+# longest stage, a 300 s storage read with 8 single reads, plus a minute stays within
+# MAX_PLAN_SECONDS from issue to deadline).
+LEAD_SECONDS_PER_NODE: Final = 0.001
 MAX_LEAD_SECONDS: Final = 60.0
 IDLE_SECONDS: Final = 3.0  # the echo probe alone, before a round's load
 WARMUP_SECONDS: Final = 2.0  # flows ramp up (TCP slow start) before they are measured
