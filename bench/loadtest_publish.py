@@ -5,7 +5,7 @@ Run from the repository root (mosquitto must be installed):
     python bench/loadtest_publish.py [--runs 3] [--nodes 1000 10000]
 
 The operator publishes a stage's plans (one retained QoS 1 message per node) when the
-stage's `issuedAt` comes, `stage_lead_seconds` (5 s up to 10,000 nodes) before the stage
+stage's `issuedAt` comes, `stage_lead_seconds` (5 s up to 5,000 nodes, 1 ms per node above) before the stage
 starts: they must all be on the broker by then. What runs, per N: a real Mosquitto with the chart's limits
 (tests/mosquitto.py CHART_LIMITS), the operator's `ReportIngest` (its aiomqtt connection,
 subscribed as in production) holding N agents' assignments (retained, published first),
