@@ -118,7 +118,7 @@ def plan_for(
         )  # fmt: skip
     return LoadPlan(
         term=term, run=run, stage=stage, validation="pool", node=node, issued_at=now - _s(1),
-        deadline=start + _s(warmup + seconds + 5), max_rate_mbps=cap,
+        deadline=start + _s(warmup + seconds + SERVE_TAIL_SECONDS + 1), max_rate_mbps=cap,
         interfaces=[RAIL[node]], tasks=tasks, peers=peers,
     )  # fmt: skip
 

@@ -107,6 +107,19 @@ class _Outcome:
         else:
             self.latency.append(result)
 
+    def failures(self) -> list[str]:
+        """What failed, one line per flow, server or read ("window peer: error")."""
+        tasks: list[FlowResult | ServeResult | StorageResult] = [
+            *self.flows,
+            *self.serves,
+            *self.storage,
+        ]
+        return [
+            f"{r.window} {r.endpoint if isinstance(r, StorageResult) else r.peer}: {r.error}"
+            for r in tasks
+            if r.error
+        ]
+
 
 class LoadExecutor:
     def __init__(
@@ -208,6 +221,10 @@ class LoadExecutor:
                 self.stats.engines_unavailable += 1
                 self._log("unavailable", f"load plan {plan.run}: engine unavailable: "
                           f"{outcome.unavailable}")  # fmt: skip
+            failed = outcome.failures()
+            if failed and not running.aborted:  # what the operator will count as not measured
+                log.info("load plan %s stage %d: %d task(s) failed, the first: %s", plan.run,
+                         plan.stage, len(failed), failed[0][:300])  # fmt: skip
             self._send(plan, outcome)
         except Exception:
             log.exception("load plan %s stage %d failed", *key)

@@ -63,7 +63,7 @@ WARMUP_SECONDS: Final = 2.0  # flows ramp up (TCP slow start) before they are me
 GAP_SECONDS: Final = 1.0  # between windows: the previous window's flows drain
 # a stage's deadline after its last window ends: an engine's closing exchange, perftest's
 # trailing margin (its warm-up) and its server's tail fit in it
-DEADLINE_SLACK_SECONDS: Final = 7.0
+DEADLINE_SLACK_SECONDS: Final = 9.0
 SINGLE_SECONDS: Final = 5.0  # each single-node storage read (at most `duration`)
 SINGLE_WARMUP_SECONDS: Final = 1.0
 MAX_SINGLE_READS: Final = 8  # single-node reads per endpoint (seeded sample of nodes)
