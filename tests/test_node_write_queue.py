@@ -24,7 +24,7 @@ from netval.model import Status
 from netval.model.keys import FabricHealth, LabelKey
 from netval.model.spec import NetworkValidationSpec
 from netval.operator.gating.decisions import NodeChange
-from netval.operator.gating.node_writer import NodeGating
+from netval.operator.gating.node_writer import GATING_CONCURRENCY, NodeGating
 from netval.operator.gating.write_queue import NodeWriteQueue, TokenBucket
 from netval.operator.kube.api import KubeApi
 from netval.operator.settings import (
@@ -320,7 +320,11 @@ def test_a_thousand_nodes_failing_are_written_at_the_rate_latest_value_once(
         per_node = Counter(node for _, node in patches)
         assert per_node[flipped[0]] == 1
         assert set(per_node.values()) == {1} and len(per_node) == N
-        # the contract: in every second no more than the rate plus what the bucket saved up
+        # the contract: in every second no more than the rate plus what the bucket saved up.
+        # The API server sees a write when it arrives, not when the bucket granted it: a
+        # second's arrivals are that second's grants plus those still in flight at its start
+        # (at most the queue's concurrency), which a loaded machine delivers late together.
         start = patches[0][0]
         per_second = Counter(int(at - start) for at, _ in patches)
-        assert max(per_second.values()) <= RATE + BURST, per_second
+        assert max(per_second.values()) <= RATE + BURST + GATING_CONCURRENCY, per_second
+        assert len(patches) / (patches[-1][0] - start) <= RATE * 1.1  # the mean is the rate
