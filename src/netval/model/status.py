@@ -63,6 +63,9 @@ class EventReason(StrEnum):
     KUEUE_TOPOLOGY_FAILED = "KueueTopologyFailed"
     # Warning: many nodes warn with requester-side retries; names the likely culprit
     RETRIES_ATTRIBUTED = "RetriesAttributed"
+    # Warning: gating.deviceTaints asks for DeviceTaintRules that cannot be written (no API,
+    # the operator not allowed, no RBAC): failing NICs gate their node as a whole
+    DEVICE_TAINTS_UNAVAILABLE = "DeviceTaintsUnavailable"
 
 
 class _Status(BaseModel):

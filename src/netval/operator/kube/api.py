@@ -180,6 +180,10 @@ class KubeApi:
     async def _run(self, concern: Concern, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await self.pools.run(concern, self._retrying, fn, *args, **kwargs)
 
+    async def run_in(self, concern: Concern, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` in `concern`'s pool, retried like the rest."""
+        return await self._run(concern, fn, *args, **kwargs)
+
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`fn(*args, **kwargs)` (a call of this client's APIs) in the pool of other calls,
         retried like the rest (`_idempotent=False` for a create)."""
