@@ -153,12 +153,12 @@ class SliceIndex:
     def upsert(self, obj: Mapping[str, Any]) -> None:
         parsed = parse_slice(obj, self.drivers)
         if parsed is None:
-            name = (obj.get("metadata") or {}).get("name") if isinstance(obj, dict) else None
-            spec = obj.get("spec") if isinstance(obj, dict) else None
+            meta, spec = obj.get("metadata"), obj.get("spec")
+            name = meta.get("name") if isinstance(meta, dict) else None
             if isinstance(spec, dict) and spec.get("driver") in self.drivers:
                 self.skipped += 1
             if isinstance(name, str):
-                self.delete(name)
+                self.delete(name)  # it no longer parses: what it said does not hold
             return
         name, entries = parsed
         self.delete(name)
