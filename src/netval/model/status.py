@@ -16,6 +16,7 @@ from pydantic.alias_generators import to_camel
 
 from netval.model.consistency import ConsistencyStatus
 from netval.model.east_west import EastWest
+from netval.model.nic_status import NicStatus
 from netval.model.redaction import redact, redact_message
 from netval.model.topology import TopologyStatus
 
@@ -164,6 +165,7 @@ class NetworkValidationStatus(_Status):
     consistency: ConsistencyStatus | None = None  # spec.consistency.enabled: cohorts and outliers
     topology: TopologyStatus | None = None  # levels, discovery, disagreements
     retries: Retries | None = None  # requester-side retries on many nodes: the likely culprit
+    nics: NicStatus | None = None  # per-NIC health, in aggregate (reports with a nics section)
 
     @classmethod
     def from_api(

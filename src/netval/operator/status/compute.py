@@ -24,6 +24,7 @@ from netval.operator.state.aggregation import compute_status
 from netval.operator.state.east_west_matrix import east_west
 from netval.operator.state.node_verdicts import apply_blame
 from netval.operator.state.validation import ValidationState
+from netval.operator.status.nics import nic_status
 from netval.operator.status.retries import retries_summary, with_retries
 from netval.operator.status.size_budget import fit_status
 from netval.operator.topology.agreement import peer_topology_key
@@ -98,6 +99,7 @@ def validation_status(
         counts = {"excluded": len(verdict.excluded), "admissible": verdict.admissible}
         status = status.model_copy(update={"nodes": status.nodes.model_copy(update=counts)})
     status = with_retries(status, retries_summary(state, now))
+    status = status.model_copy(update={"nics": nic_status(state, verdict, now)})
     if spec is not None:
         usable = usable_condition(status.nodes, status.condition(ConditionType.HEALTHY), verdict)
     else:
