@@ -16,7 +16,9 @@ from jsonschema import Draft4Validator
 
 import kube as kube_module
 from kube import KubeCluster
+from netval.model import CheckId, CheckResult, Report, Status
 from netval.model.keys import NodeConditionType
+from netval.model.nics import Nic
 
 DATA = Path(__file__).resolve().parent / "data" / "dra"
 GROUP = "resource.k8s.io"
@@ -92,6 +94,56 @@ def rail_slice(node: str, rails: int = 8, version: str = "v1") -> dict[str, Any]
 
 def rail(i: int) -> tuple[str, str, str]:
     return (f"0000:{0x18 + i:02x}:00.0", f"mlx5_{i}", f"ens{i}np0")
+
+
+def rail_report(
+    node: str,
+    *,
+    failing: tuple[int, ...] = (),
+    warning: tuple[int, ...] = (),
+    rails: int = 8,
+    validation: str = "pool-a",
+) -> Report:
+    """What an agent on a GPU node with `rails` NICs reports: each NIC's port state and its
+    netdev's MTU; the `failing` rails' ports are down, the `warning` rails' netdevs see a
+    pause storm (a warning of pfc.pause_storm)."""
+    from datetime import UTC, datetime
+
+    results = []
+    for i in range(rails):
+        down = i in failing
+        results.append(
+            CheckResult(
+                check=CheckId.RDMA_PORT_STATE,
+                subject=f"mlx5_{i}/1",
+                status=Status.FAIL if down else Status.PASS,
+                message="port state 1: DOWN, expected ACTIVE" if down else "ACTIVE",
+            )
+        )
+        results.append(
+            CheckResult(
+                check=CheckId.MTU_INTERFACE,
+                subject=f"ens{i}np0",
+                status=Status.PASS,
+                message="MTU 9000",
+            )
+        )
+        if i in warning:
+            results.append(
+                CheckResult(
+                    check=CheckId.PFC_PAUSE_STORM,
+                    subject=f"ens{i}np0/prio3",
+                    status=Status.WARN,
+                    message="pause frames 40% of the time on priority 3",
+                )
+            )
+    nics = [
+        Nic(rdma_device=rdma, pci_address=pci, netdevs=(netdev,))
+        for pci, rdma, netdev in (rail(i) for i in range(rails))
+    ]
+    worst = max((r.status for r in results), key=lambda s: s.severity)
+    return Report(validation=validation, generation=1, node=node, started_at=datetime.now(UTC),
+                  duration_ms=2.0, status=worst, results=results, nics=nics)  # fmt: skip
 
 
 def add_slices(cluster: KubeCluster, slices: list[dict[str, Any]], version: str = "v1") -> None:
@@ -174,6 +226,7 @@ __all__ = [
     "node_condition",
     "node_status_writes",
     "rail",
+    "rail_report",
     "rail_slice",
     "requests_to",
     "rules",
