@@ -112,13 +112,19 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "deviceTaints": {
             "enabled": True,
             "drivers": [
-                {"driver": "dra.net", "pciAddress": "dra.net/pciAddress",
-                 "ifName": "dra.net/ifName", "rdmaDevice": "dra.net/rdmaDevice"},
-                {"driver": "sriovnetwork.k8snetworkplumbingwg.io",
-                 "pciAddress": "sriovnetwork.k8snetworkplumbingwg.io/pciAddress",
-                 "parentPciAddress": "sriovnetwork.k8snetworkplumbingwg.io/pfPciAddress"},
+                {
+                    "driver": "dra.net",
+                    "pciAddress": "dra.net/pciAddress",
+                    "ifName": "dra.net/ifName",
+                    "rdmaDevice": "dra.net/rdmaDevice",
+                },
+                {
+                    "driver": "sriovnetwork.k8snetworkplumbingwg.io",
+                    "pciAddress": "sriovnetwork.k8snetworkplumbingwg.io/pciAddress",
+                    "parentPciAddress": "sriovnetwork.k8snetworkplumbingwg.io/pfPciAddress",
+                },
             ],
-        },  # fmt: skip
+        },
         "webhook": {"certManager": {"enabled": True}},
         "metrics": {
             "serviceMonitor": {"enabled": True},

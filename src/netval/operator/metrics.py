@@ -92,6 +92,7 @@ class _RuntimeCollector(Collector):
         )
         yield from _breaker_metrics(rt)
         yield from _node_write_metrics(rt)
+        yield from _device_metrics(rt)
         yield CounterMetricFamily(
             "netval_operator_topology_label_writes",
             "Node topology.netval.io/* label patches (spec.topology.publishLabels)",
@@ -167,6 +168,29 @@ class _RuntimeCollector(Collector):
                 nodes.add_metric([name, state], getattr(counts, state))
         yield nodes
         yield from _loadtest_metrics(rt)
+
+
+def _device_metrics(rt: OperatorRuntime) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """Per-NIC gating (docs/gating.md, "Gate the NIC, not the node")."""
+    tainted = GaugeMetricFamily(
+        "netval_operator_devices_tainted",
+        "NICs the node verdict taints as DRA devices (DeviceTaintRules), per validation",
+        labels=["validation"],
+    )
+    for name, state in sorted(rt.store.states.items()):
+        if state.verdict is not None and state.devices_note is not None:
+            tainted.add_metric([name], state.verdict.tainted_devices)
+    yield tainted
+    yield CounterMetricFamily(
+        "netval_operator_device_taint_rule_writes",
+        "DeviceTaintRules created and deleted",
+        value=rt.gating.devices.writes,
+    )
+    yield CounterMetricFamily(
+        "netval_operator_node_condition_writes",
+        "NetworkFabricReady condition writes (nodes/status), on transitions only",
+        value=rt.gating.condition_writes,
+    )
 
 
 def _breaker_metrics(rt: OperatorRuntime) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
