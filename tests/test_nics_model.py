@@ -18,6 +18,7 @@ from netval.agent.nics import node_nics
 from netval.model import CheckId, CheckResult, Report, Status
 from netval.model.nics import MAX_NETDEVS_PER_NIC, MAX_NICS, Nic, SubjectIndex
 from netval.operator.ingest.decode import decode_message
+from netval.operator.state.nic_health import judge_nics
 
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "examples" / "snapshots"
 
@@ -102,18 +103,38 @@ _NIC = st.fixed_dictionaries(
 )  # fmt: skip
 
 
+_RESULT = st.fixed_dictionaries({
+    "check": st.sampled_from(["rdma.port_state", "mtu.interface", "pfc.pause_storm", "peer.loss",
+                              "storage.reachable"]),
+    "subject": st.one_of(st.from_regex(r"(mlx5_[0-3]|ens[0-3]np0|bond0|gpu-1)(/[a-z0-9]{1,5})?",
+                                       fullmatch=True), st.text(min_size=1, max_size=30)),
+    "status": st.sampled_from(["pass", "warn", "fail", "error", "skip"]),
+    "message": st.text(max_size=40),
+})  # fmt: skip
+
+
 @settings(max_examples=300, deadline=None)
-@given(nics=st.one_of(st.lists(_NIC, max_size=70), st.integers(), st.text(), st.none()))
-def test_fuzzed_nics_never_crash_the_decoder(nics: object) -> None:
+@given(nics=st.one_of(st.lists(_NIC, max_size=70), st.integers(), st.text(), st.none()),
+       results=st.lists(_RESULT, max_size=20))  # fmt: skip
+def test_fuzzed_nics_never_crash_the_decoder(nics: object, results: list[object]) -> None:
     """Decoded as the operator decodes an MQTT payload: a clear refusal or a bounded
-    section, never an exception."""
-    payload = json.dumps(_report(nics)).encode()
+    section, never an exception; judged per NIC, every failing result is a NIC's or the
+    node's."""
+    doc = _report(nics)
+    doc["results"] = results
+    payload = json.dumps(doc).encode()
     report = decode_message("netval/v1/pool-a/gpu-1/report", payload, now=datetime.now(UTC))
     if isinstance(report, Report) and report.nics is not None:
         assert len(report.nics) <= MAX_NICS
         index = SubjectIndex(report.nics)
         for nic in report.nics:
             assert index.nic_of(nic.rdma_device + "/1") == nic.rdma_device
+        health = judge_nics(report)
+        assert health is not None and health.count == len(report.nics)
+        names = {n.rdma_device for n in report.nics}
+        assert {nic for nic, _ in (*health.failing, *health.warning)} <= names
+        local_bad = [r for r in report.results if r.status.is_bad and r.check.group.value != "peer"]
+        assert bool(local_bad) == bool(health.failing or health.node_level)
 
 
 def test_subjects_are_tied_to_their_nic() -> None:

@@ -26,6 +26,9 @@ from netval.operator.devices.drivers import DriverAttributes
 MAX_DEVICES_PER_SLICE: Final = 128  # the API's own bound (ResourceSliceMaxDevices)
 MAX_DEVICES_PER_NIC: Final = 64  # a NIC matching more (VFs) is not tainted device by device
 MAX_VALUE: Final = 64  # DeviceAttributeMaxValueLength
+# A fleet's nodes publish the same rails (the same PCI addresses, names and devices): one
+# shared tuple per distinct device list instead of one per node (bounded).
+MAX_SHARED: Final = 65_536
 _LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a device name
 _NAME: Final = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # node, slice
 _POOL: Final = re.compile(r"^[a-z0-9]([-a-z0-9./]{0,251}[a-z0-9])?$")
@@ -74,6 +77,23 @@ def _pci(value: str | None) -> str | None:
     return value.lower() if value is not None else None
 
 
+_SHARED: dict[tuple[SliceDevice, ...], tuple[SliceDevice, ...]] = {}
+
+
+def _shared(devices: list[SliceDevice]) -> tuple[SliceDevice, ...]:
+    key = tuple(devices)
+    found = _SHARED.get(key)
+    if found is not None:
+        return found
+    if len(_SHARED) < MAX_SHARED:
+        _SHARED[key] = key
+    return key
+
+
+def _interned(value: str | None) -> str | None:
+    return sys.intern(value) if value is not None else None
+
+
 def parse_slice(
     obj: Mapping[str, Any], drivers: Mapping[str, DriverAttributes]
 ) -> tuple[str, list[SliceEntry]] | None:
@@ -118,16 +138,16 @@ def parse_slice(
         attrs = body.get("attributes")
         attrs = attrs if isinstance(attrs, dict) else {}
         found = SliceDevice(
-            device,
-            _pci(_attribute(attrs, mapping.pci_address, driver)),
-            _pci(_attribute(attrs, mapping.parent_pci_address, driver)),
-            _attribute(attrs, mapping.if_name, driver),
-            _attribute(attrs, mapping.rdma_device, driver),
+            sys.intern(device),
+            _interned(_pci(_attribute(attrs, mapping.pci_address, driver))),
+            _interned(_pci(_attribute(attrs, mapping.parent_pci_address, driver))),
+            _interned(_attribute(attrs, mapping.if_name, driver)),
+            _interned(_attribute(attrs, mapping.rdma_device, driver)),
         )
         if found[1:] != (None, None, None, None):  # a device that names no NIC is not kept
             by_node.setdefault(sys.intern(where), []).append(found)
     driver, pool_name = sys.intern(driver), sys.intern(pool_name)
-    entries = [SliceEntry(n, driver, pool_name, generation, tuple(d)) for n, d in by_node.items()]
+    entries = [SliceEntry(n, driver, pool_name, generation, _shared(d)) for n, d in by_node.items()]
     return name, entries
 
 

@@ -107,9 +107,11 @@ class DeviceStage:
         spec = self.store.specs.get(name)
         if spec is None or not spec.gating.device_taints or not self.active():
             return None
-        tainted = {t.node for t in (self.known or {}).values() if t is not None
-                   and t.validation == name}  # fmt: skip
-        return DeviceGate(self.index.taintable, tainted)
+        tainted: dict[str, set[str]] = {}
+        for target in (self.known or {}).values():
+            if target is not None and target.validation == name:
+                tainted.setdefault(target.node, set()).add(target.nic)
+        return DeviceGate(self.index.taintable, {n: frozenset(v) for n, v in tainted.items()})
 
     def note(self, name: str) -> str | None:
         """For the status: None (device taints off in the spec), "" (in force), or why not."""

@@ -19,7 +19,7 @@ which of them have no DRA device to taint; its ok streak is then of reports with
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final
 
@@ -46,11 +46,16 @@ _LABELS: Final = {h.value: h for h in FabricHealth}
 @dataclass(frozen=True, slots=True)
 class DeviceGate:
     """Device taints for one validation, possible now: whether a NIC of a node has a DRA
-    device to taint (`devices.slices`), and the nodes some of whose NICs carry our taint in
-    the cluster (the decision before of an operator's first round)."""
+    device to taint (`devices.slices`), and the NICs of each node that carry our taint in
+    the cluster (the decision before of an operator's first round: such a NIC recovers
+    with `recoveryReports` passing reports as if it had failed before the restart)."""
 
     taintable: Callable[[str, Nic], bool]
-    tainted_nodes: Collection[str] = ()
+    tainted: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    @property
+    def tainted_nodes(self) -> Collection[str]:
+        return self.tainted.keys()
 
 
 def policy(name: str, spec: NetworkValidationSpec, devices: bool = False) -> GatingPolicy:
@@ -73,17 +78,26 @@ def policy(name: str, spec: NetworkValidationSpec, devices: bool = False) -> Gat
 def nic_facts(rec: vs.NodeRecord, node: str, gate: DeviceGate) -> NicFacts | None:
     """The node's NICs for device gating; None when none failed lately."""
     memory = rec.nic_failed
-    if not memory:
+    in_cluster = gate.tainted.get(node, frozenset())
+    if not memory and not in_cluster:
         return None
     health = rec.nics
     failing = tuple(nic for nic, _ in health.failing) if health is not None else ()
     recovering: list[tuple[str, int]] = []
     untaintable: set[str] = set()
+    seen: set[str] = set()
     for nic, streak, identity in nic_streaks(rec):
+        seen.add(nic)
         if nic not in failing:
             recovering.append((nic, streak))
         if not gate.taintable(node, identity):
             untaintable.add(nic)
+    for nic in sorted(in_cluster - seen):  # tainted before this operator's memory began
+        known = health.identity(nic) if health is not None else None
+        if known is None or not gate.taintable(node, known):
+            continue  # gone from the report or the slices: nothing to hold
+        if nic not in failing:
+            recovering.append((nic, rec.tally))
     return NicFacts(
         failing=failing if rec.status.is_bad else (),
         node_level=failing_count(rec) == BEYOND,

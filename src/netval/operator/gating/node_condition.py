@@ -15,6 +15,7 @@ read it (docs/gating.md, "The Node condition").
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -146,11 +147,12 @@ def plan_conditions(
 
 
 def carried_condition(conditions: Any) -> Carried | None:
-    """Ours, of a Node's `status.conditions` as the API gives them (None: absent)."""
+    """Ours, of a Node's `status.conditions` as the API gives them (None: absent); the
+    texts interned: 10,000 passing nodes hold one message, not 10,000 copies."""
     for c in conditions or ():
         if isinstance(c, dict) and c.get("type") == TYPE:
-            return (str(c.get("status", "")), str(c.get("reason", "")),
-                    str(c.get("message", "")))  # fmt: skip
+            return (sys.intern(str(c.get("status", ""))), sys.intern(str(c.get("reason", ""))),
+                    sys.intern(str(c.get("message", ""))[:MAX_MESSAGE]))  # fmt: skip
     return None
 
 

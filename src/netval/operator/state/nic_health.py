@@ -12,9 +12,9 @@ node's reports and matching beats; a NIC's streak is the tally since it last fai
 NIC's device taint is lifted only after that many passing reports of it. `over_at[j]` is the
 tally at which the node last had more than `j` failing NICs (a failure tied to no NIC counts
 as more than any): with `maxFailedDevicesPerNode: k` a node excluded at node level recovers
-after that many reports with at most `k` failing NICs. Memory: one shared `NicHealth` for a
-node whose NICs all pass, and entries only for NICs that failed within the last
-MAX_RECOVERY reports.
+after that many reports with at most `k` failing NICs. Memory: the NICs of a fleet's nodes are the
+same, so their identities are one shared tuple and a passing node's `NicHealth` one shared
+object; entries only for NICs that failed within the last MAX_RECOVERY reports.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class NicHealth:
     failing: NicChecks = ()  # NICs with a failing (or erroring) result
     warning: NicChecks = ()  # NICs whose worst result warns
     node_level: bool = False  # a local failure tied to no NIC
-    identities: tuple[Nic, ...] = ()  # of the failing and warning NICs
+    identities: tuple[Nic, ...] = ()  # every NIC of the report (shared across nodes)
 
     @property
     def failing_count(self) -> int:
@@ -55,14 +55,29 @@ class NicHealth:
         return next((n for n in self.identities if n.rdma_device == nic), None)
 
 
-_PASSING: dict[int, NicHealth] = {}
+# A fleet's nodes have the same NICs (the same devices, PCI addresses, netdevs): one shared
+# tuple of them, and one shared NicHealth for a passing node, instead of one per node.
+MAX_SHARED: Final = 4096
+_NICS: dict[tuple[Nic, ...], tuple[Nic, ...]] = {}
+_PASSING: dict[tuple[Nic, ...], NicHealth] = {}
 
 
-def _passing(count: int) -> NicHealth:
-    """One shared instance per NIC count (nearly every node of a fleet)."""
-    found = _PASSING.get(count)
+def _shared_nics(nics: list[Nic]) -> tuple[Nic, ...]:
+    key = tuple(nics)
+    found = _NICS.get(key)
+    if found is not None:
+        return found
+    if len(_NICS) < MAX_SHARED:
+        _NICS[key] = key
+    return key
+
+
+def _passing(nics: tuple[Nic, ...]) -> NicHealth:
+    found = _PASSING.get(nics)
     if found is None:
-        found = _PASSING[count] = NicHealth(count)
+        found = NicHealth(len(nics), identities=nics)
+        if len(_PASSING) < MAX_SHARED:
+            _PASSING[nics] = found
     return found
 
 
@@ -82,17 +97,15 @@ def judge_nics(report: Report) -> NicHealth | None:
             node_level = node_level or r.status.is_bad
             continue
         (bad if r.status.is_bad else warned).setdefault(nic, set()).add(r.check.value)
+    identities = _shared_nics(report.nics)
     if not bad and not warned and not node_level:
-        return _passing(len(report.nics))
-    failing = _sorted(bad)
-    warning = _sorted({nic: checks for nic, checks in warned.items() if nic not in bad})
-    named = {nic for nic, _ in (*failing, *warning)}
+        return _passing(identities)
     return NicHealth(
-        count=len(report.nics),
-        failing=failing,
-        warning=warning,
+        count=len(identities),
+        failing=_sorted(bad),
+        warning=_sorted({nic: checks for nic, checks in warned.items() if nic not in bad}),
         node_level=node_level,
-        identities=tuple(n for n in report.nics if n.rdma_device in named),
+        identities=identities,
     )
 
 
