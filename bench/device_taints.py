@@ -200,10 +200,12 @@ def main() -> None:
                   f"{r['drain_s']:7} {r['excluded']:8} {r['tainted_nics']:9} "
                   f"{r['next_round']:4}  {r['requests']}")  # fmt: skip
             if name == "devices":
-                print(f"{'':14} slices: {r['slice_json_mib']} MiB of JSON, "
-                      f"{r['index_devices']} devices kept in {r['index_mib']} MiB (traced); "
-                      f"{r['nodes_hit']} nodes hit, "
-                      f"{r['two_or_more']} with 2+ failing NICs; changes {r['changes']}")
+                print(
+                    f"{'':14} slices: {r['slice_json_mib']} MiB of JSON, "
+                    f"{r['index_devices']} devices kept in {r['index_mib']} MiB (traced); "
+                    f"{r['nodes_hit']} nodes hit, "
+                    f"{r['two_or_more']} with 2+ failing NICs; changes {r['changes']}"
+                )
 
 
 if __name__ == "__main__":

@@ -26,12 +26,24 @@ def report(node: str, failing: frozenset[int] = frozenset(), validation: str = "
     results = []
     for i in range(RAILS):
         down = i in failing
-        results.append(CheckResult(check=CheckId.RDMA_PORT_STATE, subject=f"mlx5_{i}/1",
-                                   status=Status.FAIL if down else Status.PASS,
-                                   message="port state 1: DOWN" if down else "ACTIVE"))
-        results.append(CheckResult(check=CheckId.MTU_INTERFACE, subject=f"ens{i}np0",
-                                   status=Status.PASS, message="MTU 9000",
-                                   observed={"mtu": 9000}, expected={"mtu": 9000}))
+        results.append(
+            CheckResult(
+                check=CheckId.RDMA_PORT_STATE,
+                subject=f"mlx5_{i}/1",
+                status=Status.FAIL if down else Status.PASS,
+                message="port state 1: DOWN" if down else "ACTIVE",
+            )
+        )
+        results.append(
+            CheckResult(
+                check=CheckId.MTU_INTERFACE,
+                subject=f"ens{i}np0",
+                status=Status.PASS,
+                message="MTU 9000",
+                observed={"mtu": 9000},
+                expected={"mtu": 9000},
+            )
+        )
     nics = [Nic(rdma_device=r, pci_address=p, netdevs=(n,)) for p, r, n in map(rail, range(RAILS))]
     worst = Status.FAIL if failing else Status.PASS
     return Report(validation=validation, generation=1, node=node,
