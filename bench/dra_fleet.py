@@ -112,6 +112,11 @@ class Counting:
         self.nodes[node]["metadata"]["labels"]["netval.io/fabric"] = label
         return True
 
+    async def set_node_condition(self, node: str, wanted: tuple[str, str, str] | None) -> bool:
+        from netval.operator.kube.node_status import set_condition
+
+        return set_condition(self, node, wanted)  # type: ignore[arg-type]
+
     # -- CoreV1Api
     def read_node(self, node: str) -> dict[str, Any]:
         self.requests["GET", "nodes"] += 1

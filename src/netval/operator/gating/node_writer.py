@@ -29,7 +29,6 @@ from netval.operator.gating.node_condition import (
 from netval.operator.gating.verdict import Decisions, decide
 from netval.operator.gating.write_queue import Change, NodeWriteQueue, TokenBucket
 from netval.operator.kube.api import KubeApi, error_text
-from netval.operator.kube.node_status import write_condition
 from netval.operator.rounds import every_window
 from netval.operator.settings import OperatorSettings
 from netval.operator.state.store import Store, utcnow
@@ -173,7 +172,7 @@ class NodeGating:
 
     async def _write_condition(self, change: ConditionChange) -> bool | None:
         try:
-            done = await write_condition(self.kube, change.node, change.condition)
+            done = await self.kube.set_node_condition(change.node, change.condition)
         except Exception as exc:
             log.warning("condition write to node %s failed: %s", change.node, error_text(exc))
             return None

@@ -299,6 +299,13 @@ class KubeApi:
         done = read_modify_write(f"node {node}", read, change, write, attempts=NODE_WRITE_ATTEMPTS)
         return isinstance(done, Written)
 
+    async def set_node_condition(self, node: str, wanted: tuple[str, str, str] | None) -> bool:
+        """Our NetworkFabricReady condition (status, reason, message; None removes it),
+        through nodes/status (`kube.node_status`); False if the Node is gone."""
+        from netval.operator.kube.node_status import set_condition  # it imports this module
+
+        return await self._run(Concern.NODES, set_condition, self, node, wanted)
+
     async def set_node_label(self, node: str, label: str | None) -> bool:
         """Only our label (None removes it): a merge patch of one key touches nothing else."""
         return await self._run(Concern.NODES, self._set_node_label, node, label)

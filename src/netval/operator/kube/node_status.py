@@ -14,7 +14,6 @@ from typing import Any
 from netval.operator.gating.node_condition import Carried, with_condition
 from netval.operator.kube.api import NODE_WRITE_ATTEMPTS, KubeApi
 from netval.operator.kube.read_modify_write import Unwritten, read_modify_write
-from netval.operator.thread_pools import Concern
 
 
 def set_condition(kube: KubeApi, node: str, wanted: Carried | None) -> bool:
@@ -41,8 +40,4 @@ def set_condition(kube: KubeApi, node: str, wanted: Carried | None) -> bool:
     return done is not Unwritten.GONE
 
 
-async def write_condition(kube: KubeApi, node: str, wanted: Carried | None) -> bool:
-    return await kube.run_in(Concern.NODES, set_condition, kube, node, wanted)
-
-
-__all__ = ["set_condition", "write_condition"]
+__all__ = ["set_condition"]
