@@ -1,89 +1,36 @@
-"""A GPU fleet of 8-NIC nodes for bench/device_taints.py: the agents' reports (each NIC's
-port state and netdev MTU, the `nics` section), dranet's ResourceSlice of each node as the
-API serves it (JSON text, with the attributes dranet publishes for a ConnectX rail: the
-OKE GB200 and AWS examples of kubernetes-sigs/dranet), and a stand-in for the Kubernetes
-client that counts each request the operator's writes make (and fails loudly on a call it
-does not know)."""
+"""A GPU fleet of 8-NIC nodes for bench/device_taints.py (its reports and dranet's slices
+from tests/nic_fleet.py, the slices as the API serves them: JSON text) and a stand-in for
+the Kubernetes client that counts each request the operator's writes make (and fails loudly
+on a call it does not know)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
-from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-from netval.model import CheckId, CheckResult, Report, Status
-from netval.model.nics import Nic
+from netval.model import Report
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from nic_fleet import rail_report, rail_slice  # tests/nic_fleet.py
 
 RAILS = 8
 
 
-def rail(i: int) -> tuple[str, str, str]:
-    return (f"0000:{0x18 + i:02x}:00.0", f"mlx5_{i}", f"ens{i}np0")
-
-
 def report(node: str, failing: frozenset[int] = frozenset(), validation: str = "pool") -> Report:
-    results = []
-    for i in range(RAILS):
-        down = i in failing
-        results.append(
-            CheckResult(
-                check=CheckId.RDMA_PORT_STATE,
-                subject=f"mlx5_{i}/1",
-                status=Status.FAIL if down else Status.PASS,
-                message="port state 1: DOWN" if down else "ACTIVE",
-            )
-        )
-        results.append(
-            CheckResult(
-                check=CheckId.MTU_INTERFACE,
-                subject=f"ens{i}np0",
-                status=Status.PASS,
-                message="MTU 9000",
-                observed={"mtu": 9000},
-                expected={"mtu": 9000},
-            )
-        )
-    nics = [Nic(rdma_device=r, pci_address=p, netdevs=(n,)) for p, r, n in map(rail, range(RAILS))]
-    worst = Status.FAIL if failing else Status.PASS
-    return Report(validation=validation, generation=1, node=node,
-                  started_at=datetime.now(UTC) - timedelta(seconds=1), duration_ms=2.0,
-                  status=worst, results=results, nics=nics)  # fmt: skip
+    return rail_report(node, failing=failing, rails=RAILS, validation=validation)
 
 
 def slice_json(node: str, seq: int) -> str:
-    """dranet's slice of `node`: its 8 rails with the attributes dranet publishes."""
-    devices = []
-    for i in range(RAILS):
-        pci, rdma, netdev = rail(i)
-        devices.append({
-            "name": "pci-" + pci.replace(":", "-").replace(".", "-"),
-            "attributes": {
-                "dra.net/ifName": {"string": netdev},
-                "dra.net/mac": {"string": f"60:5e:65:14:{seq % 256:02x}:{i:02x}"},
-                "dra.net/mtu": {"int": 9000},
-                "dra.net/numaNode": {"int": i // 4},
-                "dra.net/pciAddress": {"string": pci},
-                "dra.net/pciDevice": {"string": "CX8 Family [ConnectX-8]"},
-                "dra.net/pciVendor": {"string": "Mellanox Technologies"},
-                "dra.net/rdma": {"bool": True},
-                "dra.net/rdmaDevice": {"string": rdma},
-                "dra.net/sriov": {"bool": True},
-                "dra.net/sriovVfs": {"int": 0},
-                "dra.net/state": {"string": "up"},
-                "dra.net/type": {"string": "device"},
-                "dra.net/virtual": {"bool": False},
-                "resource.kubernetes.io/pcieRoot": {"string": f"pci0000:{0x10 + i:02x}"},
-            },
-        })  # fmt: skip
-    return json.dumps({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-dra.net-{seq:05x}", "resourceVersion": str(seq),
-                     "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node,
-                                          "uid": f"uid-{seq}", "controller": True}]},
-        "spec": {"driver": "dra.net", "nodeName": node, "devices": devices,
-                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}},
-    })  # fmt: skip
+    """dranet's slice of `node` as the API serves it: its rails with every attribute dranet
+    publishes, and a resourceVersion and owner reference."""
+    obj = rail_slice(node, RAILS, full=True)
+    obj["metadata"] = {"name": f"{node}-dra.net-{seq:05x}", "resourceVersion": str(seq),
+                       "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node,
+                                            "uid": f"uid-{seq}", "controller": True}]}  # fmt: skip
+    return json.dumps(obj)
 
 
 class Counting:

@@ -1,8 +1,9 @@
 """Dynamic Resource Allocation in the test API (tests/kube.py): `resource.k8s.io` served in the
 versions a test names (a cluster without it is the default: kmock's bundle has no such
-group), ResourceSlices as dranet publishes them, and every DeviceTaintRule netval writes
-checked against the upstream schema vendored in tests/data/dra (its README says where each
-comes from) plus the rules the API server's validation adds to it."""
+group), ResourceSlices as dranet publishes them (built by tests/nic_fleet.py), and every
+DeviceTaintRule netval writes checked against the upstream schema vendored in tests/data/dra
+(its README says where each comes from) plus the rules the API server's validation adds to
+it."""
 
 from __future__ import annotations
 
@@ -14,15 +15,11 @@ import kmock
 import yaml
 from jsonschema import Draft4Validator
 
-import kube as kube_module
 from kube import KubeCluster
-from netval.model import CheckId, CheckResult, Report, Status
 from netval.model.keys import NodeConditionType
-from netval.model.nics import Nic
+from nic_fleet import DRANET, GROUP, dranet_slice, rail, rail_report, rail_slice
 
 DATA = Path(__file__).resolve().parent / "data" / "dra"
-GROUP = "resource.k8s.io"
-DRANET = "dra.net"
 _QUALIFIED = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
@@ -54,96 +51,6 @@ def serve_dra(cluster: KubeCluster, versions: tuple[str, ...] = ("v1",)) -> None
                                      custom=False)  # fmt: skip
 
     cluster.call(add)
-
-
-def dranet_slice(
-    node: str,
-    nics: list[tuple[str, str | None, str | None]],
-    *,
-    version: str = "v1",
-    generation: int = 1,
-    driver: str = DRANET,
-) -> dict[str, Any]:
-    """A slice as dranet publishes a node's NICs: (PCI address, RDMA device, netdev) each,
-    device `pci-<address>`, pool and nodeName the node's name."""
-    devices = []
-    for pci, rdma, netdev in nics:
-        attrs: dict[str, Any] = {
-            f"{driver}/pciAddress": {"string": pci},
-            f"{driver}/rdma": {"bool": rdma is not None},
-            f"{driver}/numaNode": {"int": 0},
-        }
-        if rdma is not None:
-            attrs[f"{driver}/rdmaDevice"] = {"string": rdma}
-        if netdev is not None:
-            attrs[f"{driver}/ifName"] = {"string": netdev}
-        devices.append({"name": "pci-" + re.sub(r"[:.]", "-", pci), "attributes": attrs})
-    return {
-        "apiVersion": f"{GROUP}/{version}",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-{driver}-x1"},
-        "spec": {"driver": driver, "nodeName": node, "devices": devices,
-                 "pool": {"name": node, "generation": generation, "resourceSliceCount": 1}},
-    }  # fmt: skip
-
-
-def rail_slice(node: str, rails: int = 8, version: str = "v1") -> dict[str, Any]:
-    """A GPU node's `rails` ConnectX NICs: mlx5_<i> on 0000:<18+i>:00.0, netdev ens<i>np0."""
-    return dranet_slice(node, [rail(i) for i in range(rails)], version=version)
-
-
-def rail(i: int) -> tuple[str, str, str]:
-    return (f"0000:{0x18 + i:02x}:00.0", f"mlx5_{i}", f"ens{i}np0")
-
-
-def rail_report(
-    node: str,
-    *,
-    failing: tuple[int, ...] = (),
-    warning: tuple[int, ...] = (),
-    rails: int = 8,
-    validation: str = "pool-a",
-) -> Report:
-    """What an agent on a GPU node with `rails` NICs reports: each NIC's port state and its
-    netdev's MTU; the `failing` rails' ports are down, the `warning` rails' netdevs see a
-    pause storm (a warning of pfc.pause_storm)."""
-    from datetime import UTC, datetime
-
-    results = []
-    for i in range(rails):
-        down = i in failing
-        results.append(
-            CheckResult(
-                check=CheckId.RDMA_PORT_STATE,
-                subject=f"mlx5_{i}/1",
-                status=Status.FAIL if down else Status.PASS,
-                message="port state 1: DOWN, expected ACTIVE" if down else "ACTIVE",
-            )
-        )
-        results.append(
-            CheckResult(
-                check=CheckId.MTU_INTERFACE,
-                subject=f"ens{i}np0",
-                status=Status.PASS,
-                message="MTU 9000",
-            )
-        )
-        if i in warning:
-            results.append(
-                CheckResult(
-                    check=CheckId.PFC_PAUSE_STORM,
-                    subject=f"ens{i}np0/prio3",
-                    status=Status.WARN,
-                    message="pause frames 40% of the time on priority 3",
-                )
-            )
-    nics = [
-        Nic(rdma_device=rdma, pci_address=pci, netdevs=(netdev,))
-        for pci, rdma, netdev in (rail(i) for i in range(rails))
-    ]
-    worst = max((r.status for r in results), key=lambda s: s.severity)
-    return Report(validation=validation, generation=1, node=node, started_at=datetime.now(UTC),
-                  duration_ms=2.0, status=worst, results=results, nics=nics)  # fmt: skip
 
 
 def add_slices(cluster: KubeCluster, slices: list[dict[str, Any]], version: str = "v1") -> None:
@@ -222,7 +129,6 @@ __all__ = [
     "add_slices",
     "dranet_slice",
     "fixture_slices",
-    "kube_module",
     "node_condition",
     "node_status_writes",
     "rail",

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
 from netval.model.nics import Nic
+from netval.model.sharing import Shared
 from netval.operator.devices.drivers import DriverAttributes
 
 MAX_DEVICES_PER_SLICE: Final = 128  # the API's own bound (ResourceSliceMaxDevices)
@@ -77,17 +78,7 @@ def _pci(value: str | None) -> str | None:
     return value.lower() if value is not None else None
 
 
-_SHARED: dict[tuple[SliceDevice, ...], tuple[SliceDevice, ...]] = {}
-
-
-def _shared(devices: list[SliceDevice]) -> tuple[SliceDevice, ...]:
-    key = tuple(devices)
-    found = _SHARED.get(key)
-    if found is not None:
-        return found
-    if len(_SHARED) < MAX_SHARED:
-        _SHARED[key] = key
-    return key
+_SHARED: Final = Shared[tuple[SliceDevice, ...]](MAX_SHARED)
 
 
 def _interned(value: str | None) -> str | None:
@@ -147,7 +138,9 @@ def parse_slice(
         if found[1:] != (None, None, None, None):  # a device that names no NIC is not kept
             by_node.setdefault(sys.intern(where), []).append(found)
     driver, pool_name = sys.intern(driver), sys.intern(pool_name)
-    entries = [SliceEntry(n, driver, pool_name, generation, _shared(d)) for n, d in by_node.items()]
+    entries = [
+        SliceEntry(n, driver, pool_name, generation, _SHARED(tuple(d))) for n, d in by_node.items()
+    ]
     return name, entries
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Final
 from netval.model.ids import CheckGroup, Status
 from netval.model.nics import MAX_NICS, Nic, SubjectIndex
 from netval.model.results import Report
+from netval.model.sharing import Shared
 
 if TYPE_CHECKING:
     from netval.operator.state.validation import NodeRecord
@@ -58,27 +59,12 @@ class NicHealth:
 # A fleet's nodes have the same NICs (the same devices, PCI addresses, netdevs): one shared
 # tuple of them, and one shared NicHealth for a passing node, instead of one per node.
 MAX_SHARED: Final = 4096
-_NICS: dict[tuple[Nic, ...], tuple[Nic, ...]] = {}
-_PASSING: dict[tuple[Nic, ...], NicHealth] = {}
-
-
-def _shared_nics(nics: list[Nic]) -> tuple[Nic, ...]:
-    key = tuple(nics)
-    found = _NICS.get(key)
-    if found is not None:
-        return found
-    if len(_NICS) < MAX_SHARED:
-        _NICS[key] = key
-    return key
+_NICS: Final = Shared[tuple[Nic, ...]](MAX_SHARED)
+_PASSING: Final = Shared[NicHealth](MAX_SHARED)
 
 
 def _passing(nics: tuple[Nic, ...]) -> NicHealth:
-    found = _PASSING.get(nics)
-    if found is None:
-        found = NicHealth(len(nics), identities=nics)
-        if len(_PASSING) < MAX_SHARED:
-            _PASSING[nics] = found
-    return found
+    return _PASSING(NicHealth(len(nics), identities=nics))
 
 
 def judge_nics(report: Report) -> NicHealth | None:
@@ -97,7 +83,7 @@ def judge_nics(report: Report) -> NicHealth | None:
             node_level = node_level or r.status.is_bad
             continue
         (bad if r.status.is_bad else warned).setdefault(nic, set()).add(r.check.value)
-    identities = _shared_nics(report.nics)
+    identities = _NICS(tuple(report.nics))
     if not bad and not warned and not node_level:
         return _passing(identities)
     return NicHealth(
