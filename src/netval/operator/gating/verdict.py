@@ -54,88 +54,22 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
 from netval.model.ids import Status
 from netval.model.keys import FabricHealth
 from netval.model.spec import BreakerAction
-
-
-class Heard(StrEnum):
-    """How fresh a node's last report is (`netval.operator.state.validation.heard`)."""
-
-    FRESH = "fresh"  # within 3 intervals (a matching beat counts), its agent not offline
-    SILENT = "silent"  # older, or a beat contradicted it
-    OFFLINE = "offline"  # its agent's last will (or a clean stop)
-    NEVER = "never"  # no report held: awaiting the first, or never reported
-
-
-class Why(StrEnum):
-    """The reason of a decision (CamelCase, as condition reasons)."""
-
-    FAILING = "Failing"
-    BLAMED = "RetriesBlamedOnNode"  # requester retries, and the east-west paths point here
-    RECOVERING = "Recovering"  # passing again, fewer than recoveryReports reports in a row
-    SILENT_AFTER_FAILING = "SilentAfterFailing"
-    SUSPECT = "BreakerSuspect"  # wants exclusion, the breaker's cap is full
-    RETRIES_FROM_PEERS = "RetriesFromPeers"  # requester retries only: warn, not its fault
-    DEVICES_FAILING = "DevicesFailing"  # at most maxFailedDevicesPerNode NICs fail: tainted
-    DEVICES_RECOVERING = "DevicesRecovering"  # a NIC passing again, < recoveryReports times
-    SILENT_AFTER_DEVICES = "SilentAfterDevicesFailing"  # silent; its NICs stay tainted
-    WARNING = "Warning"
-    PASSING = "Passing"
-    HELD = "StaleHeld"  # went stale with more than the cap at once: its last label holds
-    SILENT = "Silent"
-    OFFLINE = "Offline"
-    NEVER_REPORTED = "NeverReported"
-
-
-# "worst" for the label: no data ranks above healthy, a known warning above no data.
-RANK: Final = {
-    FabricHealth.HEALTHY: 0,
-    FabricHealth.UNKNOWN: 1,
-    FabricHealth.DEGRADED: 2,
-    FabricHealth.SUSPECT: 3,
-    FabricHealth.UNHEALTHY: 4,
-}
-# the reasons of a node admission counts as healthy: a fresh passing or warning report, or
-# one whose failing NICs are tainted (their devices are kept off; the node's others are fine)
-ADMISSIBLE: Final = frozenset({Why.PASSING, Why.WARNING, Why.RETRIES_FROM_PEERS,
-                               Why.DEVICES_FAILING, Why.DEVICES_RECOVERING})  # fmt: skip
-DEVICE_WHYS: Final = frozenset({Why.DEVICES_FAILING, Why.DEVICES_RECOVERING,
-                                Why.SILENT_AFTER_DEVICES})  # fmt: skip
-
-
-class ConditionStatus(StrEnum):
-    TRUE = "True"
-    UNKNOWN = "Unknown"
-    FALSE = "False"
-
-
-# The Node condition NetworkFabricReady of each why: (status, reason). False: the fabric
-# fails the node (a NIC or more); Unknown: no fresh judgement, or the breaker doubts it.
-CONDITIONS: Final[dict[Why, tuple[ConditionStatus, str]]] = {
-    Why.PASSING: (ConditionStatus.TRUE, "ChecksPassing"),
-    Why.WARNING: (ConditionStatus.TRUE, "ChecksWarning"),
-    Why.RETRIES_FROM_PEERS: (ConditionStatus.TRUE, "RetriesFromPeers"),
-    Why.FAILING: (ConditionStatus.FALSE, "ChecksFailing"),
-    Why.BLAMED: (ConditionStatus.FALSE, "RetriesBlamedOnNode"),
-    Why.RECOVERING: (ConditionStatus.FALSE, "Recovering"),
-    Why.SILENT_AFTER_FAILING: (ConditionStatus.FALSE, "SilentAfterFailing"),
-    Why.DEVICES_FAILING: (ConditionStatus.FALSE, "DevicesFailing"),
-    Why.DEVICES_RECOVERING: (ConditionStatus.FALSE, "DevicesRecovering"),
-    Why.SILENT_AFTER_DEVICES: (ConditionStatus.FALSE, "SilentAfterDevicesFailing"),
-    Why.SUSPECT: (ConditionStatus.UNKNOWN, "BreakerSuspect"),
-    Why.HELD: (ConditionStatus.UNKNOWN, "StaleHeld"),
-    Why.SILENT: (ConditionStatus.UNKNOWN, "Silent"),
-    Why.OFFLINE: (ConditionStatus.UNKNOWN, "Offline"),
-    Why.NEVER_REPORTED: (ConditionStatus.UNKNOWN, "NeverReported"),
-}
-_CONDITION_RANK: Final = {ConditionStatus.TRUE: 0, ConditionStatus.UNKNOWN: 1,
-                          ConditionStatus.FALSE: 2}  # fmt: skip
-_UNKNOWN_WHY: Final = {Heard.SILENT: Why.SILENT, Heard.OFFLINE: Why.OFFLINE,
-                       Heard.NEVER: Why.NEVER_REPORTED, Heard.FRESH: Why.SILENT}  # fmt: skip
+from netval.operator.gating.verdict_reasons import (
+    ADMISSIBLE,
+    CONDITION_RANK,
+    CONDITIONS,
+    DEVICE_WHYS,
+    RANK,
+    UNKNOWN_WHY,
+    ConditionStatus,
+    Heard,
+    Why,
+)
 
 
 class NicFacts(NamedTuple):
@@ -247,7 +181,7 @@ def judge(facts: NodeFacts, recovery_reports: int, budget: int = 0) -> tuple[Fab
         return FabricHealth.UNHEALTHY, Why.SILENT_AFTER_FAILING
     if devices and (bad or recovering(facts, recovery_reports)):
         return FabricHealth.DEGRADED, Why.SILENT_AFTER_DEVICES
-    return FabricHealth.UNKNOWN, _UNKNOWN_WHY[facts.heard]
+    return FabricHealth.UNKNOWN, UNKNOWN_WHY[facts.heard]
 
 
 def device_wish(facts: NodeFacts, why: Why, recovery_reports: int) -> tuple[str, ...]:
@@ -427,8 +361,8 @@ def merge(verdicts: Iterable[ValidationVerdict]) -> Decisions:
                     status, reason = CONDITIONS[decision.why]
                     wish = wishes[key] = ConditionWish(status, reason, verdict.name, decision.why)
                 have_wish = conditions.get(node)
-                if have_wish is None or (_CONDITION_RANK[wish.status]
-                                         > _CONDITION_RANK[have_wish.status]):  # fmt: skip
+                if have_wish is None or (CONDITION_RANK[wish.status]
+                                         > CONDITION_RANK[have_wish.status]):  # fmt: skip
                     conditions[node] = wish
         if not verdict.policy.node_label:
             continue
