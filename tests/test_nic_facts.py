@@ -92,7 +92,7 @@ def test_two_nics_then_one_recovers_after_recovery_reports_within_k() -> None:
         feed(s, "a", (3,), at=datetime.now(UTC) + timedelta(seconds=n))
         whys, devices = decide(s)
         assert streak_within(s.states["pool-a"].nodes["a"], 1) == n
-        assert whys["a"] is (Why.DEVICES_FAILING if n >= 3 else Why.RECOVERING), n
+        assert whys["a"] is (Why.DEVICES_FAILING if n >= 3 else Why.FAILING), n
     # mlx5_2 passed 3 times while the node recovered: only the failing mlx5_3 is tainted
     assert devices == {"a": ("mlx5_3",)}
 

@@ -104,7 +104,7 @@ TABLE = [
     ("fresh, a NIC without a DRA device fails", facts(last=Status.FAIL, streak=0, nics=NO_DEVICE),
      U, Why.FAILING),
     ("fresh, one NIC fails, excluded before, 1 of 3 within k",
-     facts(last=Status.FAIL, streak=1, excluded=True, label=U, nics=ONE), U, Why.RECOVERING),
+     facts(last=Status.FAIL, streak=1, excluded=True, label=U, nics=ONE), U, Why.FAILING),
     ("fresh, one NIC fails, excluded before, 3 of 3 within k",
      facts(last=Status.FAIL, streak=3, excluded=True, label=U, nics=ONE), D, Why.DEVICES_FAILING),
     ("fresh, passes, a NIC 1 of 3 back", facts(nics=BACK_1), D, Why.DEVICES_RECOVERING),

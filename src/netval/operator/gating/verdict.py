@@ -19,7 +19,7 @@ participants read this output and nothing else; docs/gating.md has the table.
    | heard | last report | decision before | -> wants | why |
    |---|---|---|---|---|
    | fresh | fails (or errors), not within k | any | unhealthy | Failing, RetriesBlamedOnNode |
-   | fresh | passes, warns or within k | excluded, ok streak < recoveryReports | unhealthy | Recovering |
+   | fresh | passes, warns or fails within k | excluded, ok streak < recoveryReports | unhealthy | Recovering; Failing (within k) |
    | fresh | fails within k | any | degraded + its NICs tainted | DevicesFailing |
    | fresh | passes or warns, a NIC recovering | any | degraded + that NIC tainted | DevicesRecovering |
    | silent, offline, never | fails not within k, or decision before excluded/suspect | any | unhealthy | SilentAfterFailing |
@@ -165,7 +165,8 @@ def judge(facts: NodeFacts, recovery_reports: int, budget: int = 0) -> tuple[Fab
         if bad and not (devices and within(facts, budget)):
             return FabricHealth.UNHEALTHY, Why.BLAMED if facts.blamed else Why.FAILING
         if facts.was_excluded and facts.ok_streak < recovery_reports:
-            return FabricHealth.UNHEALTHY, Why.RECOVERING
+            # within k but excluded before: out until recoveryReports reports within k
+            return FabricHealth.UNHEALTHY, Why.FAILING if bad else Why.RECOVERING
         if bad:
             return FabricHealth.DEGRADED, Why.DEVICES_FAILING
         if devices and recovering(facts, recovery_reports):
