@@ -13,6 +13,7 @@ server-side after WATCH_SECONDS: one request per driver a minute while nothing c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -33,6 +34,25 @@ WATCH_READ_TIMEOUT: Final = WATCH_SECONDS + 15  # the server ends the watch befo
 
 class Gone(Exception):
     """The watch's resourceVersion is too old (410): list again."""
+
+
+class WatchStop:
+    """Ends a watch from another thread: the flag, and the open response shut down so that
+    the thread blocked reading it returns at once (a term's end does not wait a minute)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.response: Any = None
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def set(self) -> None:
+        self._event.set()
+        response = self.response
+        if response is not None:
+            with contextlib.suppress(Exception):  # already closed: nothing to unblock
+                response.shutdown()
 
 
 def served(kube: KubeApi) -> tuple[str | None, str | None]:
@@ -76,7 +96,7 @@ def watch_slices(
     driver: str,
     resource_version: str,
     on_event: Callable[[str, dict[str, Any]], None],
-    stop: threading.Event,
+    stop: WatchStop,
 ) -> str:
     """One watch of `driver`'s slices from `resource_version` until the server ends it (or
     `stop`); every event to `on_event(type, object)`. Returns the resourceVersion to watch
@@ -87,6 +107,9 @@ def watch_slices(
         timeout_seconds=WATCH_SECONDS, _preload_content=False,
         _request_timeout=(5.0, WATCH_READ_TIMEOUT),
     )  # fmt: skip
+    stop.response = response
+    if stop.is_set():
+        stop.set()  # stopped while the request was on its way
     latest = resource_version
     try:
         for line in cast(Iterator[str], iter_resp_lines(response)):  # type: ignore[no-untyped-call]
@@ -101,7 +124,12 @@ def watch_slices(
             latest = str((obj.get("metadata") or {}).get("resourceVersion") or latest)
             if kind in ("ADDED", "MODIFIED", "DELETED"):
                 on_event(kind, obj)
+    except Exception:
+        if stop.is_set():
+            return latest  # the read was cut by stop(): not a failure
+        raise
     finally:
+        stop.response = None
         cast(Any, response).release_conn()
     return latest
 
@@ -137,6 +165,7 @@ __all__ = [
     "SLICE_VERSIONS",
     "WATCH_SECONDS",
     "Gone",
+    "WatchStop",
     "create_rule",
     "delete_rule",
     "list_rules",

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -48,7 +47,7 @@ class SliceWatch:
         self.watches = 0
         self.events = 0
         self._listed: set[str] = set()
-        self._stop = threading.Event()
+        self._stop = api.WatchStop()
 
     async def run(self) -> None:
         try:
@@ -87,6 +86,8 @@ class SliceWatch:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if self._stop.is_set():
+                    return
                 problem = f"cannot list or watch {driver}'s ResourceSlices: {error_text(exc)}"
                 log.warning("%s; again in %.0f s", problem, delay)
                 self.on_error(problem)
