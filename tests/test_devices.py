@@ -27,7 +27,12 @@ from netval.operator.devices.rules import (
     wanted_rules,
 )
 from netval.operator.devices.slices import DeviceRef, SliceIndex, parse_slice
-from netval.operator.gating.node_condition import TYPE, carried_condition, with_condition
+from netval.operator.gating.node_condition import (
+    TYPE,
+    carried_condition,
+    plan_conditions,
+    with_condition,
+)
 
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "examples" / "snapshots"
 AWS_NODE = "ip-192-168-153-160.ec2.internal"
@@ -280,3 +285,16 @@ def test_fuzzed_slices_never_break_the_index(slices: list[dict[str, object]], de
         for name in list(idx.slices):
             idx.delete(name)
         assert not idx.by_node
+
+
+def test_condition_changes_only_where_nodes_differ() -> None:
+    ok = ("True", "ChecksPassing", "pool-a: fabric checks passing")
+    never = ("Unknown", "NeverReported", "pool-a: no fresh report (NeverReported)")
+    wanted = {"a": ok, "b": ok, "c": never, "d": never, "gone": ok}
+    carried = {"a": ok, "d": ok, "e": ok}
+    changes = {
+        c.node: c.condition for c in plan_conditions(wanted, carried, {"a", "b", "c", "d", "e"})
+    }
+    # a: unchanged; b: new; c: never heard and carrying none: nothing yet; d: now unknown;
+    # e: no validation speaks for it any more; gone: no such Node
+    assert changes == {"b": ok, "d": never, "e": None}

@@ -22,10 +22,11 @@ from datetime import datetime
 from typing import Any, Final
 
 from netval.model.keys import NodeConditionType
-from netval.operator.gating.verdict import ConditionWish, Decisions, Why
+from netval.operator.gating.verdict import CONDITIONS, ConditionWish, Decisions, Why
 from netval.operator.state.validation import NodeRecord, ValidationState
 
 TYPE: Final = NodeConditionType.NETWORK_FABRIC_READY.value
+NEVER_REPORTED: Final = CONDITIONS[Why.NEVER_REPORTED][1]
 MAX_MESSAGE: Final = 1024
 SHOWN: Final = 5
 
@@ -139,9 +140,12 @@ def plan_conditions(
     wanted: Mapping[str, Carried], carried: Mapping[str, Carried], known: set[str]
 ) -> list[ConditionChange]:
     """Changes for the nodes whose condition differs from what they carry (`carried`: the
-    nodes carrying ours); `known`: the Nodes that exist."""
+    nodes carrying ours); `known`: the Nodes that exist. A node that carries none and was
+    never heard from gets none yet: absent says as much as Unknown `NeverReported`, and a
+    fresh install writes each node once, at its first verdict, not twice."""
     changes = [ConditionChange(n, c) for n, c in wanted.items()
-               if n in known and carried.get(n) != c]  # fmt: skip
+               if n in known and carried.get(n) != c
+               and not (n not in carried and c[1] == NEVER_REPORTED)]  # fmt: skip
     changes.extend(ConditionChange(n, None) for n in carried if n not in wanted and n in known)
     return changes
 
