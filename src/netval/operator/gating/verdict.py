@@ -350,20 +350,24 @@ def merge(verdicts: Iterable[ValidationVerdict]) -> Decisions:
     labels: dict[str, FabricHealth] = {}
     tainted: set[str] = set()
     conditions: dict[str, ConditionWish] = {}
-    wishes: dict[tuple[Why, str], ConditionWish] = {}
+    rank = CONDITION_RANK
     for verdict in sorted(verdicts, key=lambda v: v.name):
         by_name[verdict.name] = verdict
         tainted |= verdict.tainted
         if verdict.policy.node_condition:
+            mine: dict[Why, ConditionWish] = {}  # one wish per reason, shared by its nodes
+            first = not conditions  # the first validation sets, the others compare
             for node, decision in verdict.nodes.items():
-                key = (decision.why, verdict.name)
-                wish = wishes.get(key)
+                why = decision.why
+                wish = mine.get(why)
                 if wish is None:
-                    status, reason = CONDITIONS[decision.why]
-                    wish = wishes[key] = ConditionWish(status, reason, verdict.name, decision.why)
-                have_wish = conditions.get(node)
-                if have_wish is None or (CONDITION_RANK[wish.status]
-                                         > CONDITION_RANK[have_wish.status]):  # fmt: skip
+                    status, reason = CONDITIONS[why]
+                    wish = mine[why] = ConditionWish(status, reason, verdict.name, why)
+                if first:
+                    conditions[node] = wish
+                    continue
+                have = conditions.get(node)
+                if have is None or rank[wish.status] > rank[have.status]:
                     conditions[node] = wish
         if not verdict.policy.node_label:
             continue
