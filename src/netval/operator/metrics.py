@@ -57,10 +57,13 @@ class _RuntimeCollector(Collector):
         writes = CounterMetricFamily(
             "netval_operator_api_writes",
             "Kubernetes API writes by kind: node_patch (fabric label, taint, topology labels),"
+            " node_status_patch (NetworkFabricReady), device_taint_rule (creates, deletes),"
             " status_patch, event; steady state writes no Node and one status per resync",
             labels=["kind"],
         )
         writes.add_metric(["node_patch"], rt.gating.writes + rt.topology_labels.writes)
+        writes.add_metric(["node_status_patch"], rt.gating.condition_writes)
+        writes.add_metric(["device_taint_rule"], rt.gating.devices.writes)
         writes.add_metric(["status_patch"], rt.status.writes)
         writes.add_metric(["event"], rt.events.posted)
         yield writes

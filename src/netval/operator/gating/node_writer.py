@@ -64,11 +64,13 @@ class NodeGating:
             on_change=self._devices_changed,
         )  # fmt: skip
         store.device_gate = self.devices.gate
+        self.fabric_writes = 0
         self.condition_writes = 0
 
     @property
     def writes(self) -> int:
-        return self.queue.written
+        """Node label/taint writes (conditions and rules are counted apart)."""
+        return self.fabric_writes
 
     async def loop(self, synced: asyncio.Event) -> None:
         await synced.wait()
@@ -198,6 +200,8 @@ class NodeGating:
         except Exception as exc:
             log.warning("gating write to node %s failed: %s", change.node, error_text(exc))
             return None
+        if done:
+            self.fabric_writes += 1
         if done and change.node in node_fabric:
             # the watch will confirm; until then do not write the same change again
             node_fabric[change.node] = (label, change.taint)

@@ -366,8 +366,8 @@ def merge(verdicts: Iterable[ValidationVerdict]) -> Decisions:
                 if first:
                     conditions[node] = wish
                     continue
-                have = conditions.get(node)
-                if have is None or rank[wish.status] > rank[have.status]:
+                held = conditions.get(node)
+                if held is None or rank[wish.status] > rank[held.status]:
                     conditions[node] = wish
         if not verdict.policy.node_label:
             continue
