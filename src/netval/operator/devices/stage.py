@@ -87,6 +87,7 @@ class DeviceStage:
         self.listed_at = 0.0
         self.told: dict[str, str] = {}  # validation -> the problem its last Event named
         self.problem: str | None = None  # why device taints are not possible now
+        self._wanting: list[str] = []
         self.writes = 0  # creates and deletes sent
 
     # -- which validations ---------------------------------------------------------------
@@ -145,22 +146,23 @@ class DeviceStage:
         slices, at most SYNC_GRACE)."""
         wanting = self.wanting()
         self.told = {v: p for v, p in self.told.items() if v in wanting}
-        if not wanting and (self.known is None or not self.known):
-            return True  # nothing wanted, nothing of ours known: no call at all
+        if wanting != self._wanting:  # an opt-in is acted on now, not after RETRY
+            self._wanting, self.hold_until = wanting, 0.0
         if not self.enabled:
             for validation in wanting:
                 self.tell(validation, NOT_ALLOWED)
             return True
-        if self.version is None:
-            if self.clock() < self.hold_until or not wanting:
-                return True
-            if not await self.discover():
-                return True
+        if not wanting and self.known is not None and not self.known:
+            return True  # nothing wanted, none of ours left: no call at all
+        # discovered once per term even when no validation asks: rules a validation left
+        # (deviceTaints switched off) are found and deleted by `plan`
+        if self.version is None and (self.clock() < self.hold_until or not await self.discover()):
+            return True
         if self.problem is not None and self.clock() >= self.hold_until:
             self.problem = None  # a refused write is tried again after RETRY
-        if self.watch is None and self.slices_version is not None:
+        if wanting and self.watch is None and self.slices_version is not None:
             self.start_watch(self.slices_version)
-        if self.watch is not None and not self.watch.synced.is_set():
+        if wanting and self.watch is not None and not self.watch.synced.is_set():
             started = self.started_at if self.started_at is not None else self.clock()
             return self.clock() - started >= SYNC_GRACE
         return True
@@ -173,6 +175,8 @@ class DeviceStage:
             self.fail(f"cannot read the resource.k8s.io discovery: {error_text(exc)}")
             return False
         if rules is None or slices is None:
+            if not self.wanting():
+                self.known = {}  # no API, no rule of ours: nothing to ask until one opts in
             self.fail(
                 "the cluster serves no DeviceTaintRule API (resource.k8s.io "
                 f"{' or '.join(api.RULE_VERSIONS)}) or no ResourceSlices: failing NICs gate "
