@@ -63,6 +63,9 @@ class RecordingKube:
     async def set_node_label(self, node: str, label: str | None) -> bool:
         return True
 
+    async def set_node_condition(self, node: str, wanted: tuple[str, str, str] | None) -> bool:
+        return True
+
     async def list_validation_names(self) -> list[str]:
         return [VALIDATION]
 

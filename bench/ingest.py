@@ -462,6 +462,10 @@ class RecordingKube:
         self.probe.node_writes[f"{label}"] += 1
         return True
 
+    async def set_node_condition(self, node: str, wanted: tuple[str, str, str] | None) -> bool:
+        self.probe.node_writes[f"condition {wanted[0] if wanted else 'removed'}"] += 1
+        return True
+
     async def list_validation_names(self) -> list[str]:
         return [VALIDATION]
 

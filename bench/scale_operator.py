@@ -64,6 +64,10 @@ class CountingKube:
         self.writes.append((time.time(), "node"))
         return True
 
+    async def set_node_condition(self, node: str, wanted: tuple[str, str, str] | None) -> bool:
+        self.writes.append((time.time(), "condition"))
+        return True
+
     async def list_validation_names(self) -> list[str]:
         return [VALIDATION]
 
@@ -167,10 +171,13 @@ async def operator_main(cfg: dict[str, Any]) -> None:
     runtime.ingest.on_beat = counted_beat
     # The Nodes as the watch shows them once the operator has labelled them (any start but
     # the very first): healthy, so the steady window sees transitions only, not the first
-    # labelling of N Nodes (500 writes per status window).
+    # labelling of N Nodes (500 writes per status window) nor their first condition.
     labelled = {**POOL, LabelKey.FABRIC.value: FabricHealth.HEALTHY.value}
+    # ... and carrying the NetworkFabricReady condition the operator wrote then
+    ready = [{"type": "NetworkFabricReady", "status": "True", "reason": "ChecksPassing",
+              "message": f"{VALIDATION}: fabric checks passing"}]  # fmt: skip
     for i in range(n):
-        runtime.store.on_node(node_name(i), labelled)
+        runtime.store.on_node(node_name(i), labelled, [], ready)
     spec = NetworkValidationSpec.model_validate(
         {"nodeSelector": POOL, "interval": f"{cfg['interval']:g}s"}
     )

@@ -109,6 +109,22 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "all-on": {
         "agent": {"namespace": AGENT_NAMESPACE, "priorityClassName": "system-node-critical"},
         "kueue": {"enabled": True, "topologies": True},
+        "deviceTaints": {
+            "enabled": True,
+            "drivers": [
+                {
+                    "driver": "dra.net",
+                    "pciAddress": "dra.net/pciAddress",
+                    "ifName": "dra.net/ifName",
+                    "rdmaDevice": "dra.net/rdmaDevice",
+                },
+                {
+                    "driver": "sriovnetwork.k8snetworkplumbingwg.io",
+                    "pciAddress": "sriovnetwork.k8snetworkplumbingwg.io/pciAddress",
+                    "parentPciAddress": "sriovnetwork.k8snetworkplumbingwg.io/pfPciAddress",
+                },
+            ],
+        },
         "webhook": {"certManager": {"enabled": True}},
         "metrics": {
             "serviceMonitor": {"enabled": True},

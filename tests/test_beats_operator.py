@@ -64,7 +64,9 @@ def test_beats_keep_nodes_fresh_without_api_writes_and_a_mismatch_waits_for_the_
     publish(mosquitto_broker, [report_msg(r) for r in reports.values()])
     wait_status(cluster, lambda s: s.get("nodes", {}).get("passing") == 4, "4 passing")
     state = runtime.store.states["pool-a"]
-    wait_for(lambda: runtime.gating.writes >= len(NODES), what="the fabric labels written")
+    wait_for(lambda: runtime.gating.writes >= len(NODES)
+             and runtime.gating.condition_writes >= len(NODES),
+             what="the fabric labels and conditions written")  # fmt: skip
     _round_over(runtime)
     nodes_before, status_before = _patches(cluster)
     writes_before = _metric(runtime, 'netval_operator_api_writes_total{kind="status_patch"}')

@@ -75,6 +75,8 @@ SRC_OPERATOR_ENV = {
     operator_settings.ENV_AGENT_RESOURCES,
     operator_settings.ENV_AGENT_TOLERATIONS,
     operator_settings.ENV_KUEUE_ENABLED,
+    operator_settings.ENV_DEVICE_TAINTS,
+    operator_settings.ENV_DRA_DRIVERS,
     operator_settings.ENV_LOADTEST_MAX_RATE,
     operator_settings.ENV_AGENT_NAMESPACE,
     operator_settings.ENV_AGENT_IMAGE_PULL_SECRETS,

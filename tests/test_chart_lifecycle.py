@@ -29,6 +29,7 @@ Rule = tuple[str, str, str, str | None]
 # What `netval uninstall-cleanup` calls (src/netval/operator/uninstall.py), as RBAC.
 CLEANUP_RULES: dict[Rule, set[str]] = {
     ("cluster", "", "nodes", None): {"get", "list", "patch"},
+    ("cluster", "", "nodes/status", None): {"get", "patch"},  # the NetworkFabricReady condition
     ("cluster", "", "pods", None): {"get", "list", "patch"},
     ("cluster", "netval.io", "networkvalidations", None): {"get", "list", "patch"},
     ("cluster", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "netval.io"): {
@@ -91,6 +92,8 @@ def test_cleanup_rbac_is_exactly_what_it_calls(variant: str) -> None:
     expected = cleanup_rules(agent_ns)
     if VARIANTS[variant].get("kueue", {}).get("topologies"):  # --kueue-topologies
         expected[("cluster", "kueue.x-k8s.io", "topologies", None)] = {"list", "delete"}
+    if VARIANTS[variant].get("deviceTaints", {}).get("enabled"):  # --device-taint-rules
+        expected[("cluster", "resource.k8s.io", "devicetaintrules", None)] = {"list", "delete"}
     assert _granted(variant, HOOK) == expected
 
 

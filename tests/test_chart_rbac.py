@@ -42,6 +42,8 @@ BASE_RULES: dict[Rule, set[str]] = {
     ("cluster", "", "pods", None): {"list"},
     # No update: nothing PUTs a Node (kube_api.set_node_gating patches with resourceVersion).
     ("cluster", "", "nodes", None): {"get", "list", "watch", "patch"},
+    # The NetworkFabricReady condition (kube/node_status.py: read through nodes get).
+    ("cluster", "", "nodes/status", None): {"patch"},
     ("cluster", "apiextensions.k8s.io", "customresourcedefinitions", None): {"list", "watch"},
     # Leader election (operator.leadership.lease): the Lease in the release namespace.
     (NAMESPACE, "coordination.k8s.io", "leases", None): {"create"},
@@ -95,6 +97,14 @@ KUEUE_TOPOLOGY_RULES: dict[Rule, set[str]] = {
 }
 
 
+# spec.gating.deviceTaints (operator/devices): the configured drivers' ResourceSlices (list,
+# watch), its own DeviceTaintRules by label, create and delete (a rule's target never changes).
+DEVICE_TAINT_RULES: dict[Rule, set[str]] = {
+    ("cluster", "resource.k8s.io", "resourceslices", None): {"list", "watch"},
+    ("cluster", "resource.k8s.io", "devicetaintrules", None): {"list", "create", "delete"},
+}
+
+
 def expected_rules(values: dict[str, Any]) -> dict[Rule, set[str]]:
     rules = copy.deepcopy(BASE_RULES)
     rules.update(agent_rules(values.get("agent", {}).get("namespace") or NAMESPACE))
@@ -104,6 +114,8 @@ def expected_rules(values: dict[str, Any]) -> dict[Rule, set[str]]:
         rules.update(copy.deepcopy(KUEUE_RULES))
     if values.get("kueue", {}).get("topologies", False):
         rules.update(copy.deepcopy(KUEUE_TOPOLOGY_RULES))
+    if values.get("deviceTaints", {}).get("enabled", False):
+        rules.update(copy.deepcopy(DEVICE_TAINT_RULES))
     mqtt = values.get("mqtt", {})
     if (
         not mqtt.get("external", {}).get("enabled", False)

@@ -17,6 +17,7 @@ from netval.cli.doctor_broker import connect_packet
 from netval.cli.doctor_cluster import missing_schema_fields
 from netval.cli.doctor_permissions import (
     BASE_PERMISSIONS,
+    DEVICE_TAINT_PERMISSIONS,
     IDENTITY_PERMISSIONS,
     KUEUE_PERMISSIONS,
     WEBHOOK_PERMISSIONS,
@@ -293,7 +294,8 @@ def test_permission_table_matches_the_chart() -> None:
 
     mine: dict[tuple[str, str, str, str | None], set[str]] = {}
     for namespace, group, resource, sub, name, verbs in (
-        *BASE_PERMISSIONS, *WEBHOOK_PERMISSIONS, *KUEUE_PERMISSIONS, *IDENTITY_PERMISSIONS
+        *BASE_PERMISSIONS, *WEBHOOK_PERMISSIONS, *KUEUE_PERMISSIONS, *IDENTITY_PERMISSIONS,
+        *DEVICE_TAINT_PERMISSIONS,
     ):  # fmt: skip
         scope = (
             "cluster"
@@ -308,6 +310,7 @@ def test_permission_table_matches_the_chart() -> None:
         **rules.WEBHOOK_RULES,
         **rules.KUEUE_RULES,
         **rules.IDENTITY_RULES,
+        **rules.DEVICE_TAINT_RULES,
     }
     assert mine == theirs
 

@@ -165,8 +165,10 @@ def test_json_output_is_the_report_schema(capsys: pytest.CaptureFixture[str]) ->
     assert doc["schema"] == "netval.io/report/v1"
     assert set(doc) == {
         "schema", "validation", "generation", "node", "startedAt", "durationMs", "status",
-        "results", "traceparent", "facts",
+        "results", "traceparent", "facts", "nics",
     }  # fmt: skip
+    assert doc["nics"][0] == {"rdmaDevice": "mlx5_0", "pciAddress": "0000:1a:00.0",
+                              "netdevs": ["ens1np0"]}  # fmt: skip
     mtu = next(r for r in doc["results"] if r["check"] == "mtu.interface" and r["status"] == "fail")
     assert mtu == {
         "check": "mtu.interface",

@@ -238,6 +238,7 @@ def _fleet_store() -> Store:
                 "taint": False,
                 "maxUnhealthyPercent": 100,
                 "recoveryReports": 1,
+                "nodeCondition": False,  # the label's pacing alone (conditions: their own tests)
             },
         }
     )

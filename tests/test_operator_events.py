@@ -20,8 +20,9 @@ from operator_env import GPU, add_node, publish, report, report_msg, validation,
 from test_operator import scrape
 
 Operator = tuple[OperatorRuntime, InMemorySpanExporter]
-# Node label writes are not what these tests are about, and 500 of them load the test API
-NO_LABELS = {"nodeLabel": False}
+# Node label and condition writes are not what these tests are about, and 500 of them load
+# the test API
+NO_LABELS = {"nodeLabel": False, "nodeCondition": False}
 SUMMARY = re.compile(
     r"^(\d+) more transitions not posted as events \(at most 10 per 3600 s\): (.*); the status"
 )

@@ -22,6 +22,7 @@ from netval.operator.gating.verdict import (
     RANK,
     GatingPolicy,
     Heard,
+    NicFacts,
     NodeFacts,
     ValidationVerdict,
     Why,
@@ -40,6 +41,7 @@ H, D, U, K, S = (
 )
 FRESH, SILENT, OFFLINE, NEVER = Heard.FRESH, Heard.SILENT, Heard.OFFLINE, Heard.NEVER
 R = 3  # recoveryReports in the table rows
+K1 = 1  # maxFailedDevicesPerNode in the table rows (rows without NIC facts: device taints off)
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "gating.md"
 
 
@@ -52,8 +54,18 @@ def facts(
     retries: bool = False,
     excluded: bool = False,
     label: FabricHealth | None = None,
+    nics: NicFacts | None = None,
+    was_devices: bool = False,
 ) -> NodeFacts:
-    return NodeFacts(heard, last, streak, blamed, retries, excluded, label)
+    return NodeFacts(heard, last, streak, blamed, retries, excluded, label, nics, was_devices)
+
+
+ONE = NicFacts(failing=("mlx5_3",), node_level=False)
+TWO = NicFacts(failing=("mlx5_2", "mlx5_3"), node_level=False)
+WITH_NODE = NicFacts(failing=("mlx5_3",), node_level=True)  # and a failure tied to no NIC
+NO_DEVICE = NicFacts(failing=("mlx5_3",), node_level=False, untaintable=frozenset({"mlx5_3"}))
+BACK_1 = NicFacts(failing=(), node_level=False, recovering=(("mlx5_3", 1),))
+BACK_3 = NicFacts(failing=(), node_level=False, recovering=(("mlx5_3", 3),))
 
 
 # (name, facts, wants, why): the table of docs/gating.md, row by row
@@ -84,12 +96,38 @@ TABLE = [
     ("silent, last passed", facts(SILENT, label=H), K, Why.SILENT),
     ("offline, last warned", facts(OFFLINE, Status.WARN, label=D), K, Why.OFFLINE),
     ("never reported", facts(NEVER, None, 0), K, Why.NEVER_REPORTED),
+    # device taints on, maxFailedDevicesPerNode 1 (K1)
+    ("fresh, one NIC fails", facts(last=Status.FAIL, streak=5, nics=ONE), D, Why.DEVICES_FAILING),
+    ("fresh, two NICs fail", facts(last=Status.FAIL, streak=0, nics=TWO), U, Why.FAILING),
+    ("fresh, a NIC and something else fail", facts(last=Status.FAIL, streak=0, nics=WITH_NODE),
+     U, Why.FAILING),
+    ("fresh, a NIC without a DRA device fails", facts(last=Status.FAIL, streak=0, nics=NO_DEVICE),
+     U, Why.FAILING),
+    ("fresh, one NIC fails, excluded before, 1 of 3 within k",
+     facts(last=Status.FAIL, streak=1, excluded=True, label=U, nics=ONE), U, Why.FAILING),
+    ("fresh, one NIC fails, excluded before, 3 of 3 within k",
+     facts(last=Status.FAIL, streak=3, excluded=True, label=U, nics=ONE), D, Why.DEVICES_FAILING),
+    ("fresh, passes, a NIC 1 of 3 back", facts(nics=BACK_1), D, Why.DEVICES_RECOVERING),
+    ("fresh, passes, a NIC 3 of 3 back", facts(nics=BACK_3), H, Why.PASSING),
+    ("fresh, warns, a NIC 1 of 3 back", facts(last=Status.WARN, nics=BACK_1),
+     D, Why.DEVICES_RECOVERING),
+    ("silent, one NIC failed", facts(SILENT, Status.FAIL, 0, label=D, nics=ONE),
+     D, Why.SILENT_AFTER_DEVICES),
+    ("offline, a NIC 1 of 3 back", facts(OFFLINE, label=D, nics=BACK_1),
+     D, Why.SILENT_AFTER_DEVICES),
+    ("silent, two NICs failed", facts(SILENT, Status.FAIL, 0, nics=TWO),
+     U, Why.SILENT_AFTER_FAILING),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("name", "given_facts", "wants", "why"), TABLE, ids=[t[0] for t in TABLE])
 def test_the_table(name: str, given_facts: NodeFacts, wants: FabricHealth, why: Why) -> None:
-    assert judge(given_facts, R) == (wants, why)
+    assert judge(given_facts, R, K1) == (wants, why)
+    if given_facts.nics is None:  # without device taints the same row holds
+        assert judge(given_facts, R) == (wants, why)
+    elif why not in (Why.FAILING, Why.RECOVERING, Why.SILENT_AFTER_FAILING, Why.PASSING):
+        # with maxFailedDevicesPerNode 0 a failing NIC is the node's, as without device taints
+        assert judge(given_facts, R, 0)[0] is not D or given_facts.last is Status.WARN
 
 
 def test_docs_list_every_reason() -> None:

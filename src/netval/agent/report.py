@@ -13,7 +13,9 @@ from datetime import datetime
 
 from netval.agent.checks import run_node_checks
 from netval.agent.facts import node_facts
+from netval.agent.nics import node_nics
 from netval.model.facts import Facts
+from netval.model.nics import Nic
 from netval.model.results import CheckResult, Report, node_status
 from netval.model.snapshot import NodeSnapshot
 from netval.model.spec import Checks
@@ -31,6 +33,7 @@ def make_report(
     traceparent: str | None = None,
     facts: Facts | None = None,
     topology: TopologyReport | None = None,
+    nics: list[Nic] | None = None,
 ) -> Report:
     """The report of one probe: `results` as given, the node's status the worst of them."""
     return Report(
@@ -44,6 +47,7 @@ def make_report(
         traceparent=traceparent,
         facts=facts,
         topology=topology,
+        nics=nics,
     )
 
 
@@ -69,6 +73,7 @@ def build_report(
         results=[*run_node_checks(snapshot, checks), *extra_results],
         traceparent=traceparent,
         facts=node_facts(snapshot.last, kernel_release=kernel_release),
+        nics=node_nics(snapshot.last),
     )
 
 

@@ -34,6 +34,7 @@ from netval.agent.collect.link_events import LinkState, LinkWatcher
 from netval.agent.config import AgentConfig
 from netval.agent.facts import node_facts
 from netval.agent.metrics import AgentMetrics
+from netval.agent.nics import node_nics
 from netval.agent.peers.service import PeerService
 from netval.agent.report import make_report
 from netval.agent.sampling import BoundedSampler, Collector, SampleMissing, default_deadline
@@ -261,6 +262,7 @@ class ProbeRunner:
                 if isinstance(taken, SampleMissing)
                 else node_facts(taken[0], kernel_release=_KERNEL_RELEASE),
                 topology=topology,
+                nics=None if isinstance(taken, SampleMissing) else node_nics(taken[0]),
             )
             cycle.set_attribute("netval.status", report.status.value)
         if reason == REASON_LINK_EVENT:

@@ -53,6 +53,10 @@ class OperatorInfo:
     def kueue(self) -> bool:
         return self.env.get("NETVAL_KUEUE_ENABLED", "").strip().lower() == "true"
 
+    @property
+    def device_taints(self) -> bool:
+        return self.env.get("NETVAL_DEVICE_TAINTS", "").strip().lower() == "true"
+
     def flag(self, name: str) -> str | None:
         for i, arg in enumerate(self.args):
             if arg == name and i + 1 < len(self.args):

@@ -28,6 +28,7 @@ BASE_PERMISSIONS: Final[tuple[Permission, ...]] = (
     (None, "netval.io", "networkloadtests", "", "", ("get", "list", "watch", "patch")),
     (None, "netval.io", "networkloadtests", "status", "", ("patch",)),
     (None, "", "nodes", "", "", ("get", "list", "watch", "patch")),
+    (None, "", "nodes", "status", "", ("patch",)),
     (None, "apiextensions.k8s.io", "customresourcedefinitions", "", "", ("list", "watch")),
     ("$NS", "coordination.k8s.io", "leases", "", "", ("create",)),
     ("$NS", "coordination.k8s.io", "leases", "", LEASE_NAME, ("get", "update")),
@@ -57,6 +58,13 @@ KUEUE_PERMISSIONS: Final[tuple[Permission, ...]] = (
 )
 
 
+# With NETVAL_DEVICE_TAINTS (chart deviceTaints.enabled): DRA device taints.
+DEVICE_TAINT_PERMISSIONS: Final[tuple[Permission, ...]] = (
+    (None, "resource.k8s.io", "resourceslices", "", "", ("list", "watch")),
+    (None, "resource.k8s.io", "devicetaintrules", "", "", ("list", "create", "delete")),
+)
+
+
 def operator_permissions(operator: OperatorInfo | None) -> list[Permission]:
     """What the operator, run as its Deployment says, needs."""
     perms = list(BASE_PERMISSIONS)
@@ -66,6 +74,8 @@ def operator_permissions(operator: OperatorInfo | None) -> list[Permission]:
         perms += KUEUE_PERMISSIONS
     if operator is not None and operator.identity:
         perms += IDENTITY_PERMISSIONS
+    if operator is not None and operator.device_taints:
+        perms += DEVICE_TAINT_PERMISSIONS
     return perms
 
 

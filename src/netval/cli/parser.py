@@ -287,6 +287,11 @@ def _uninstall_parser(sub: argparse._SubParsersAction[NetvalParser]) -> None:
         help="delete the Kueue Topologies the operator wrote (spec.topology.publishKueueTopology)",
     )
     cleanup.add_argument(
+        "--device-taint-rules",
+        action="store_true",
+        help="delete the DeviceTaintRules the operator wrote (spec.gating.deviceTaints)",
+    )
+    cleanup.add_argument(
         "--timeout", type=_seconds, default=10.0, metavar="S", help="per API call (default 10)"
     )
     cleanup.add_argument(

@@ -111,6 +111,7 @@ def cmd_uninstall_cleanup(args: argparse.Namespace) -> int:
             operator_deployment=deployment,
             agent_namespace=args.agent_namespace,
             kueue_topologies=args.kueue_topologies,
+            device_taint_rules=args.device_taint_rules,
             timeout=args.timeout,
             operator_wait=args.operator_wait,
         )

@@ -33,6 +33,7 @@ from netval.cli.report_html_east_west import east_west_section
 from netval.cli.report_html_format import escape, iso_time, when_html
 from netval.cli.report_html_loadtest import CSS as LOADTEST_CSS
 from netval.cli.report_html_loadtest import loadtest_section
+from netval.cli.report_html_nics import nics_section
 from netval.cli.report_html_topology import topology_section
 from netval.cli.status_view import fmt_ratio, parse_east_west, parse_status, stale_reasons
 from netval.model.status import ConditionType, NetworkValidationStatus
@@ -316,6 +317,7 @@ def render_html(
         body.append("</header>")
         body.append(_verdict(obj, status, name))
         body.append(_failures_section(status, now))
+        body.append(nics_section(status))
         body.append(_conditions_section(status, now))
         body.append(_counts_section(status))
     body.append(east_west_section(obj))

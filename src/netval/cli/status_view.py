@@ -16,6 +16,13 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
+from netval.cli.nic_view import (
+    failing_nics,
+    nic_line,
+    nics_by_node,
+    node_condition,
+    node_nic_text,
+)
 from netval.model.east_west import Cell, EastWest
 from netval.model.keys import FabricHealth, LabelKey, TaintKey
 from netval.model.status import Condition, ConditionType, NetworkValidationStatus, Reason
@@ -75,6 +82,9 @@ def render_validation(obj: Mapping[str, Any], *, now: datetime | None = None) ->
         f"  nodes    {n.targeted} targeted, {n.reporting} reporting, {n.passing} passing, "
         f"{n.warning} warning, {n.failing} failing, {n.stale} stale"
     )
+    nics = nic_line(status)
+    if nics is not None:
+        lines.append(nics)
     lines.append(f"  last report {_age(status.last_report_time, now)}")
     failing_checks = sorted(
         ((check, counts.fail) for check, counts in status.checks.items() if counts.fail),
@@ -122,12 +132,18 @@ def label_selector(validation: Mapping[str, Any]) -> str:
 
 
 def _node_state(
-    name: str, fabric: str, failing: Mapping[str, list[str]], stale: Mapping[str, str]
+    name: str,
+    fabric: str,
+    failing: Mapping[str, list[str]],
+    stale: Mapping[str, str],
+    nic_failing: bool = False,
 ) -> str:
     if name in stale:
         return f"stale ({stale[name]})"
     if fabric == FabricHealth.SUSPECT:
         return "failing (breaker)"  # its unhealthy label held back: see Gating
+    if nic_failing and fabric == FabricHealth.DEGRADED:
+        return "failing NIC(s), degraded"  # its NICs tainted, not the node (k of N)
     if name in failing or fabric == FabricHealth.UNHEALTHY:
         return "failing"
     if fabric == FabricHealth.DEGRADED:
@@ -144,10 +160,12 @@ def render_nodes(
     failing_only: bool = False,
 ) -> str:
     """Per-node view of the nodes a validation targets (its nodeSelector; other Nodes are left
-    out): state (passing, warning, failing, stale and why), fabric label, taint, failures.
-    `failing_only`: only the nodes failing or stale."""
+    out): state (passing, warning, failing, stale and why), fabric label, taint, its
+    NetworkFabricReady condition, its named NICs (`status.nics`), failures. `failing_only`:
+    only the nodes failing or stale."""
     selector = selector_of(validation)
     status = parse_status(validation)
+    nics = nics_by_node(status)
     failing: dict[str, list[str]] = defaultdict(list)
     for f in status.failures if status else []:
         failing[f.node].append(f"{f.check} {f.subject}")
@@ -161,21 +179,25 @@ def render_nodes(
         targeted += 1
         name = node["metadata"]["name"]
         fabric = labels.get(LabelKey.FABRIC, "-")
-        state = _node_state(name, fabric, failing, stale)
+        state = _node_state(name, fabric, failing, stale, failing_nics(nics.get(name, [])))
         if failing_only and not state.startswith(("failing", "stale")):
             continue
         taints = (node.get("spec") or {}).get("taints") or []
         tainted = any(t.get("key") == TaintKey.FABRIC_UNHEALTHY for t in taints)
         rows.append(
             f"  {printable(name, 24):24} {printable(fabric, 10):10} "
-            f"{'tainted' if tainted else '-':8} {printable(state, 30):30} "
+            f"{'tainted' if tainted else '-':8} {printable(state, 26):26} "
+            f"{printable(node_condition(node), 28):28} "
+            f"{printable(node_nic_text(nics.get(name, [])), 60):60} "
             + printable("; ".join(failing.get(name, [])) or "-")
         )
     if targeted == 0:
         return "  no node matches the nodeSelector\n"
     if not rows:
         return f"  none of the {targeted} targeted node(s) is failing or stale\n"
-    header = f"  {'NODE':24} {'FABRIC':10} {'TAINT':8} {'STATE':30} FAILING"
+    header = (
+        f"  {'NODE':24} {'FABRIC':10} {'TAINT':8} {'STATE':26} {'CONDITION':28} {'NICS':60} FAILING"
+    )
     return "\n".join([header, *rows]) + "\n"
 
 

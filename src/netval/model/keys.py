@@ -27,6 +27,10 @@ class AnnotationKey(StrEnum):
     # on the agent pod template: rolls the agents when what they read only at start changes
     RESTART_HASH = "netval.io/restart-hash"
     GENERATION = "netval.io/generation"  # on the agent DaemonSet: the spec generation it runs
+    # on netval's DeviceTaintRules: what each stands for (the validation, the node, the NIC)
+    VALIDATION = "netval.io/validation"
+    NODE = "netval.io/node"
+    NIC = "netval.io/nic"
 
 
 class TaintKey(StrEnum):
@@ -34,6 +38,12 @@ class TaintKey(StrEnum):
     # NoSchedule on a NetworkLoadTest's participants for its run (spec.reserveNodes); the
     # value is the run id
     LOAD_TEST = "netval.io/load-test"
+
+
+class NodeConditionType(StrEnum):
+    """The Node condition netval writes (nodes/status), one per node."""
+
+    NETWORK_FABRIC_READY = "NetworkFabricReady"
 
 
 class SchedulingGate(StrEnum):

@@ -21,6 +21,7 @@ from pydantic import (
 
 from netval.model.facts import MAX_FACTS, Facts
 from netval.model.ids import CheckGroup, CheckId, Status, worst
+from netval.model.nics import Nics, unique_devices
 from netval.model.redaction import redact_message
 from netval.model.topology import TopologyReport
 
@@ -122,6 +123,9 @@ class Report(BaseModel):
 
     # issue 21: LLDP neighbours of the judged fabric netdevs (spec.topology.lldp), else absent
     topology: TopologyReport | None = None
+    # the node's RDMA NICs: device, PCI function, netdevs (netval.model.nics); None: an older
+    # agent, whose results the operator does not tie to NICs
+    nics: Annotated[Nics, AfterValidator(unique_devices)] | None = None
 
     @field_validator("started_at")
     @classmethod
@@ -145,7 +149,8 @@ class Report(BaseModel):
     def _absent(self) -> set[str] | None:
         # Optional sections added after v1 are left out when absent, so a report without
         # them is byte for byte what it was.
-        return {"topology"} if self.topology is None else None
+        absent = {name for name in ("topology", "nics") if getattr(self, name) is None}
+        return absent or None
 
 
 def node_status(results: list[CheckResult]) -> Status:

@@ -387,6 +387,10 @@ class Checks(_Spec):
         )
 
 
+MAX_FAILED_DEVICES_PER_NODE: Final = 16
+MAX_DEVICE_TAINTS: Final = 10_000
+
+
 class Gating(_Spec):
     node_label: bool = True
     taint: bool = False
@@ -395,6 +399,11 @@ class Gating(_Spec):
     admission: AdmissionMode = AdmissionMode.GATE
     admission_policy: AdmissionPolicy = AdmissionPolicy.CAPACITY
     on_breaker_tripped: BreakerAction = BreakerAction.ADMIT
+    # issue 30: the Node condition NetworkFabricReady, DRA device taints, k of N rails
+    node_condition: bool = True
+    device_taints: bool = False
+    max_failed_devices_per_node: Annotated[int, Field(ge=0, le=MAX_FAILED_DEVICES_PER_NODE)] = 0
+    max_device_taints: Annotated[int, Field(ge=1, le=MAX_DEVICE_TAINTS)] = 1000
 
 
 class Telemetry(_Spec):

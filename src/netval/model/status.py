@@ -16,6 +16,7 @@ from pydantic.alias_generators import to_camel
 
 from netval.model.consistency import ConsistencyStatus
 from netval.model.east_west import EastWest
+from netval.model.nic_status import NicStatus
 from netval.model.redaction import redact, redact_message
 from netval.model.topology import TopologyStatus
 
@@ -63,6 +64,9 @@ class EventReason(StrEnum):
     KUEUE_TOPOLOGY_FAILED = "KueueTopologyFailed"
     # Warning: many nodes warn with requester-side retries; names the likely culprit
     RETRIES_ATTRIBUTED = "RetriesAttributed"
+    # Warning: gating.deviceTaints asks for DeviceTaintRules that cannot be written (no API,
+    # the operator not allowed, no RBAC): failing NICs gate their node as a whole
+    DEVICE_TAINTS_UNAVAILABLE = "DeviceTaintsUnavailable"
 
 
 class _Status(BaseModel):
@@ -161,6 +165,7 @@ class NetworkValidationStatus(_Status):
     consistency: ConsistencyStatus | None = None  # spec.consistency.enabled: cohorts and outliers
     topology: TopologyStatus | None = None  # levels, discovery, disagreements
     retries: Retries | None = None  # requester-side retries on many nodes: the likely culprit
+    nics: NicStatus | None = None  # per-NIC health, in aggregate (reports with a nics section)
 
     @classmethod
     def from_api(

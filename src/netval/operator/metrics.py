@@ -57,10 +57,13 @@ class _RuntimeCollector(Collector):
         writes = CounterMetricFamily(
             "netval_operator_api_writes",
             "Kubernetes API writes by kind: node_patch (fabric label, taint, topology labels),"
+            " node_status_patch (NetworkFabricReady), device_taint_rule (creates, deletes),"
             " status_patch, event; steady state writes no Node and one status per resync",
             labels=["kind"],
         )
         writes.add_metric(["node_patch"], rt.gating.writes + rt.topology_labels.writes)
+        writes.add_metric(["node_status_patch"], rt.gating.condition_writes)
+        writes.add_metric(["device_taint_rule"], rt.gating.devices.writes)
         writes.add_metric(["status_patch"], rt.status.writes)
         writes.add_metric(["event"], rt.events.posted)
         yield writes
@@ -92,6 +95,7 @@ class _RuntimeCollector(Collector):
         )
         yield from _breaker_metrics(rt)
         yield from _node_write_metrics(rt)
+        yield from _device_metrics(rt)
         yield CounterMetricFamily(
             "netval_operator_topology_label_writes",
             "Node topology.netval.io/* label patches (spec.topology.publishLabels)",
@@ -167,6 +171,29 @@ class _RuntimeCollector(Collector):
                 nodes.add_metric([name, state], getattr(counts, state))
         yield nodes
         yield from _loadtest_metrics(rt)
+
+
+def _device_metrics(rt: OperatorRuntime) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """Per-NIC gating (docs/gating.md, "Gate the NIC, not the node")."""
+    tainted = GaugeMetricFamily(
+        "netval_operator_devices_tainted",
+        "NICs the node verdict taints as DRA devices (DeviceTaintRules), per validation",
+        labels=["validation"],
+    )
+    for name, state in sorted(rt.store.states.items()):
+        if state.verdict is not None and state.devices_note is not None:
+            tainted.add_metric([name], state.verdict.tainted_devices)
+    yield tainted
+    yield CounterMetricFamily(
+        "netval_operator_device_taint_rule_writes",
+        "DeviceTaintRules created and deleted",
+        value=rt.gating.devices.writes,
+    )
+    yield CounterMetricFamily(
+        "netval_operator_node_condition_writes",
+        "NetworkFabricReady condition writes (nodes/status), on transitions only",
+        value=rt.gating.condition_writes,
+    )
 
 
 def _breaker_metrics(rt: OperatorRuntime) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:

@@ -23,6 +23,7 @@ from netval.infra.mqtt_settings import (
 from netval.infra.telemetry import TelemetryConfigError, sampler_from_env
 from netval.model.loadplan import MAX_MBPS
 from netval.model.shards import shard_url
+from netval.operator.devices.drivers import DEFAULT_DRIVERS, DriverAttributes, parse_drivers
 
 ENV_NAMESPACE: Final = "NETVAL_NAMESPACE"
 ENV_AGENT_IMAGE: Final = "NETVAL_AGENT_IMAGE"
@@ -38,6 +39,8 @@ ENV_NODE_WRITE_BURST: Final = "NETVAL_NODE_WRITE_BURST"  # operator.nodeWriteBur
 ENV_AGENT_RESOURCES: Final = "NETVAL_AGENT_RESOURCES"
 ENV_AGENT_TOLERATIONS: Final = "NETVAL_AGENT_TOLERATIONS"
 ENV_KUEUE_ENABLED: Final = "NETVAL_KUEUE_ENABLED"
+ENV_DEVICE_TAINTS: Final = "NETVAL_DEVICE_TAINTS"  # chart deviceTaints.enabled
+ENV_DRA_DRIVERS: Final = "NETVAL_DRA_DRIVERS"  # chart deviceTaints.drivers
 ENV_LOADTEST_MAX_RATE: Final = "NETVAL_LOADTEST_MAX_RATE_MBPS"  # chart: loadTests.maxRateMbps
 ENV_AGENT_RDMA_RESOURCE: Final = "NETVAL_AGENT_RDMA_RESOURCE"  # chart: loadTests.rdmaResource
 ENV_AGENT_NAMESPACE: Final = "NETVAL_AGENT_NAMESPACE"
@@ -112,6 +115,10 @@ class OperatorSettings:
     # wish queued, exclusions first (`gating.write_queue`).
     node_writes_per_second: float = DEFAULT_NODE_WRITES_PER_SECOND
     node_write_burst: int = DEFAULT_NODE_WRITE_BURST
+    # DRA device taints (spec.gating.deviceTaints): allowed (the chart grants the RBAC with
+    # it), and which attributes name a NIC in each DRA driver's devices (devices.drivers)
+    device_taints: bool = False
+    dra_drivers: tuple[DriverAttributes, ...] = DEFAULT_DRIVERS
 
     @property
     def shard_count(self) -> int:
@@ -154,9 +161,11 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
     tolerations = _json_env(env, ENV_AGENT_TOLERATIONS, list) or []
     if not all(isinstance(t, dict) for t in tolerations):
         raise OperatorConfigError(f"{ENV_AGENT_TOLERATIONS}: expected a JSON list of objects")
-    kueue = env.get(ENV_KUEUE_ENABLED, "false").strip().lower()
-    if kueue not in ("true", "false", ""):
-        raise OperatorConfigError(f"{ENV_KUEUE_ENABLED}: expected true or false, got {kueue!r}")
+    kueue = _bool_env(env, ENV_KUEUE_ENABLED)
+    try:
+        drivers = parse_drivers(env.get(ENV_DRA_DRIVERS, ""), ENV_DRA_DRIVERS)
+    except ValueError as exc:
+        raise OperatorConfigError(str(exc)) from None
     pull_secrets = _pull_secret_names(_json_env(env, ENV_AGENT_IMAGE_PULL_SECRETS, list) or [])
     return OperatorSettings(
         namespace=env.get(ENV_NAMESPACE) or DEFAULT_NAMESPACE,
@@ -169,7 +178,7 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
         status_window=window,
         agent_resources=resources or None,
         agent_tolerations=tuple(tolerations),
-        kueue_enabled=kueue == "true",
+        kueue_enabled=kueue,
         agents_namespace=_name_env(env, ENV_AGENT_NAMESPACE, limit=63),  # a DNS label
         agent_image_pull_secrets=pull_secrets,
         agent_priority_class_name=_name_env(env, ENV_AGENT_PRIORITY_CLASS_NAME),
@@ -187,7 +196,16 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
             env, ENV_NODE_WRITES_PER_SECOND, DEFAULT_NODE_WRITES_PER_SECOND, 0.1, 1000
         ),
         node_write_burst=_node_write_burst(env),
+        device_taints=_bool_env(env, ENV_DEVICE_TAINTS),
+        dra_drivers=drivers,
     )
+
+
+def _bool_env(env: Mapping[str, str], name: str) -> bool:
+    text = env.get(name, "false").strip().lower()
+    if text not in ("true", "false", ""):
+        raise OperatorConfigError(f"{name}: expected true or false, got {text!r}")
+    return text == "true"
 
 
 def _shards(

@@ -37,6 +37,7 @@ class Concern(StrEnum):
     OTHER = "kube-other"  # the rest of KubeApi: applies, Events, lists
     GATES = "kube-gates"  # the gate releaser's Pod lists and patches
     KUEUE = "kube-kueue"  # Kueue Workloads and AdmissionChecks
+    DEVICES = "kube-devices"  # the ResourceSlice lists and watches (device taints)
     ENROLL = "enroll-review"  # enrollment: TokenReviews, Pod and DaemonSet reads
     ADMISSION = "admission"  # the webhook's validation lookups, its configuration writes
     BROKER_PROBE = "broker-probe"  # the broker ACL check (a blocking paho session)
@@ -51,6 +52,7 @@ SIZES: Final[Mapping[Concern, int]] = {
     Concern.OTHER: 4,  # applies and lists are serial per handler; Events are few
     Concern.GATES: 2,  # one pass at a time: a validation's release, the orphan marking
     Concern.KUEUE: 4,  # Workload syncs of one admission round
+    Concern.DEVICES: 8,  # one watch per configured DRA driver (at most 8), each up to 60 s
     Concern.ENROLL: 16,  # enroll_server.MAX_ACTIVE requests, each one blocking call at a time
     Concern.ADMISSION: 4,  # lookups are coalesced per validation; one configuration writer
     Concern.BROKER_PROBE: 1,  # one check per term (and one for the identity service)
@@ -58,7 +60,7 @@ SIZES: Final[Mapping[Concern, int]] = {
     # its own timeout: room for a few while the elector goes on
 }
 TERM_CONCERNS: Final = frozenset(
-    {Concern.STATUS, Concern.NODES, Concern.OTHER, Concern.GATES, Concern.KUEUE}
+    {Concern.STATUS, Concern.NODES, Concern.OTHER, Concern.GATES, Concern.KUEUE, Concern.DEVICES}
 )
 PROCESS_CONCERNS: Final = frozenset({Concern.ENROLL, Concern.ADMISSION, Concern.BROKER_PROBE})
 

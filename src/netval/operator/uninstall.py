@@ -13,7 +13,8 @@ that `helm uninstall` leaves nothing that changes how the cluster behaves:
 3. Pods held by netval's scheduling gate are released (the gate `netval.io/fabric`, the label
    `netval.io/gated-by` and the annotation `netval.io/gate-message` removed), other gates kept;
 4. netval's labels `netval.io/fabric` and `topology.netval.io/*` and its taint
-   `netval.io/fabric-unhealthy` are removed from every Node, foreign labels and taints kept;
+   `netval.io/fabric-unhealthy` are removed from every Node, foreign labels and taints kept,
+   and its condition `NetworkFabricReady` from their status (other conditions kept);
 5. Kopf's finalizer is removed from every NetworkValidation (other finalizers kept), so that
    validations can still be deleted once no operator runs;
 6. the agent DaemonSets and ConfigMaps the operator rendered (labelled
@@ -21,7 +22,9 @@ that `helm uninstall` leaves nothing that changes how the cluster behaves:
    NetworkValidations that own them stay (with the CRD), so no garbage collector would;
 7. with `--kueue-topologies`, the Kueue `Topology` objects the operator wrote (labelled
    managed-by netval-operator with a `netval.io/validation`), in every version served, for
-   the same reason.
+   the same reason;
+8. with `--device-taint-rules`, the DeviceTaintRules the operator wrote (the same labels) in
+   every `resource.k8s.io` version served: a failing NIC's device would stay tainted.
 
 Idempotent (a second run finds nothing to do) and tolerant: every step runs even when an
 earlier one failed, every API call has a timeout, a conflicting write is retried on fresh
@@ -60,6 +63,7 @@ from netval.operator.topology.kueue_topology import (
     SERVED_PREFERENCE,
     TOPOLOGY_PLURAL,
 )
+from netval.operator.uninstall_devices import condition_cleanup_patch, delete_rules
 
 log = logging.getLogger("netval.uninstall")
 
@@ -80,6 +84,7 @@ class CleanupOptions:
     operator_deployment: tuple[str, str] | None = None  # (namespace, name)
     agent_namespace: str | None = None
     kueue_topologies: bool = False
+    device_taint_rules: bool = False
     timeout: float = 10.0  # seconds per API call
     operator_wait: float = 60.0  # seconds for the operator's pods to go
 
@@ -292,7 +297,7 @@ class Cleanup:
         return f"released {released}" + (f", {failed} failed" if failed else "")
 
     def clean_nodes(self) -> str:
-        cleaned = failed = 0
+        cleaned = conditions = failed = 0
         for node in self._pages(self.core.list_node):
             name = node["metadata"]["name"]
             try:
@@ -305,10 +310,19 @@ class Cleanup:
                     name,
                 ):
                     cleaned += 1
+                if condition_cleanup_patch(node) is not None and self._rewrite(
+                    f"node {name} status",
+                    node,
+                    condition_cleanup_patch,
+                    self.core.patch_node_status,
+                    self.core.read_node_status,
+                    name,
+                ):
+                    conditions += 1
             except (ApiException, HTTPError, RuntimeError) as exc:
                 failed += 1
                 self.report.failures.append(f"nodes: {name}: {_reason(exc)}")
-        return f"removed netval's label/taint from {cleaned}" + (
+        return f"removed netval's label/taint from {cleaned}, its condition from {conditions}" + (
             f", {failed} failed" if failed else ""
         )
 
@@ -417,7 +431,13 @@ class Cleanup:
         self._step("finalizers", self.remove_finalizers)
         self._step("agents", self.delete_agents)
         self._step("kueue topologies", self.delete_kueue_topologies)
+        self._step("device taint rules", self.delete_device_taint_rules)
         return self.report
+
+    def delete_device_taint_rules(self) -> str:
+        if not self.options.device_taint_rules:
+            return "skipped (no --device-taint-rules)"
+        return delete_rules(self.custom, self._pages, self._t, self.report.failures)
 
 
 # -- the command ---------------------------------------------------------------------------

@@ -19,6 +19,10 @@ class NodeChange:
     taint: bool
 
     @property
+    def key(self) -> str:
+        return self.node
+
+    @property
     def excludes(self) -> bool:
         """The write keeps workloads off the node (label `unhealthy`, the taint): it goes
         before every write that lets them on (`gating.write_queue`)."""

@@ -8,24 +8,34 @@ its recovery streak, and the decision of the round before. The decision before i
 validation's last verdict; for a node it has none of (the first round of an operator term,
 a node newly targeted) it is what the Node carries: our taint or the label `unhealthy` mean
 excluded, so a restart keeps a failing node out until it has passed `recoveryReports` times.
+
+With device taints on and possible (`DeviceGate`: the validation asks for them, the operator
+may write them and the cluster serves the API), a node whose NICs failed lately gets
+`NicFacts`: its failing and recovering NICs, whether something tied to no NIC fails it, and
+which of them have no DRA device to taint; its ok streak is then of reports with at most
+`maxFailedDevicesPerNode` failing NICs (`state.nic_health.streak_within`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final
 
 from netval.model.keys import FabricHealth
+from netval.model.nics import Nic
 from netval.model.spec import NetworkValidationSpec
 from netval.operator.gating.verdict import (
     GatingPolicy,
     Heard,
+    NicFacts,
     NodeFacts,
     ValidationVerdict,
     decide_validation,
 )
 from netval.operator.state import validation as vs
+from netval.operator.state.nic_health import BEYOND, failing_count, nic_streaks, streak_within
 from netval.operator.state.node_verdicts import BLAME, settle_fleet
 
 # what netval has on a Node: (its netval.io/fabric label, our taint present)
@@ -33,7 +43,24 @@ NodeFabric = Mapping[str, tuple[str | None, bool]]
 _LABELS: Final = {h.value: h for h in FabricHealth}
 
 
-def policy(name: str, spec: NetworkValidationSpec) -> GatingPolicy:
+@dataclass(frozen=True, slots=True)
+class DeviceGate:
+    """Device taints for one validation, possible now: whether a NIC of a node has a DRA
+    device to taint (`devices.slices`), and the NICs of each node that carry our taint in
+    the cluster (the decision before of an operator's first round: such a NIC recovers
+    with `recoveryReports` passing reports as if it had failed before the restart)."""
+
+    taintable: Callable[[str, Nic], bool]
+    tainted: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    @property
+    def tainted_nodes(self) -> Collection[str]:
+        return self.tainted.keys()
+
+
+def policy(name: str, spec: NetworkValidationSpec, devices: bool = False) -> GatingPolicy:
+    """`devices`: device taints are on and possible for the validation (else
+    maxFailedDevicesPerNode does not apply: a failing NIC is the node's, as without it)."""
     g = spec.gating
     return GatingPolicy(
         name=name,
@@ -42,17 +69,62 @@ def policy(name: str, spec: NetworkValidationSpec) -> GatingPolicy:
         max_unhealthy_percent=g.max_unhealthy_percent,
         recovery_reports=g.recovery_reports,
         on_breaker_tripped=g.on_breaker_tripped,
+        node_condition=g.node_condition,
+        max_failed_devices=g.max_failed_devices_per_node if devices else 0,
+        max_device_taints=g.max_device_taints,
+    )
+
+
+def nic_facts(rec: vs.NodeRecord, node: str, gate: DeviceGate) -> NicFacts | None:
+    """The node's NICs for device gating; None when none failed lately."""
+    memory = rec.nic_failed
+    in_cluster = gate.tainted.get(node, frozenset())
+    if not memory and not in_cluster:
+        return None
+    health = rec.nics
+    failing = tuple(nic for nic, _ in health.failing) if health is not None else ()
+    recovering: list[tuple[str, int]] = []
+    untaintable: set[str] = set()
+    seen: set[str] = set()
+    for nic, streak, identity in nic_streaks(rec):
+        seen.add(nic)
+        if nic not in failing:
+            recovering.append((nic, streak))
+        if not gate.taintable(node, identity):
+            untaintable.add(nic)
+    for nic in sorted(in_cluster - seen):  # tainted before this operator's memory began
+        known = health.identity(nic) if health is not None else None
+        if known is None or not gate.taintable(node, known):
+            continue  # gone from the report or the slices: nothing to hold
+        if nic not in failing:
+            recovering.append((nic, rec.tally))
+    return NicFacts(
+        failing=failing if rec.status.is_bad else (),
+        node_level=failing_count(rec) == BEYOND,
+        recovering=tuple(recovering),
+        untaintable=frozenset(untaintable),
     )
 
 
 def node_facts(
-    state: vs.ValidationState, node_fabric: NodeFabric, now: datetime
+    state: vs.ValidationState,
+    node_fabric: NodeFabric,
+    now: datetime,
+    gate: DeviceGate | None = None,
+    budget: int = 0,
 ) -> dict[str, NodeFacts]:
-    """Every targeted node's facts at `now`."""
+    """Every targeted node's facts at `now`; `gate` and `budget` (maxFailedDevicesPerNode):
+    device taints on and possible."""
     vs.require_aware(now)
+    devices = gate if budget >= 1 else None
     if state.fleet.dirty or state.fleet.expires_at is not None:
         settle_fleet(state, now)  # a pending cohort judgement changes report statuses
     before = state.verdict.nodes if state.verdict is not None else {}
+    devices_before: Collection[str] = (
+        state.verdict.devices
+        if state.verdict is not None
+        else (devices.tainted_nodes if devices is not None else ())
+    )
     # the freshness rule of `state.validation.heard`, inlined: this runs for every targeted
     # node of every validation every status window
     offline, records, window = state.offline, state.nodes, state.stale_after
@@ -81,8 +153,14 @@ def node_facts(
         if rec is None:
             out[node] = NodeFacts(heard, None, 0, False, False, was_excluded, was_label)
             continue
-        out[node] = NodeFacts(heard, rec.status, rec.ok_streak, BLAME in rec.folded,
-                              rec.retries is not None, was_excluded, was_label)  # fmt: skip
+        if devices is None:
+            out[node] = NodeFacts(heard, rec.status, rec.ok_streak, BLAME in rec.folded,
+                                  rec.retries is not None, was_excluded, was_label)  # fmt: skip
+            continue
+        out[node] = NodeFacts(heard, rec.status, streak_within(rec, budget),
+                              BLAME in rec.folded, rec.retries is not None, was_excluded,
+                              was_label, nic_facts(rec, node, devices),
+                              node in devices_before)  # fmt: skip
     return out
 
 
@@ -92,9 +170,12 @@ def verdict_of(
     spec: NetworkValidationSpec,
     node_fabric: NodeFabric,
     now: datetime,
+    gate: DeviceGate | None = None,
 ) -> ValidationVerdict:
     """The validation's verdict at `now` (not recorded: the gating round records it)."""
-    return decide_validation(policy(name, spec), node_facts(state, node_fabric, now))
+    gating = policy(name, spec, devices=gate is not None)
+    facts = node_facts(state, node_fabric, now, gate, gating.max_failed_devices)
+    return decide_validation(gating, facts)
 
 
 def current_verdict(
@@ -103,11 +184,20 @@ def current_verdict(
     spec: NetworkValidationSpec | None,
     node_fabric: NodeFabric,
     now: datetime,
+    gate: DeviceGate | None = None,
 ) -> ValidationVerdict | None:
     """The last recorded verdict, else (before the first gating round) one decided now."""
     if state.verdict is not None or spec is None:
         return state.verdict
-    return verdict_of(name, state, spec, node_fabric, now)
+    return verdict_of(name, state, spec, node_fabric, now, gate)
 
 
-__all__ = ["NodeFabric", "current_verdict", "node_facts", "policy", "verdict_of"]
+__all__ = [
+    "DeviceGate",
+    "NodeFabric",
+    "current_verdict",
+    "nic_facts",
+    "node_facts",
+    "policy",
+    "verdict_of",
+]

@@ -1,9 +1,10 @@
 """Node gating, applied: once per status window the node verdict (`gating.verdict`) is
 decided for every validation from its state and recorded in it (`ValidationState.verdict`,
 what the status, admission, Kueue and load tests read); the Nodes whose merged label or taint
-differs from what they carry are queued for a write (`gating.write_queue`: per node the
-latest wish, exclusions first, at the operator's Node write rate). A breaker that trips is
-posted as a Warning Event and counted.
+or `NetworkFabricReady` condition differs from what they carry, and the DeviceTaintRules to
+create or delete (`devices.stage`), are queued for a write (`gating.write_queue`: per key
+the latest wish, exclusions first, at the operator's Node write rate). A breaker that trips
+is posted as a Warning Event and counted.
 """
 
 from __future__ import annotations
@@ -15,11 +16,18 @@ from datetime import datetime
 from typing import Final
 
 from netval.model.status import EventReason
+from netval.operator.devices.rules import RuleChange
+from netval.operator.devices.stage import DeviceStage
 from netval.operator.gating import decisions as gating
 from netval.operator.gating.conditions import GatingCondition, gating_condition
 from netval.operator.gating.facts import node_facts, policy
+from netval.operator.gating.node_condition import (
+    ConditionChange,
+    plan_conditions,
+    wanted_conditions,
+)
 from netval.operator.gating.verdict import Decisions, decide
-from netval.operator.gating.write_queue import NodeWriteQueue, TokenBucket
+from netval.operator.gating.write_queue import Change, NodeWriteQueue, TokenBucket
 from netval.operator.kube.api import KubeApi, error_text
 from netval.operator.rounds import every_window
 from netval.operator.settings import OperatorSettings
@@ -51,10 +59,18 @@ class NodeGating:
         # every Node write of the operator (topology labels too) takes a token of this bucket
         self.bucket = TokenBucket(settings.node_writes_per_second, settings.node_write_burst)
         self.queue = NodeWriteQueue(self._write, self.bucket, GATING_CONCURRENCY)
+        self.devices = DeviceStage(
+            settings.device_taints, settings.dra_drivers, kube, store, events,
+            on_change=self._devices_changed,
+        )  # fmt: skip
+        store.device_gate = self.devices.gate
+        self.fabric_writes = 0
+        self.condition_writes = 0
 
     @property
     def writes(self) -> int:
-        return self.queue.written
+        """Node label/taint writes (conditions and rules are counted apart)."""
+        return self.fabric_writes
 
     async def loop(self, synced: asyncio.Event) -> None:
         await synced.wait()
@@ -68,6 +84,14 @@ class NodeGating:
         finally:
             drain.cancel()
             await asyncio.gather(drain, return_exceptions=True)
+            await self.devices.stop()
+
+    def _devices_changed(self) -> None:
+        """A ResourceSlice changed: which NICs can be tainted may have (the next round)."""
+        for name, state in self.store.states.items():
+            spec = self.store.specs.get(name)
+            if spec is not None and spec.gating.device_taints:
+                state.dirty = True
 
     def forget(self, name: str) -> None:
         self.conditions.pop(name, None)
@@ -90,11 +114,20 @@ class NodeGating:
         """Decide every validation's verdict at `now` and record it in its state; a change
         the status shows dirties the status."""
         store = self.store
-        inputs = [
-            (policy(name, spec), node_facts(state, store.node_fabric, now))
-            for name, state in store.states.items()
-            if (spec := store.specs.get(name)) is not None
-        ]
+        inputs = []
+        for name, state in store.states.items():
+            spec = store.specs.get(name)
+            if spec is None:
+                continue
+            gate = self.devices.gate(name)
+            gating_policy = policy(name, spec, devices=gate is not None)
+            facts = node_facts(state, store.node_fabric, now, gate,
+                               gating_policy.max_failed_devices)  # fmt: skip
+            inputs.append((gating_policy, facts))
+            note = self.devices.note(name)
+            if state.devices_note != note:
+                state.devices_note = note
+                state.dirty = True
         decisions = decide(inputs)
         for name, verdict in decisions.verdicts.items():
             state = store.states[name]
@@ -114,14 +147,47 @@ class NodeGating:
         return decisions
 
     async def apply(self, now: datetime) -> None:
+        if not await self.devices.prepare():
+            return  # the first ResourceSlice listing: deciding without it would take the node path
         decisions = self.refresh(now)
         if not await self.validations_loaded():
             return  # a half-loaded operator never strips what another validation owns
-        changes = gating.plan_changes(self.store.node_fabric, decisions.labels, decisions.tainted)
-        self.queue.reconcile({c.node: c for c in changes})
+        store = self.store
+        changes: dict[str, Change] = {
+            c.key: c
+            for c in gating.plan_changes(store.node_fabric, decisions.labels, decisions.tainted)
+        }
+        wanted = wanted_conditions(decisions, store.states)
+        for change in plan_conditions(wanted, store.node_conditions, set(store.node_fabric)):
+            changes[change.key] = change
+        for rule in await self.devices.plan(decisions):
+            changes[rule.key] = rule
+        self.queue.reconcile(changes)
 
-    async def _write(self, change: gating.NodeChange) -> bool | None:
+    async def _write(self, change: Change) -> bool | None:
         """One queued change: True written, False the Node is gone, None failed (requeued)."""
+        if isinstance(change, RuleChange):
+            return await self.devices.write(change)
+        if isinstance(change, ConditionChange):
+            return await self._write_condition(change)
+        return await self._write_fabric(change)
+
+    async def _write_condition(self, change: ConditionChange) -> bool | None:
+        try:
+            done = await self.kube.set_node_condition(change.node, change.condition)
+        except Exception as exc:
+            log.warning("condition write to node %s failed: %s", change.node, error_text(exc))
+            return None
+        if done:
+            self.condition_writes += 1
+            conditions = self.store.node_conditions
+            if change.condition is None:
+                conditions.pop(change.node, None)
+            else:  # the watch will confirm; until then do not write the same again
+                conditions[change.node] = change.condition
+        return done
+
+    async def _write_fabric(self, change: gating.NodeChange) -> bool | None:
         node_fabric = self.store.node_fabric
         label = change.label.value if change.label is not None else None
         _, had_taint = node_fabric.get(change.node, (None, False))
@@ -134,6 +200,8 @@ class NodeGating:
         except Exception as exc:
             log.warning("gating write to node %s failed: %s", change.node, error_text(exc))
             return None
+        if done:
+            self.fabric_writes += 1
         if done and change.node in node_fabric:
             # the watch will confirm; until then do not write the same change again
             node_fabric[change.node] = (label, change.taint)

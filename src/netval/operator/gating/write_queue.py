@@ -1,4 +1,5 @@
-"""Node writes, paced: one queue entry per node, written at a fixed rate (a token bucket).
+"""Node writes, paced: one queue entry per node and kind, written at a fixed rate (a token
+bucket).
 
 A mass transition (1 % of a 100,000-node fleet failing within a minute) asks for a thousand
 Node patches at once; sent as fast as the worker threads allow they would take the API
@@ -14,6 +15,11 @@ dirtied (FIFO), so no node starves behind a flapping one. Nothing is dropped: a 
 goes back to its class's tail, and every round re-derives the wishes from what the Nodes
 carry anyway. `pending_exclusions` names the nodes whose exclusion is not written yet (the
 gate releaser waits for them).
+
+Three kinds share the queue and its bucket, each entry keyed by `change.key`: a Node's label
+and taint (`decisions.NodeChange`, keyed by the node), its `NetworkFabricReady` condition
+(`node_condition.ConditionChange`, never an exclusion) and a DeviceTaintRule
+(`devices.rules.RuleChange`: a create excludes, a delete lets workloads on).
 """
 
 from __future__ import annotations
@@ -23,9 +29,15 @@ import bisect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Final
+from typing import TYPE_CHECKING, Final, TypeAlias
 
 from netval.operator.gating.decisions import NodeChange
+from netval.operator.gating.node_condition import ConditionChange
+
+if TYPE_CHECKING:
+    from netval.operator.devices.rules import RuleChange
+
+Change: TypeAlias = "NodeChange | ConditionChange | RuleChange"
 
 log = logging.getLogger("netval.operator")
 
@@ -91,13 +103,14 @@ class LatencyHistogram:
         return out
 
 
-Write = Callable[[NodeChange], Awaitable[bool | None]]
+Write = Callable[[Change], Awaitable[bool | None]]
 
 
 class NodeWriteQueue:
-    """The latest wanted (label, taint) per node, drained at the token bucket's rate by
-    `run`; `write(change)` returns True when written, False when the Node is gone, None
-    (or raises) when it failed and must be tried again."""
+    """The latest wanted change per key (a node's label and taint, its condition, a rule),
+    drained at the token bucket's rate by `run`; `write(change)` returns True when written,
+    False when its object is gone (or it is dropped), None (or raises) when it failed and
+    must be tried again."""
 
     def __init__(
         self,
@@ -110,11 +123,11 @@ class NodeWriteQueue:
         self.bucket = bucket
         self._clock = clock
         self._limit = asyncio.Semaphore(concurrency)
-        # node -> (latest change, first-dirty time), per class; dict order is first-dirty
+        # key -> (latest change, first-dirty time), per class; dict order is first-dirty
         # order; exclusions are drained first
-        self._excluding: dict[str, tuple[NodeChange, float]] = {}
-        self._including: dict[str, tuple[NodeChange, float]] = {}
-        self.inflight: dict[str, NodeChange] = {}
+        self._excluding: dict[str, tuple[Change, float]] = {}
+        self._including: dict[str, tuple[Change, float]] = {}
+        self.inflight: dict[str, Change] = {}
         # in flight, and a round since found the node needs nothing: a failed write of it is
         # not put back (it would write a wish nobody has any more)
         self._withdrawn: set[str] = set()
@@ -128,27 +141,28 @@ class NodeWriteQueue:
         return len(self._excluding) + len(self._including)
 
     @property
-    def pending(self) -> dict[str, tuple[NodeChange, float]]:
+    def pending(self) -> dict[str, tuple[Change, float]]:
         """Every queued wish, in the order they are written (a copy)."""
         return {**self._excluding, **self._including}
 
     def pending_exclusions(self) -> set[str]:
-        """Nodes whose exclusion (label `unhealthy`, the taint) is queued or being written."""
-        out = set(self._excluding)
-        out.update(n for n, change in self.inflight.items() if change.excludes)
+        """Nodes whose exclusion (label `unhealthy`, the taint, a device taint) is queued or
+        being written."""
+        out = {change.node for change, _ in self._excluding.values()}
+        out.update(change.node for change in self.inflight.values() if change.excludes)
         return out
 
-    def _queued(self, node: str) -> tuple[NodeChange, float] | None:
-        found = self._excluding.get(node)
-        return found if found is not None else self._including.get(node)
+    def _queued(self, key: str) -> tuple[Change, float] | None:
+        found = self._excluding.get(key)
+        return found if found is not None else self._including.get(key)
 
-    def _drop(self, node: str) -> None:
-        self._excluding.pop(node, None)
-        self._including.pop(node, None)
+    def _drop(self, key: str) -> None:
+        self._excluding.pop(key, None)
+        self._including.pop(key, None)
 
-    def _put(self, change: NodeChange, dirty_at: float) -> None:
+    def _put(self, change: Change, dirty_at: float) -> None:
         """Queue at its class's tail (or in place, when it is already queued there)."""
-        node = change.node
+        node = change.key
         into, other = (
             (self._excluding, self._including) if change.excludes
             else (self._including, self._excluding)
@@ -156,10 +170,11 @@ class NodeWriteQueue:
         other.pop(node, None)
         into[node] = (change, dirty_at)
 
-    def want(self, change: NodeChange) -> None:
-        """`change.node` should carry `change`; a queued older wish for it is replaced in
-        place (its first-dirty time kept; its place too, unless it changes class)."""
-        node = change.node
+    def want(self, change: Change) -> None:
+        """`change.key`'s object should carry `change`; a queued older wish for it is
+        replaced in place (its first-dirty time kept; its place too, unless it changes
+        class)."""
+        node = change.key
         self._withdrawn.discard(node)
         queued = self._queued(node)
         if self.inflight.get(node) == change:
@@ -173,9 +188,10 @@ class NodeWriteQueue:
             self._put(change, queued[1])
             self.coalesced += 1
 
-    def reconcile(self, changes: Mapping[str, NodeChange]) -> None:
-        """This round's complete wish list (nodes whose (label, taint) differ from what they
-        carry): queued nodes missing from it already carry what they should."""
+    def reconcile(self, changes: Mapping[str, Change]) -> None:
+        """This round's complete wish list, by key (nodes whose (label, taint) or condition
+        differ from what they carry, rules to create or delete): queued keys missing from it
+        already are what they should."""
         for table in (self._excluding, self._including):
             for node in [n for n in table if n not in changes]:
                 del table[node]
@@ -183,7 +199,7 @@ class NodeWriteQueue:
         for change in changes.values():
             self.want(change)
 
-    def _next(self) -> tuple[NodeChange, float] | None:
+    def _next(self) -> tuple[Change, float] | None:
         for table in (self._excluding, self._including):
             if table:
                 node = next(iter(table))
@@ -206,7 +222,7 @@ class NodeWriteQueue:
                     self._limit.release()
                     continue
                 change, dirty_at = taken
-                self.inflight[change.node] = change
+                self.inflight[change.key] = change
                 task = asyncio.create_task(self._one(change, dirty_at))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -214,17 +230,17 @@ class NodeWriteQueue:
             for task in tasks:
                 task.cancel()
 
-    async def _one(self, change: NodeChange, dirty_at: float) -> None:
+    async def _one(self, change: Change, dirty_at: float) -> None:
         try:
             done: bool | None = None
             try:
                 done = await self._write(change)
             except Exception as exc:  # the write logs what failed; the entry comes back
-                log.debug("node write %s failed: %s", change.node, exc)
+                log.debug("node write %s failed: %s", change.key, exc)
             if (
                 done is None
-                and self._queued(change.node) is None
-                and change.node not in self._withdrawn
+                and self._queued(change.key) is None
+                and change.key not in self._withdrawn
             ):
                 self.retried += 1
                 self._put(change, dirty_at)  # its class's tail, not dropped
@@ -233,6 +249,6 @@ class NodeWriteQueue:
                 self.written += 1
                 self.latency.observe(self._clock() - dirty_at)
         finally:
-            self.inflight.pop(change.node, None)
-            self._withdrawn.discard(change.node)
+            self.inflight.pop(change.key, None)
+            self._withdrawn.discard(change.key)
             self._limit.release()

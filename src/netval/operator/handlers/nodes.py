@@ -12,7 +12,13 @@ from netval.operator.term_startup import started_runtime
 
 @kopf.on.event("", "v1", "nodes")
 async def node_event(
-    type: str | None, name: str, labels: kopf.Labels, spec: kopf.Spec, memo: kopf.Memo, **_: Any
+    type: str | None,
+    name: str,
+    labels: kopf.Labels,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     runtime = started_runtime(memo)
     if type == "DELETED":
@@ -23,4 +29,6 @@ async def node_event(
         if identity is not None:
             await identity.revoke_node(name)
     elif runtime is not None:  # else: the initial listing is replayed once the runtime exists
-        runtime.store.on_node(name, dict(labels), list(spec.get("taints") or []))
+        runtime.store.on_node(
+            name, dict(labels), list(spec.get("taints") or []), status.get("conditions")
+        )

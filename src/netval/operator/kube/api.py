@@ -180,6 +180,10 @@ class KubeApi:
     async def _run(self, concern: Concern, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await self.pools.run(concern, self._retrying, fn, *args, **kwargs)
 
+    async def run_in(self, concern: Concern, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` in `concern`'s pool, retried like the rest."""
+        return await self._run(concern, fn, *args, **kwargs)
+
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`fn(*args, **kwargs)` (a call of this client's APIs) in the pool of other calls,
         retried like the rest (`_idempotent=False` for a create)."""
@@ -294,6 +298,13 @@ class KubeApi:
 
         done = read_modify_write(f"node {node}", read, change, write, attempts=NODE_WRITE_ATTEMPTS)
         return isinstance(done, Written)
+
+    async def set_node_condition(self, node: str, wanted: tuple[str, str, str] | None) -> bool:
+        """Our NetworkFabricReady condition (status, reason, message; None removes it),
+        through nodes/status (`kube.node_status`); False if the Node is gone."""
+        from netval.operator.kube.node_status import set_condition  # it imports this module
+
+        return await self._run(Concern.NODES, set_condition, self, node, wanted)
 
     async def set_node_taint(self, node: str, key: str, value: str | None) -> bool:
         """Our NoSchedule taint `key` with `value` on a Node (None removes it); False if the

@@ -19,6 +19,7 @@ from enum import StrEnum
 from typing import Final
 
 from netval.model.beat import Beat
+from netval.operator.state import nic_health
 from netval.operator.state.validation import (
     NodeRecord,
     ValidationState,
@@ -83,6 +84,8 @@ def ingest_beat(
         rec.beat_seq = beat.seq
         if not rec.status.is_bad and rec.ok_streak < MAX_OK_STREAK:
             rec.ok_streak += 1
+        if rec.tally < MAX_OK_STREAK:
+            nic_health.count(rec)
     if targeted and not was_fresh and is_fresh(state, node, now):
         state.dirty = True
     return BeatOutcome.MATCHED

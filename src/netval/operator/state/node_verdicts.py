@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Final
 from netval.model.ids import CheckId, Status, worst
 from netval.operator.consistency.fold import NodeVerdict
 from netval.operator.consistency.fold import refresh as fleet_refresh
+from netval.operator.state import nic_health
 
 if TYPE_CHECKING:
     from netval.operator.state.validation import FailureKey, NodeRecord, ValidationState
@@ -109,6 +110,7 @@ def apply_fleet_verdict(
     fold_verdict(rec, check, status, tuple(sorted(failures)))
     if rec.status.is_bad:
         rec.ok_streak = 0  # taint recovery counts reports without this failing verdict too
+        nic_health.node_failing(rec)
     rec.failing_since = since
 
 
@@ -163,6 +165,7 @@ def set_blame(rec: NodeRecord, node: str, detail: str | None) -> bool:
         return fold_verdict(rec, BLAME, None, ())
     changed = fold_verdict(rec, BLAME, Status.FAIL, _blame_failure(rec, node, detail))
     rec.ok_streak = 0
+    nic_health.node_failing(rec)
     return changed
 
 

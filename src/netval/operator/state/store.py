@@ -19,7 +19,8 @@ from netval.model.spec import AdmissionMode, AdmissionPolicy, NetworkValidationS
 from netval.model.status import ConditionType, NetworkValidationStatus
 from netval.operator.consistency.ingest import configure_spec, fold_report
 from netval.operator.gating.decisions import has_fabric_taint
-from netval.operator.gating.facts import current_verdict
+from netval.operator.gating.facts import DeviceGate, current_verdict
+from netval.operator.gating.node_condition import carried_condition
 from netval.operator.gating.verdict import NodeDecision
 from netval.operator.ingest.decode import BeatMessage, StateChange
 from netval.operator.state import validation as vs
@@ -143,6 +144,10 @@ class Store:
         self.node_labels: dict[str, dict[str, str]] = {}
         # what netval has on each node: (netval.io/fabric label, our taint present)
         self.node_fabric: dict[str, tuple[str | None, bool]] = {}
+        # the NetworkFabricReady condition nodes carry: node -> (status, reason, message)
+        self.node_conditions: dict[str, tuple[str, str, str]] = {}
+        # device taints possible for a validation now (the gating round's devices stage)
+        self.device_gate: Callable[[str], DeviceGate | None] = lambda _: None
         # Validations that existed at start: gating waits until all are loaded, so that a
         # half-loaded operator never strips labels or taints that another validation owns.
         self.expected_validations: set[str] | None = None
@@ -408,16 +413,23 @@ class Store:
         name: str,
         labels: Mapping[str, str] | None,
         taints: list[dict[str, Any]] | None = None,
+        conditions: Any = None,
     ) -> None:
         now = utcnow()
         if labels is None:
             self.node_labels.pop(name, None)
             self.node_fabric.pop(name, None)
+            self.node_conditions.pop(name, None)
             for state in self.states.values():
                 vs.forget_node(state, name)
                 vs.set_node_targeted(state, name, False, now)
             return
         self.node_fabric[name] = (labels.get(LabelKey.FABRIC), has_fabric_taint(taints))
+        carried = carried_condition(conditions)
+        if carried is None:
+            self.node_conditions.pop(name, None)
+        elif self.node_conditions.get(name) != carried:
+            self.node_conditions[name] = carried
         # Our own label writes and kubelet status updates come back as Node events: only a
         # change of the kept labels can change what a selector matches.
         selectable = kept_labels(labels, self.label_keys)
@@ -477,7 +489,9 @@ class Store:
         status = self.previous.get(name)
         healthy = status.condition(ConditionType.HEALTHY) if status is not None else None
         usable = status.condition(ConditionType.USABLE) if status is not None else None
-        verdict = current_verdict(name, state, spec, self.node_fabric, utcnow())
+        verdict = current_verdict(
+            name, state, spec, self.node_fabric, utcnow(), self.device_gate(name)
+        )
         pending = self.exclusions_pending()
         targeted = state.targeted
         waiting = (

@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Final
 
 from netval.model.beat import report_digest
 from netval.model.ids import CheckGroup, Status, worst
+from netval.model.nics import Nic
 from netval.model.results import CheckResult, Report
 from netval.model.status import NetworkValidationStatus
 from netval.operator.consistency.fingerprint import Fleet
@@ -70,7 +71,9 @@ from netval.operator.consistency.fingerprint import forget as fleet_forget
 from netval.operator.consistency.fingerprint import touch as fleet_touch
 from netval.operator.consistency.fold import NodeVerdict
 from netval.operator.gating.verdict import Heard, ValidationVerdict
+from netval.operator.state import nic_health
 from netval.operator.state.hearing import Deafness
+from netval.operator.state.nic_health import NicHealth
 from netval.operator.state.node_verdicts import CHECK_BUCKET as _BUCKET
 from netval.operator.state.node_verdicts import (
     apply_fleet_verdict,
@@ -145,6 +148,13 @@ class NodeRecord:
     unconfirmed: bool = False
     # its rdma.errors warning of requester-side retries (netval.model.attribution), if any
     retries: RetryNote | None = None
+    # per-NIC health (state.nic_health): the last report's NICs (None: no `nics` section),
+    # reports and matching beats counted, the tally at which it last had more than j failing
+    # NICs, and the NICs that failed lately: (tally then, identity)
+    nics: NicHealth | None = None
+    tally: int = 0
+    over_at: tuple[int, ...] = ()
+    nic_failed: dict[str, tuple[int, Nic]] | None = None
 
 
 @dataclass(slots=True)
@@ -178,6 +188,8 @@ class ValidationState:
     # the node verdict of the last gating round (netval.operator.gating.verdict): what every
     # consumer reads, and the decision before of the next round
     verdict: ValidationVerdict | None = None
+    # device taints (gating.deviceTaints): None off, "" in force, else why not (the status)
+    devices_note: str | None = None
 
     @property
     def stale_after(self) -> timedelta:
@@ -473,6 +485,7 @@ def _digest(
 
     carry_over(rec, previous)
     carry_blame(rec, previous)
+    nic_health.digest(rec, report, previous)
     return rec
 
 

@@ -17,13 +17,14 @@ from netval.model.status import Condition, ConditionType, NetworkValidationStatu
 from netval.operator.consistency.ingest import apply_changes
 from netval.operator.consistency.status import consistency_status
 from netval.operator.gating.conditions import gating_condition, usable_condition
-from netval.operator.gating.facts import NodeFabric, verdict_of
+from netval.operator.gating.facts import DeviceGate, NodeFabric, verdict_of
 from netval.operator.gating.verdict import ValidationVerdict
 from netval.operator.state import validation as vs
 from netval.operator.state.aggregation import compute_status
 from netval.operator.state.east_west_matrix import east_west
 from netval.operator.state.node_verdicts import apply_blame
 from netval.operator.state.validation import ValidationState
+from netval.operator.status.nics import nic_status
 from netval.operator.status.retries import retries_summary, with_retries
 from netval.operator.status.size_budget import fit_status
 from netval.operator.topology.agreement import peer_topology_key
@@ -41,6 +42,7 @@ def validation_status(
     load_run: tuple[str, LoadRun] | None = None,
     verdict: ValidationVerdict | None = None,
     node_fabric: NodeFabric | None = None,
+    gate: DeviceGate | None = None,
 ) -> NetworkValidationStatus:
     """`load_run`: the newest finished NetworkLoadTest run on the validation ("<test>/<run
     id>", run), whose figures join status.topology.domainPairs. `verdict`: the node verdict
@@ -92,11 +94,12 @@ def validation_status(
         # decided at this `now` from this state, the last recorded verdict as the decision
         # before: what the next gating round records (deciding is idempotent), so the status
         # never lags the reports it counts
-        verdict = verdict_of(state.name, state, spec, node_fabric or {}, now)
+        verdict = verdict_of(state.name, state, spec, node_fabric or {}, now, gate)
     if verdict is not None:
         counts = {"excluded": len(verdict.excluded), "admissible": verdict.admissible}
         status = status.model_copy(update={"nodes": status.nodes.model_copy(update=counts)})
     status = with_retries(status, retries_summary(state, now))
+    status = status.model_copy(update={"nics": nic_status(state, verdict, now)})
     if spec is not None:
         usable = usable_condition(status.nodes, status.condition(ConditionType.HEALTHY), verdict)
     else:

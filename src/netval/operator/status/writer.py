@@ -185,6 +185,7 @@ class StatusWriter:
             now=now,
             load_run=store.load_runs.get(name),
             node_fabric=store.node_fabric,
+            gate=store.device_gate(name),
         )
 
     async def loop(self, synced: asyncio.Event) -> None:
