@@ -39,7 +39,7 @@ class Plan:
     hold_intervals: float = 6.0
     quiet_intervals: float = 1.0
     settle: float = 90.0
-    max_latency_ms: float = 5.0
+    max_latency_ms: float = 50.0
     max_loss_percent: float = 5.0
 
     def __post_init__(self) -> None:
