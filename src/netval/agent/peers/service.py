@@ -18,7 +18,8 @@
 - `run(stop)` takes the throughput samples in the slots the assignment names; a sample stays in the
   reports (with its age) until it is older than four schedule rotations (at least 20
   slots), or more than `throughput_keep` newer ones exist, so the operator always has
-  several per domain pair to aggregate.
+  several per domain pair to aggregate; a failed one only until a later cycle's echoes to
+  that peer pass (`netval.agent.peers.throughput_samples`).
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ import contextlib
 import json
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Final, Protocol
 
 import aiomqtt
-from pydantic import JsonValue, ValidationError
+from pydantic import ValidationError
 
 from netval.agent.peers.echo import probe_peer
 from netval.agent.peers.endpoints import (
@@ -43,9 +44,11 @@ from netval.agent.peers.endpoints import (
     first_rdma_netdev,
     interface_address,
 )
+from netval.agent.peers.reprobe import fine_paths
 from netval.agent.peers.responder import LoadGate, PeerResponder, ResponderLimits
 from netval.agent.peers.target import PeerTarget, ProbeSettings
 from netval.agent.peers.throughput import measure_throughput
+from netval.agent.peers.throughput_samples import THROUGHPUT_KEEP, ThroughputSamples
 from netval.model.ids import CheckId, Status
 from netval.model.peer_assignment import (
     MAX_ASSIGNMENT_BYTES,
@@ -69,7 +72,6 @@ log = logging.getLogger("netval.agent.peers")
 
 ENDPOINT: Final = TopicKind.ENDPOINT.value
 MAX_CONCURRENT_PEERS: Final = 16
-THROUGHPUT_KEEP: Final = 16
 SLOT_OFFSET: Final = 0.25  # seconds after a slot boundary (absorbs clock skew between nodes)
 TTL_ROTATIONS: Final = 4
 MIN_TTL_SLOTS: Final = 20
@@ -106,7 +108,6 @@ class PeerService:
         self.responder_limits = responder_limits
         self._resolve = resolve
         self._clock = clock
-        self._throughput_keep = throughput_keep
         self.subscriptions: tuple[str, ...] = (topic(validation, node, TopicKind.ASSIGNMENT),)
         self.domain: str | None = None
         # the operator's assignment arrived (it may say domain None): announcing before it
@@ -126,7 +127,7 @@ class PeerService:
         self._publish: PublishRetained | None = None
         self._collector: SampleSource | None = None
         self._announced: bytes | None = None
-        self._throughput: OrderedDict[str, tuple[CheckResult, float]] = OrderedDict()
+        self._throughput = ThroughputSamples(throughput_keep)
         self._last_drop_log: dict[DropReason, float] = {}
         self.throughput_samples = 0
         # True while a load-test plan runs (netval.agent.loadtest): no samples of our own
@@ -322,8 +323,12 @@ class PeerService:
                     settings=self.settings,
                 )
 
+        started = self._clock()
         per_peer = await asyncio.gather(*(one(t) for t in targets))
-        return [r for results in per_peer for r in results] + self._throughput_results()
+        results = [r for rs in per_peer for r in rs]
+        for peer in fine_paths(results):
+            self._throughput.path_fine(peer, started)
+        return results + self._throughput_results()
 
     # -- throughput ------------------------------------------------------------------------
 
@@ -338,26 +343,7 @@ class PeerService:
         return slots * self.slot_seconds
 
     def _throughput_results(self) -> list[CheckResult]:
-        now = self._clock()
-        ttl = self._ttl()
-        for target in [t for t, (_, at) in self._throughput.items() if now - at > ttl]:
-            del self._throughput[target]
-        out: list[CheckResult] = []
-        for result, at in reversed(self._throughput.values()):
-            age = max(0.0, now - at)
-            if age < self.slot_seconds:
-                out.append(result)
-                continue
-            observed: dict[str, JsonValue] = {**result.observed, "ageSeconds": round(age, 1)}
-            out.append(
-                result.model_copy(
-                    update={
-                        "message": f"{result.message} (measured {age:.0f} s ago)"[:1024],
-                        "observed": observed,
-                    }
-                )
-            )
-        return out
+        return self._throughput.results(self._clock(), self._ttl(), self.slot_seconds)
 
     async def sample_throughput(self, slot: int) -> CheckResult | None:
         """This node's sample of `slot`, if its assignment gives it one."""
@@ -374,10 +360,7 @@ class PeerService:
         result = await measure_throughput(
             target, checks=self.spec.checks.peers, source=self.address, settings=settings
         )
-        self._throughput[target.node] = (result, self._clock())
-        self._throughput.move_to_end(target.node)
-        while len(self._throughput) > self._throughput_keep:
-            self._throughput.popitem(last=False)
+        self._throughput.record(target.node, result, self._clock())
         self.throughput_samples += 1
         return result
 
