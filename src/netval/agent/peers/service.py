@@ -14,7 +14,9 @@
   validated with pydantic; bad ones are dropped and counted (`dropped`), never raise. A new
   domain is re-announced at once.
 - `probe_cycle(cycle, spec)` probes the peers `selection` picks for the cycle among the
-  assigned ones (latency, loss, path MTU) and appends the recent throughput samples.
+  assigned ones (latency, loss, path MTU), first the targeted re-probes of the peers this
+  node's own last results made suspect (`netval.agent.peers.reprobe`), and appends the
+  recent throughput samples.
 - `run(stop)` takes the throughput samples in the slots the assignment names; a sample stays in the
   reports (with its age) until it is older than four schedule rotations (at least 20
   slots), or more than `throughput_keep` newer ones exist, so the operator always has
@@ -44,7 +46,7 @@ from netval.agent.peers.endpoints import (
     first_rdma_netdev,
     interface_address,
 )
-from netval.agent.peers.reprobe import fine_paths
+from netval.agent.peers.reprobe import Suspects, fine_paths
 from netval.agent.peers.responder import LoadGate, PeerResponder, ResponderLimits
 from netval.agent.peers.target import PeerTarget, ProbeSettings
 from netval.agent.peers.throughput import measure_throughput
@@ -128,6 +130,7 @@ class PeerService:
         self._collector: SampleSource | None = None
         self._announced: bytes | None = None
         self._throughput = ThroughputSamples(throughput_keep)
+        self._suspects = Suspects(node)
         self._last_drop_log: dict[DropReason, float] = {}
         self.throughput_samples = 0
         # True while a load-test plan runs (netval.agent.loadtest): no samples of our own
@@ -304,7 +307,11 @@ class PeerService:
             self.spec = spec
         if not await self._ensure_ready():
             return self._own(*self.not_ready)
-        targets = [t for n in self.peers_for_cycle(cycle) if (t := self._target(n)) is not None]
+        regular = self.peers_for_cycle(cycle)
+        domains = {n: e.domain for n, e in self._endpoints.items()}
+        targeted = self._suspects.targets(cycle, regular, domains, self.domain)
+        chosen = targeted + regular
+        targets = [t for n in chosen if (t := self._target(n)) is not None]
         if not targets:
             waiting = self._own(
                 Status.SKIP, "not probed: the operator has assigned no announced peer yet"
@@ -328,7 +335,9 @@ class PeerService:
         results = [r for rs in per_peer for r in rs]
         for peer in fine_paths(results):
             self._throughput.path_fine(peer, started)
-        return results + self._throughput_results()
+        throughput = self._throughput_results()
+        self._suspects.observe(cycle, results + throughput)
+        return results + throughput
 
     # -- throughput ------------------------------------------------------------------------
 
