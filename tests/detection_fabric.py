@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from kube import wait_for
 from netns import Namespace, namespace
 from test_peers_netns import ip, run_in
 
@@ -218,7 +219,8 @@ def build(stack: contextlib.ExitStack, layout: Layout, workdir: Path) -> Fabric:
     for node in layout.nodes:
         _sysfs_tree(fabric, node)
     for ns in nodes.values():
-        ns.wait_operstate("f0", "up")
+        wait_for(lambda ns=ns: '"operstate":"UP"' in ip(ns, "-j", "link", "show", "f0"),
+                 10, what=f"f0 up in {ns.name}")  # fmt: skip
     return fabric
 
 
