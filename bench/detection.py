@@ -88,9 +88,9 @@ def render(outcome: Outcome) -> str:
         )
     if outcome.reprobes:
         lines.append(
-            f"separating evidence (a failing peer, another of its domain, one of the prober's "
-            f"own) in one report after p50 {percentile(outcome.reprobes, 50):g} / max "
-            f"{max(outcome.reprobes):g} cycles ({len(outcome.reprobes)} probers)"
+            f"a failing peer probed again next to witnesses (another of its domain, one of the "
+            f"prober's own) after p50 {percentile(outcome.reprobes, 50):g} / max "
+            f"{max(outcome.reprobes):g} cycles ({len(outcome.reprobes)} prober-peer pairs)"
         )
     lines += [f"note: {n}" for n in outcome.notes]
     return "\n".join(lines)

@@ -82,19 +82,24 @@ def run_soak(env: Env, observer: Observer, plan: Plan, log: Log) -> Soak:
     start = time.monotonic()
     time.sleep(plan.soak)
     end = time.monotonic()
-    path_mtu = [
-        (s.node, subject, message)
+    failing = [
+        (s.node, check, subject, message, s.started)
         for s in env.tap.since(start)
         for check, subject, status, message in s.bad
-        if check == "peer.path_mtu" and status in ("fail", "error")
+        if check.startswith("peer.") and status in ("fail", "error")
     ]
+    path_mtu = [(n, sub, msg) for n, check, sub, msg, _ in failing if check == "peer.path_mtu"]
     result = soak(observer.since(start), start, end, len(env.fabric.layout.nodes), path_mtu)
+    by_check: dict[str, int] = {}
+    for _n, check, *_rest in failing:
+        by_check[check] = by_check.get(check, 0) + 1
     log(f"soak {plan.soak:.0f} s: flag events {result.flag_events or 'none'}, "
-        f"peer.path_mtu failures {len(path_mtu)}")  # fmt: skip
+        f"failing peer results {by_check or 'none'}")  # fmt: skip
     for node, why in result.reasons.items():
         log(f"  {node} flagged: {why}")
-    for prober, peer, message in path_mtu[:10]:
-        log(f"  {prober} -> {peer}: {message}")
+    for prober, check, peer, message, started in failing[:20]:
+        log(f"  {prober} -> {peer} {check} (cycle at {started % plan.interval:.2f} s of the "
+            f"interval): {message}")  # fmt: skip
     return result
 
 
@@ -147,29 +152,28 @@ def describe(scored: Scored) -> str:
 
 def reprobe_cycles(env: Env, start: float, end: float, interval: float) -> list[float]:
     """For each prober that reported a failing peer between `start` and `end`: the cycles
-    until one of its reports held the evidence that separates the candidates (the failing
-    peer probed again, another peer of that peer's domain, and a peer of its own domain when
-    that is another domain) next to each other. Probers that never had it: nothing."""
+    from that report to the first later one that probed the peer again next to another
+    member of its domain and, across domains, a member of the prober's own (the evidence
+    that tells the peer's side, the fabric between and the prober's side apart). Probers
+    that never had it: nothing."""
     domain_of = env.fabric.layout.leaf_of
     firsts: dict[tuple[str, str], float] = {}
-    done: set[tuple[str, str]] = set()
     found: list[float] = []
     for s in env.tap.since(start):
         if s.at > end:
             break
-        failing = {sub for check, sub, status, _ in s.peers if status in ("fail", "error")}
         probed = {sub for _check, sub, _status, _ in s.peers}
-        for peer in failing:
-            key = (s.node, peer)
-            firsts.setdefault(key, s.started)
-        for (prober, peer), first in firsts.items():
-            if prober != s.node or peer not in probed or (prober, peer) in done:
+        for (prober, peer), first in list(firsts.items()):
+            if prober != s.node or peer not in probed or s.started <= first:
                 continue
             same = {p for p in probed if p != peer and domain_of(p) == domain_of(peer)}
             own = {p for p in probed if domain_of(p) == domain_of(s.node)}
             if same and (own or domain_of(peer) == domain_of(s.node)):
-                found.append(round((s.started - first) / interval) + 1)
-                done.add((prober, peer))
+                found.append(round((s.started - first) / interval))
+                firsts[(prober, peer)] = float("inf")  # counted once
+        for check, sub, status, _ in s.peers:
+            if status in ("fail", "error") and check != "peer.throughput":
+                firsts.setdefault((s.node, sub), s.started)
     return found
 
 
@@ -197,6 +201,7 @@ def run(layout: Layout, workdir: Path, plan: Plan, log: Log = print) -> Outcome:
         if plan.soak > 0:
             outcome.soak = run_soak(env, observer, plan, log)
         run_injections(env, observer, plan, outcome, log)
+        env.tap.dump(workdir / "reports.jsonl")
         if observer.errors:
             outcome.notes.append(f"{observer.errors} looks failed")
     return outcome

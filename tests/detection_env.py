@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import os
 import signal
 import ssl
@@ -129,6 +131,12 @@ class ReportTap:
             with contextlib.suppress(ValueError):
                 self.seen.append(reduce(Report.model_validate_json(message.payload)))
 
+    def dump(self, path: Path) -> None:
+        """Every report kept, one JSON line each (for diagnosis)."""
+        with path.open("w") as out:
+            for s in list(self.seen):
+                out.write(json.dumps(dataclasses.asdict(s), default=str) + "\n")
+
     def since(self, at: float) -> list[Seen]:
         return [s for s in list(self.seen) if s.at >= at]
 
@@ -238,6 +246,9 @@ def running(
         stack.callback(broker.stop)
         kube = KubeCluster(work / "kube").start()
         stack.callback(kube.stop)
+        # kmock matches each request against its whole log: an hour of status writes would
+        # turn every request quadratic and stall the API the operator writes to
+        kube.api.keep_requests = 500
         kube.ensure_namespace(NS)
         for node in layout.nodes:
             add_node(kube, node, {POOL_KEY: VALIDATION, LEAF_KEY: layout.leaf_of(node)})

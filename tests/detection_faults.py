@@ -65,7 +65,7 @@ class FaultClass:
 
 def _leaf_port(env: Env, node: str, up: bool) -> None:
     leaf = env.fabric.leaves[env.fabric.layout.leaf_of(node)]
-    (leaf.set_up if up else leaf.set_down)(node)
+    ip(leaf, "link", "set", node, "up" if up else "down")
 
 
 class _Flapper:

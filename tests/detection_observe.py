@@ -44,10 +44,31 @@ def look(kube: KubeCluster, nodes: list[str]) -> Look:
     )
 
 
+def trim(kube: KubeCluster, keep: int = 1000) -> None:
+    """Bound the test API's memory over a long run: the stored versions of each object, the
+    watch event log (older than any live watch needs) and the request stamps."""
+
+    async def run() -> None:
+        api = kube.api
+        async with api._lock:
+            for obj in api.objects.values():
+                if len(obj.history) > 2 * keep // 100:
+                    del obj.history[: -keep // 100]
+            for log in api._event_log.values():
+                if len(log) > 2 * keep:
+                    del log[:-keep]
+            if len(api.stamps) > 2 * keep:
+                del api.stamps[:-keep]
+
+    kube.call(run)
+
+
 class Observer:
     """Looks every `every` seconds until stopped; `looks` grows (a look is ~1 kB)."""
 
-    def __init__(self, kube: KubeCluster, nodes: list[str], every: float = 0.25) -> None:
+    TRIM_EVERY = 60.0
+
+    def __init__(self, kube: KubeCluster, nodes: list[str], every: float = 0.5) -> None:
         self.kube = kube
         self.nodes = nodes
         self.every = every
@@ -65,9 +86,13 @@ class Observer:
         self._thread.join(10)
 
     def _run(self) -> None:
+        trimmed = time.monotonic()
         while not self._stop.is_set():
             try:
                 self.looks.append(look(self.kube, self.nodes))
+                if time.monotonic() - trimmed > self.TRIM_EVERY:
+                    trim(self.kube)
+                    trimmed = time.monotonic()
             except Exception:  # a read racing the API's own thread: the next look will do
                 self.errors += 1
             self._stop.wait(self.every)
