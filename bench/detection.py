@@ -6,6 +6,7 @@ Run as root from the repository root (mosquitto, iproute2, nftables, iperf3 inst
     python bench/detection.py                          # every class twice, a 3-minute soak
     python bench/detection.py --soak 1800 --injections 0       # a 30-minute healthy soak
     python bench/detection.py --classes port_down,mtu_blackhole --injections 5 --seed 7
+    python bench/detection.py --compare before.json after.json    # two runs side by side
 
 What runs (tests/detection_*.py): 2 leaves x 4 nodes and a spine of network namespaces, the
 real `netval operator` process against the test Kubernetes API, a real `netval agent` per
@@ -24,15 +25,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from detection_campaign import Outcome, Plan, run
 from detection_fabric import Layout
 from detection_faults import CLASSES
-from detection_score import GOALS, ClassRow, percentile, table, total
+from detection_score import GOALS, ClassRow, Scored, percentile, table, total
 
-LINK_AND_CONFIG = {"uplink_loss", "mtu_blackhole", "ecn_np_off", "pfc_off", "roce_v1", "mtu_1500"}
+# the goal's "link and configuration faults": a fault of a port or an uplink, or of a node's
+# configuration (the agent faults are liveness, latency and fail-slow performance)
+LINK_AND_CONFIG = {"port_down", "flap", "port_loss", "uplink_loss", "mtu_blackhole",
+                   "ecn_np_off", "pfc_off", "roce_v1", "mtu_1500"}  # fmt: skip
 
 
 def _pct(value: float | None) -> str:
@@ -41,6 +46,12 @@ def _pct(value: float | None) -> str:
 
 def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
+
+
+def link_config_p99(scored: list[Scored]) -> float | None:
+    return percentile(
+        [s.ttd for s in scored if s.fault in LINK_AND_CONFIG and s.ttd is not None], 99
+    )
 
 
 def render(outcome: Outcome) -> str:
@@ -73,9 +84,8 @@ def render(outcome: Outcome) -> str:
         f"<={GOALS['ttd_p99_intervals']:g}{'':>3} >={_pct(GOALS['localized']):>7}"
         "   (TTD: link and configuration faults)"
     )
-    link_config = [r for r in rows if r.fault in LINK_AND_CONFIG]
-    if link_config:
-        p99 = percentile([t for r in link_config for t in r.ttds], 99)
+    if any(r.fault in LINK_AND_CONFIG for r in rows):
+        p99 = link_config_p99(outcome.scored)
         lines.append(f"link and configuration faults: TTD p99 {_s(p99)} = "
                      f"{'-' if p99 is None else f'{p99 / plan.interval:.2f}'} intervals")  # fmt: skip
     if outcome.soak is not None:
@@ -110,10 +120,58 @@ def as_json(outcome: Outcome) -> dict[str, object]:
             "flagEvents": soak.flag_events, "fpPerNodeHour": round(soak.fp_per_node_hour, 3),
             "pathMtuFailures": [list(f) for f in soak.path_mtu_failures],
         },
+        "linkConfigTtdP99Seconds": link_config_p99(outcome.scored),
         "reprobeCycles": outcome.reprobes,
         "injections": [s.as_json() for s in outcome.scored],
         "notes": outcome.notes,
     }  # fmt: skip
+
+
+def _cell(row: dict[str, Any] | None, key: str, pct: bool = False) -> str:
+    value = None if row is None else row.get(key)
+    if value is None:
+        return "-"
+    return f"{100 * value:.0f} %" if pct else f"{value:g}"
+
+
+def compare(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """Two runs' JSON side by side, as a Markdown table (before / after in each cell)."""
+    rows_b = {r["fault"]: r for r in before["classes"]}
+    rows_a = {r["fault"]: r for r in after["classes"]}
+    columns = [("injections", "injections", False), ("detected", "detected", False),
+               ("recall", "recall", True), ("precision", "precision", True),
+               ("wrong", "wrongNamings", False), ("TTD p50 s", "ttdP50Seconds", False),
+               ("TTD p99 s", "ttdP99Seconds", False), ("localized", "localized", True),
+               ("clear p50 s", "clearP50Seconds", False), ("never clear", "neverClear", False)]  # fmt: skip
+    lines = ["| class | " + " | ".join(c for c, _, _ in columns) + " |",
+             "| --- |" + " ---: |" * len(columns)]  # fmt: skip
+    total = [("all classes", before.get("total"), after.get("total"))]
+    for name, b, a in [(f, rows_b.get(f), rows_a.get(f)) for f in {**rows_b, **rows_a}] + total:
+        cells = [f"{_cell(b, k, p)} / {_cell(a, k, p)}" for _, k, p in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    soaks = [run.get("soak") or {} for run in (before, after)]
+    lines.append("")
+    lines.append(
+        "healthy soak: " + " / ".join(
+            f"{s.get('seconds', 0):.0f} s, {sum((s.get('flagEvents') or {}).values())} false "
+            f"positives ({s.get('fpPerNodeHour', '-')} per node-hour), "
+            f"{len(s.get('pathMtuFailures') or [])} peer.path_mtu failures"
+            for s in soaks
+        )
+    )  # fmt: skip
+    p99s = [
+        percentile([i["ttdSeconds"] for i in run["injections"]
+                    if i["fault"] in LINK_AND_CONFIG and i["ttdSeconds"] is not None], 99)
+        for run in (before, after)
+    ]  # fmt: skip
+    lines.append("link and configuration faults, TTD p99: " + " / ".join(_s(p) for p in p99s))
+    re = [sorted(run.get("reprobeCycles") or []) for run in (before, after)]
+    lines.append(
+        "failing peer probed again next to witnesses after (cycles, p50 / max): " + " / ".join(
+            f"{percentile(r, 50):g} / {max(r):g}" if r else "-" for r in re
+        )
+    )  # fmt: skip
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,7 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-loss-percent", type=float, default=5.0)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--workdir", type=Path, help="keep logs here (default: a temp dir)")
+    parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
+                        help="print two runs' --json side by side and exit")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.compare:
+        before, after = (json.loads(p.read_text()) for p in args.compare)
+        print(compare(before, after))
+        return 0
     # stopped by a signal, the namespaces, agents, broker and operator are still torn down
     # (a background shell starts us with SIGINT ignored)
     signal.signal(signal.SIGINT, signal.default_int_handler)
