@@ -6,6 +6,7 @@ Run as root from the repository root (mosquitto, iproute2, nftables, iperf3 inst
     python bench/detection.py                          # every class twice, a 3-minute soak
     python bench/detection.py --soak 1800 --injections 0       # a 30-minute healthy soak
     python bench/detection.py --classes port_down,mtu_blackhole --injections 5 --seed 7
+    python bench/detection.py --soak 300 --injections 0 --stall-every 2   # a busy soak
     python bench/detection.py --compare before.json after.json    # two runs side by side
 
 What runs (tests/detection_*.py): 2 leaves x 4 nodes and a spine of network namespaces, the
@@ -182,6 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--injections", type=int, default=2, help="per class")
     parser.add_argument("--soak", type=float, default=180.0, help="healthy soak, seconds")
     parser.add_argument("--interval", type=int, default=5, help="the agents' interval, s (>= 5)")
+    parser.add_argument(
+        "--stall-every",
+        type=float,
+        default=0.0,
+        help="busy soak: stop one agent at random for --stall-seconds about "
+        "this often (seconds; 0: no stalls)",
+    )
+    parser.add_argument("--stall-seconds", type=float, default=0.15)  # fmt: skip
     parser.add_argument("--hold-intervals", type=float, default=6.0)
     parser.add_argument("--settle", type=float, default=90.0)
     parser.add_argument("--leaves", type=int, default=2)
@@ -208,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         classes=tuple(c for c in args.classes.split(",") if c), injections=args.injections,
         soak=args.soak, hold_intervals=args.hold_intervals, settle=args.settle,
         max_latency_ms=args.max_latency_ms, max_loss_percent=args.max_loss_percent,
+        stall_every=args.stall_every, stall_seconds=args.stall_seconds,
     )  # fmt: skip
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="netval-detection-"))
     workdir.mkdir(parents=True, exist_ok=True)

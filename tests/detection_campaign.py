@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import random
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -41,6 +43,10 @@ class Plan:
     settle: float = 90.0
     max_latency_ms: float = 50.0
     max_loss_percent: float = 5.0
+    # a busy soak: every `stall_every` seconds one agent, at random, is stopped for
+    # `stall_seconds` (SIGSTOP/SIGCONT): a node whose CPU is taken for a moment, no fault
+    stall_every: float = 0.0
+    stall_seconds: float = 0.15
 
     def __post_init__(self) -> None:
         unknown = set(self.classes) - set(CLASSES)
@@ -78,10 +84,39 @@ def _wait_quiet(observer: Observer, seconds: float, timeout: float) -> Look | No
     return None
 
 
+@contextlib.contextmanager
+def stalls(env: Env, plan: Plan) -> Iterator[list[str]]:
+    """While inside: the busy soak's stalls (see `Plan.stall_every`); yields the stalled."""
+    stalled: list[str] = []
+    stop = threading.Event()
+    rng = random.Random(plan.seed + 1)
+
+    def run() -> None:
+        while not stop.wait(rng.uniform(0.5, 1.5) * plan.stall_every):
+            node = rng.choice(env.fabric.layout.nodes)
+            env.signal_agent(node, signal.SIGSTOP)
+            time.sleep(plan.stall_seconds)
+            env.signal_agent(node, signal.SIGCONT)
+            stalled.append(node)
+
+    thread = threading.Thread(target=run, name="stalls", daemon=True)
+    if plan.stall_every > 0:
+        thread.start()
+    try:
+        yield stalled
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join(10)
+
+
 def run_soak(env: Env, observer: Observer, plan: Plan, log: Log) -> Soak:
     start = time.monotonic()
-    time.sleep(plan.soak)
+    with stalls(env, plan) as stalled:
+        time.sleep(plan.soak)
     end = time.monotonic()
+    if stalled:
+        log(f"busy soak: {len(stalled)} stalls of {plan.stall_seconds:g} s")
     failing = [
         (s.node, check, subject, message, s.started)
         for s in env.tap.since(start)
