@@ -11,7 +11,10 @@ network namespaces wired as leaves and a spine, each node with a recorded RDMA /
                      root namespace: <MGMT>.1 (the TLS broker, the operator, the test API)
 
 Fabric addresses share one /16 (an L2 fabric through the spine), MTU 9000 everywhere. Each
-leaf's br0 has an address of its own (`sink_ip`) where a competing flow can be sent.
+leaf has a traffic host (`traffic`, a namespace on the leaf's bridge, address `sink_ip`)
+that sends a competing flow to a node: from another namespace, so that the flow's packets
+queue in the leaf's port towards the node, not in the sender's own qdisc (where TCP Small
+Queues would keep the queue short).
 
 The kernel cannot make an RDMA device in a namespace, so each node gets a recorded /sys/class
 tree (from examples/snapshots/healthy-roce: a ConnectX-7 on mlx5_core, sources in
@@ -104,6 +107,7 @@ class Fabric:
     spine: Namespace
     mgmt: Namespace
     root_link: str
+    traffic: dict[str, Namespace]  # leaf -> its traffic host
 
     def sys_root(self, node: str) -> Path:
         """The node's recorded /sys/class tree (bind-mounted over /sys/class)."""
@@ -179,6 +183,7 @@ def build(stack: contextlib.ExitStack, layout: Layout, workdir: Path) -> Fabric:
     """The namespaces and links above, torn down with `stack` (namespaces take their veths)."""
     nodes = {n: stack.enter_context(namespace()) for n in layout.nodes}
     leaves = {leaf: stack.enter_context(namespace()) for leaf in layout.leaf_names}
+    traffic = {leaf: stack.enter_context(namespace()) for leaf in layout.leaf_names}
     spine = stack.enter_context(namespace())
     mgmt = stack.enter_context(namespace())
     mtu = str(FABRIC_MTU)
@@ -190,7 +195,13 @@ def build(stack: contextlib.ExitStack, layout: Layout, workdir: Path) -> Fabric:
            "netns", spine.name)  # fmt: skip
         ip(leaf_ns, "link", "set", "up0", "master", "br0", "up")
         ip(spine, "link", "set", f"up-{leaf}", "master", "br0", "up")
-        ip(leaf_ns, "addr", "add", f"{layout.sink_ip(leaf)}/16", "dev", "br0")
+        host = traffic[leaf]
+        ip(host, *f"link add tg0 mtu {mtu} type veth peer name tg mtu {mtu}".split(),
+           "netns", leaf_ns.name)  # fmt: skip
+        ip(leaf_ns, "link", "set", "tg", "master", "br0", "up")
+        ip(host, "addr", "add", f"{layout.sink_ip(leaf)}/16", "dev", "tg0")
+        for ifname in ("lo", "tg0"):
+            ip(host, "link", "set", ifname, "up")
         shape(leaf_ns, "up0", UPLINK_MBIT)  # leaf -> spine
         shape(spine, f"up-{leaf}", UPLINK_MBIT)  # spine -> leaf
     ip(mgmt, "link", "add", "brm", "type", "bridge")
@@ -215,7 +226,7 @@ def build(stack: contextlib.ExitStack, layout: Layout, workdir: Path) -> Fabric:
             ip(ns, "link", "set", ifname, "up")
         shape(ns, "f0", PORT_MBIT)  # node -> leaf
         shape(leaf_ns, node, PORT_MBIT)  # leaf -> node
-    fabric = Fabric(layout, workdir, nodes, leaves, spine, mgmt, root_link)
+    fabric = Fabric(layout, workdir, nodes, leaves, spine, mgmt, root_link, traffic)
     for node in layout.nodes:
         _sysfs_tree(fabric, node)
     for ns in nodes.values():

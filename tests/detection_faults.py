@@ -9,7 +9,7 @@ seeded random generator.
 | flap | that port toggled `FLAP_TOGGLES` times over `FLAP_SECONDS` | link.flaps, link.carrier |
 | port_loss | nft drops `LOSS_PERCENT` % of f0's packets each way, in the node | peer.loss |
 | uplink_loss | nft drops `LOSS_PERCENT` % of what the leaf bridges through its uplink | a failing cross-leaf cell |
-| latency | f0 shaped to `LATENCY_MBIT` with a deep FIFO, an iperf3 TCP flow filling it | peer.latency, peer.loss |
+| latency | the leaf's port towards the node at `LATENCY_MBIT`, a deep FIFO kept full by a flow | peer.latency, peer.loss |
 | fail_slow | the node's port shaped to 25 % of PORT_MBIT, both ways | peer.throughput |
 | mtu_blackhole | the leaf's uplink at MTU 1500 (bridges drop jumbo frames silently) | a failing cross-leaf cell |
 | agent_kill | SIGKILL to the node's agent (restarted at the repair) | label unknown |
@@ -38,7 +38,8 @@ from test_peers_netns import ip, run_in, stop_process
 
 LOSS_PERCENT: Final = 10
 LATENCY_MBIT: Final = 20
-LATENCY_QUEUE_PACKETS: Final = 170  # about 100 ms of 1500-byte packets at LATENCY_MBIT
+LATENCY_QUEUE_PACKETS: Final = 170  # about 100 ms of 1428-byte packets at LATENCY_MBIT
+LATENCY_OFFER_MBIT: Final = 21  # the competing flow: the queue stays full, ~5 % dropped
 FLAP_TOGGLES: Final = 6
 FLAP_SECONDS: Final = 60.0
 FLAP_DOWN_SECONDS: Final = 0.3
@@ -134,30 +135,35 @@ _FLOWS: dict[str, list[subprocess.Popen[bytes]]] = {}
 
 
 def _latency(env: Env, node: str) -> str:
+    """The leaf's port towards the node at LATENCY_MBIT with a deep FIFO, kept full by a UDP
+    flow slightly above that rate from the leaf's traffic host to the node (iperf3 -R: the
+    server sends). A TCP flow would not do: in one kernel its queue stays short."""
     fabric = env.fabric
     leaf = fabric.layout.leaf_of(node)
     sink = fabric.layout.sink_ip(leaf)
-    shape(fabric.nodes[node], "f0", LATENCY_MBIT, limit=LATENCY_QUEUE_PACKETS)
-    server = subprocess.Popen(fabric.leaves[leaf].argv(["iperf3", "-s", "-1", "-B", sink]),
+    shape(fabric.leaves[leaf], node, LATENCY_MBIT, limit=LATENCY_QUEUE_PACKETS)
+    host = fabric.traffic[leaf]
+    server = subprocess.Popen(host.argv(["iperf3", "-s", "-1", "-B", sink]),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
     def listening() -> bool:
-        return ":5201" in run_in(fabric.leaves[leaf], "ss", "-ltn")
+        return ":5201" in run_in(host, "ss", "-ltn")
 
     wait_for(listening, 10, what=f"iperf3 listening on {sink}")
     client = subprocess.Popen(
-        fabric.nodes[node].argv(["iperf3", "-c", sink, "-t", "3600", "-M", "1448",
-                                 "--connect-timeout", "3000"]),
+        fabric.nodes[node].argv(["iperf3", "-c", sink, "-R", "-u", "-b", f"{LATENCY_OFFER_MBIT}M",
+                                 "-l", "1400", "-t", "3600", "--connect-timeout", "3000"]),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     _FLOWS[node] = [client, server]
-    return f"f0 at {LATENCY_MBIT} Mbit/s, one TCP flow to {sink}"
+    return f"its port at {LATENCY_MBIT} Mbit/s, kept full by a {LATENCY_OFFER_MBIT} Mbit/s flow"
 
 
 def _latency_repair(env: Env, node: str) -> None:
     for proc in _FLOWS.pop(node, []):
         stop_process(proc)
-    shape(env.fabric.nodes[node], "f0", PORT_MBIT)
+    fabric = env.fabric
+    shape(fabric.leaves[fabric.layout.leaf_of(node)], node, PORT_MBIT)
 
 
 def _fail_slow(env: Env, node: str, mbit: float = PORT_MBIT / 4) -> str:
