@@ -6,8 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from netval.agent.peers.reprobe import fine_paths
-from netval.agent.peers.throughput_samples import ThroughputSamples
+from netval.agent.peers.throughput_samples import (
+    SAMPLE_GUARD,
+    ThroughputSamples,
+    clear_of_samples,
+)
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 
@@ -43,3 +49,17 @@ def test_a_failed_throughput_sample_stops_counting_once_the_path_is_fine_again()
     kept.path_fine("b2", 110.0)  # a measurement stays
     assert [r.subject for r in kept.results(now=131.0, ttl=100.0, fresh=5.0)] == ["b2"]
     assert kept.results(now=201.0, ttl=100.0, fresh=5.0) == []  # past the TTL
+
+
+def test_echoes_wait_until_the_fleet_s_throughput_samples_are_over() -> None:
+    """Samples run 0.25 s to 1.25 s after every 5 s slot boundary (0.2 s guard either side);
+    echoes take 1 s: a cycle that would overlap waits for the window's end."""
+    slot, start, sample, echo = 5.0, 0.25, 1.0, 1.0
+    end = start + sample + SAMPLE_GUARD  # 1.45 s into the slot
+    base = 1_000_000.0  # a slot boundary
+    assert clear_of_samples(base + 0.5, slot, start, sample, echo) == pytest.approx(end - 0.5)
+    assert clear_of_samples(base + 0.0, slot, start, sample, echo) == pytest.approx(end)
+    assert clear_of_samples(base + 2.0, slot, start, sample, echo) == 0.0  # room until 4.05
+    assert clear_of_samples(base + 3.0, slot, start, sample, echo) == 0.0
+    # 4.5 s: the echoes would run into the next slot's samples: wait past them
+    assert clear_of_samples(base + 4.5, slot, start, sample, echo) == pytest.approx(0.5 + end)

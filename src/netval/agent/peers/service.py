@@ -15,8 +15,9 @@
   domain is re-announced at once.
 - `probe_cycle(cycle, spec)` probes the peers `selection` picks for the cycle among the
   assigned ones (latency, loss, path MTU), first the targeted re-probes of the peers this
-  node's own last results made suspect (`netval.agent.peers.reprobe`), and appends the
-  recent throughput samples.
+  node's own last results made suspect (`netval.agent.peers.reprobe`), outside the window
+  in which the fleet's throughput samples run (`clear_of_samples`), and appends the recent
+  throughput samples.
 - `run(stop)` takes the throughput samples in the slots the assignment names; a sample stays in the
   reports (with its age) until it is older than four schedule rotations (at least 20
   slots), or more than `throughput_keep` newer ones exist, so the operator always has
@@ -50,7 +51,11 @@ from netval.agent.peers.reprobe import Suspects, fine_paths
 from netval.agent.peers.responder import LoadGate, PeerResponder, ResponderLimits
 from netval.agent.peers.target import PeerTarget, ProbeSettings
 from netval.agent.peers.throughput import measure_throughput
-from netval.agent.peers.throughput_samples import THROUGHPUT_KEEP, ThroughputSamples
+from netval.agent.peers.throughput_samples import (
+    THROUGHPUT_KEEP,
+    ThroughputSamples,
+    clear_of_samples,
+)
 from netval.model.ids import CheckId, Status
 from netval.model.peer_assignment import (
     MAX_ASSIGNMENT_BYTES,
@@ -330,6 +335,12 @@ class PeerService:
                     settings=self.settings,
                 )
 
+        wait = clear_of_samples(
+            self._clock(), self.slot_seconds, SLOT_OFFSET, self._sample_seconds(),
+            self.settings.echo_seconds,
+        )  # fmt: skip
+        if wait > 0:
+            await asyncio.sleep(wait)
         started = self._clock()
         per_peer = await asyncio.gather(*(one(t) for t in targets))
         results = [r for rs in per_peer for r in rs]
@@ -344,6 +355,9 @@ class PeerService:
     @property
     def slot_seconds(self) -> float:
         return max(self.spec.interval_seconds, MIN_SLOT_SECONDS)
+
+    def _sample_seconds(self) -> float:
+        return min(self.settings.throughput_seconds, self.slot_seconds / 4)
 
     def _ttl(self) -> float:
         domains = {e.domain for e in self._endpoints.values()} | {self.domain}
@@ -362,10 +376,7 @@ class PeerService:
         target = self._target(peer) if peer is not None else None
         if target is None:
             return None
-        settings = replace(
-            self.settings,
-            throughput_seconds=min(self.settings.throughput_seconds, self.slot_seconds / 4),
-        )
+        settings = replace(self.settings, throughput_seconds=self._sample_seconds())
         result = await measure_throughput(
             target, checks=self.spec.checks.peers, source=self.address, settings=settings
         )

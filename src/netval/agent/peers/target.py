@@ -40,6 +40,11 @@ class ProbeSettings:
     throughput_max_bytes: int = 1 << 30
     throughput_timeout: float = 3.0  # connect / per-operation / final answer bound
 
+    @property
+    def echo_seconds(self) -> float:
+        """How long the echoes to a peer (and a path MTU that crosses) take."""
+        return self.count * self.spacing + self.reply_timeout + self.mtu_wait_max
+
     def __post_init__(self) -> None:
         if self.count < 1 or self.spacing < 0 or self.reply_timeout <= 0:
             raise ValueError("count >= 1, spacing >= 0 and reply_timeout > 0 are required")

@@ -11,6 +11,13 @@ says the path to that peer is fine (`path_fine`: the echoes of a later cycle pas
 loss and path MTU), so a fault that cleared does not linger for the TTL (issue 33: a failed
 sample was still reported "measured 81 s ago" about 100 s after the fault was repaired).
 A passing sample stays: it is a measurement, whatever came after.
+
+The samples of the whole fleet run in the same window of every slot (`SLOT_OFFSET` after
+the boundary, for at most a quarter of the slot), and a sample fills the queues of the ports
+it crosses: echoes sent then to or from a sampling node measure the loss and latency our own
+sample made, not the fabric's (measured: a node whose cycle began 0.19 s into the slot lost
+3-6 % of its echoes to every peer whenever a sample ran towards it). `clear_of_samples`
+says how long a cycle waits so that its echoes stay out of that window.
 """
 
 from __future__ import annotations
@@ -24,6 +31,21 @@ from netval.model.ids import Status
 from netval.model.results import CheckResult
 
 THROUGHPUT_KEEP: Final = 16
+SAMPLE_GUARD: Final = 0.2  # seconds either side of the samples' window (clock skew, teardown)
+
+
+def clear_of_samples(
+    now: float, slot_seconds: float, start: float, sample_seconds: float, echo_seconds: float
+) -> float:
+    """Seconds to wait from `now` (Unix time) so that echoes sent for `echo_seconds` stay
+    clear of the window, `start` to `start + sample_seconds` after every slot boundary (with
+    SAMPLE_GUARD either side), in which the fleet's throughput samples run."""
+    phase = now % slot_seconds
+    begin, end = start - SAMPLE_GUARD, start + sample_seconds + SAMPLE_GUARD
+    for shift in (-slot_seconds, 0.0, slot_seconds):
+        if phase < end + shift and phase + echo_seconds > begin + shift:
+            return end + shift - phase
+    return 0.0
 
 
 class ThroughputSamples:
