@@ -176,10 +176,12 @@ def fleet_chunk(start, count, labels):
 '''
 
 
-def run_side(src: Path, nodes: int, labels: int, chunk: int, helper_dir: Path) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{helper_dir}"}
+def run_child(child: str, path: list[Path], *args: object) -> dict[str, Any]:
+    """Run `child` (Python source) in its own process with `path` first on PYTHONPATH; the
+    JSON object its last line prints."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in path)}
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(nodes), str(labels), str(chunk)],
+        [sys.executable, "-c", child, *map(str, args)],
         env=env,
         check=True,
         capture_output=True,
@@ -187,6 +189,10 @@ def run_side(src: Path, nodes: int, labels: int, chunk: int, helper_dir: Path) -
     )
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
+
+
+def run_side(src: Path, nodes: int, labels: int, chunk: int, helper_dir: Path) -> dict[str, Any]:
+    return run_child(CHILD, [src, helper_dir], nodes, labels, chunk)
 
 
 def extract(rev: str, into: Path) -> Path:
@@ -202,21 +208,23 @@ def extract(rev: str, into: Path) -> Path:
     return into / "src"
 
 
+def merge_base() -> str:
+    """The commit this tree shares with `main`: the default `before` of a side-by-side."""
+    return subprocess.run(
+        ["git", "-C", str(ROOT), "merge-base", "HEAD", "main"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--labels", type=int, default=200)
     parser.add_argument("--before", default=None, help="git revision (default: merge-base main)")
     args = parser.parse_args()
-    before = (
-        args.before
-        or subprocess.run(
-            ["git", "-C", str(ROOT), "merge-base", "HEAD", "main"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    )
+    before = args.before or merge_base()
     sys.path.insert(0, str(ROOT / "src"))
     from netval.operator.term_startup import LIST_CHUNK
 

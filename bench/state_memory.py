@@ -13,7 +13,8 @@ ingest hands it over: the JSON bytes of a realistic report (bench/ingest.py's: 4
 2-NIC RoCE node with one storage endpoint and one peer; 1 % of nodes failing a check, 1 %
 warning) decoded by `decode_message` and given to `Store.ingest_report` (judgement, the
 consistency fingerprints, the node record). Then one status computation (what the writer
-keeps as `previous`), one gating round's inputs and one beat per node (`Store.ingest_beat`),
+keeps as `previous`), one node verdict (what a gating round keeps) and one beat per node
+(`Store.ingest_beat`),
 so the per-node bookkeeping of all three is in. Not included: Kopf's own caches (the
 NetworkValidation bodies, O(validations)), the Node watch's transient objects
 (bench/node_watch_memory.py measures those), the interpreter and imports (the baseline).
@@ -45,7 +46,7 @@ from datetime import UTC, datetime, timedelta
 from ingest import build_report, node_name, split_template, stamp, POOL_LABEL
 from netval.model.beat import Beat, report_digest
 from netval.model.spec import NetworkValidationSpec
-from netval.operator.gating.node_writer import gating_input
+from netval.operator.gating.facts import verdict_of
 from netval.operator.ingest.decode import BeatMessage, decode_message
 from netval.operator.state.store import Store
 from netval.operator.status.compute import validation_status
@@ -97,9 +98,9 @@ for i in range(nodes):
     beat = Beat(seq=2, cycle_at=now, digest=digest, worst=report.status)
     store.ingest_beat(BeatMessage(VALIDATION, name, beat), False)
 status = validation_status(state, spec, node_labels=store.node_labels, previous=None,
-                           gate=None, now=datetime.now(UTC))
+                           now=datetime.now(UTC))
 store.previous[VALIDATION] = status
-inputs = gating_input(VALIDATION, state, spec, datetime.now(UTC))
+state.verdict = verdict_of(VALIDATION, state, spec, store.node_fabric, datetime.now(UTC))
 assert len(state.targeted) == nodes and len(state.nodes) == nodes, (len(state.targeted), len(state.nodes))
 settle()
 out = {"nodes": nodes, "rss_kib": rss_kib() - base, "peak_kib": resource.getrusage(

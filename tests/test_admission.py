@@ -570,7 +570,7 @@ def test_gate_release_follows_capacity(webhook: Webhook, mosquitto_broker: Mosqu
     """Gated pods are released when the validation is Usable (not only when Healthy); a pod
     that needs more healthy nodes stays gated until there are that many."""
     kube = webhook.kube
-    kube.create(validation())
+    kube.create(validation(gating={"recoveryReports": 1}))  # gpu-b back after one report
     webhook.wait_known()  # no report yet: Usable is Unknown, so both are gated
     small = pod("small")
     big = pod("big")

@@ -22,6 +22,7 @@ from netval.operator.ingest.decode import BeatMessage, Dropped, decode_message
 from netval.operator.state import validation as vs
 from netval.operator.state.beats import BeatOutcome, ingest_beat
 from netval.operator.state.store import Store
+from state_kit import node_health
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 BEAT_TOPIC = topic("pool-a", "gpu-a", TopicKind.BEAT)
@@ -325,13 +326,13 @@ def test_a_mismatching_beat_leaves_the_report_unconfirmed_until_the_next_one() -
     outcome = ingest_beat(state, "gpu-a", beat_for(r, at=later, digest=other), later)
     assert outcome is BeatOutcome.MISMATCHED
     assert not vs.is_fresh(state, "gpu-a", later) and state.dirty
-    assert vs.node_health(state, "gpu-a", later) == "unknown"
+    assert node_health(state, "gpu-a", later) == "unknown"
     assert vs.next_deadline(state, later) is None  # nothing but a report brings it back
     # the report the beat spoke of arrives: fresh again, its beat applied
     changed = report(status=Status.FAIL, message="MTU 1500", started=NOW + timedelta(seconds=20))
     assert vs.ingest_report(state, changed, later) is vs.IngestResult.ACCEPTED
     assert vs.is_fresh(state, "gpu-a", later)
-    assert vs.node_health(state, "gpu-a", later) == "unhealthy"
+    assert node_health(state, "gpu-a", later) == "unhealthy"
 
 
 def test_a_beat_before_its_report_is_applied_when_the_report_comes() -> None:

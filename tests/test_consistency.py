@@ -19,6 +19,7 @@ from netval.operator.consistency.judge import Settings, judge_cohort
 from netval.operator.consistency.status import consistency_status
 from netval.operator.state import validation as vs
 from netval.operator.state.aggregation import compute_status
+from state_kit import node_health
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 MODEL = "15B3:1021"
@@ -169,8 +170,8 @@ def test_outlier_severity_fail_reaches_the_node_record_and_failures() -> None:
         report = _report(node, facts)
         assert vs.ingest_report(state, report, NOW).stored
         fold_report(state, report, spec, {}, NOW)
-    assert vs.node_health(state, "n03", NOW) == "unhealthy"
-    assert vs.node_health(state, "n04", NOW) == "healthy"
+    assert node_health(state, "n03", NOW) == "unhealthy"
+    assert node_health(state, "n04", NOW) == "healthy"
     status = compute_status(state, NOW, previous=None)
     assert status.nodes.failing == 1 and status.nodes.passing == 9
     assert [(f.node, f.check, f.subject) for f in status.failures] == [
@@ -186,7 +187,7 @@ def test_outlier_severity_fail_reaches_the_node_record_and_failures() -> None:
     fixed = _report("n03", {"nic_model": MODEL, "fw_ver": "new"}, later + timedelta(seconds=30))
     vs.ingest_report(state, fixed, later)
     fold_report(state, fixed, spec, {}, later)
-    assert vs.node_health(state, "n03", later) == "healthy"
+    assert node_health(state, "n03", later) == "healthy"
     summary = consistency_status(state.fleet, max_named=10)
     assert summary is not None and summary.keys[0].outliers == []
 
@@ -285,6 +286,6 @@ def test_cohort_label_splits_cohorts_through_the_store() -> None:
         fw = "old" if node == "a4" or pool == "pool-b" else "new"
         store.ingest_report(_report(node, {"nic_model": MODEL, "fw_ver": fw}, now), False)
     state = store.states["v"]
-    assert vs.node_health(state, "a4", now) == "degraded"
-    assert {vs.node_health(state, n, now) for n in nodes if n != "a4"} == {"healthy"}
+    assert node_health(state, "a4", now) == "degraded"
+    assert {node_health(state, n, now) for n in nodes if n != "a4"} == {"healthy"}
     assert sorted(state.fleet.cohorts) == [f"{MODEL} / pool-a", f"{MODEL} / pool-b"]

@@ -60,7 +60,7 @@ def test_one_node_on_other_firmware_is_an_outlier_and_gating_follows_severity(
     for node in MORE:
         add_node(cluster, node, {**GPU, "topology.kubernetes.io/zone": "rack-1"})
     nodes = [*NODES, *MORE]
-    cluster.create(validation())
+    cluster.create(validation(gating={"recoveryReports": 1}))  # back after one report
     wait_status(cluster, lambda s: s.get("nodes", {}).get("targeted") == 10, "10 targeted")
 
     messages = [report_msg(with_facts(n)) for n in nodes if n != "gpu-c"]
@@ -100,8 +100,11 @@ def test_one_node_on_other_firmware_is_an_outlier_and_gating_follows_severity(
     assert "28.39.1002" in failure["message"]
     wait_for(lambda: fabric(cluster, "gpu-c") == "unhealthy", what="gpu-c labelled unhealthy")
 
-    # gpu-c updated: consistent again, within one report
+    # gpu-c updated: consistent again, within one report; its label follows after
+    # recoveryReports (1) reports judged passing: the report that clears the outlier arrived
+    # while the fleet verdict still failed it, so the next one counts
     publish(mosquitto_broker, [report_msg(with_facts("gpu-c"))])
     status = wait_status(cluster, lambda s: s["nodes"]["failing"] == 0, "gpu-c consistent")
     assert fw_row(status)["outliers"] == []  # type: ignore[index]
+    publish(mosquitto_broker, [report_msg(with_facts("gpu-c"))])
     wait_for(lambda: fabric(cluster, "gpu-c") == "healthy", what="gpu-c labelled healthy")

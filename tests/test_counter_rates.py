@@ -22,18 +22,13 @@ from netval.agent.collect.snapshot_dir import load_snapshot
 from netval.model import (
     CheckResult,
     Checks,
-    Dcb,
-    DcbApp,
-    Gid,
-    Netdev,
     NetworkValidationSpec,
     NodeSnapshot,
-    RdmaDevice,
-    RdmaPort,
     Sample,
     Status,
 )
 from netval.model.spec import deprecated_fields_set
+from node_kit import roce_sample
 
 CAPTURES = json.loads(
     (Path(__file__).parent / "data" / "counter_captures" / "captures.json").read_text()
@@ -41,40 +36,8 @@ CAPTURES = json.loads(
 WINDOWS = (1.0, 30.0, 300.0)
 
 
-def _sample(
-    hw: dict[str, int],
-    ethtool: dict[str, int],
-    *,
-    rdma_driver: str = "mlx5_core",
-    netdev_driver: str = "mlx5_core",
-    speed_mbps: int | None = 400_000,
-) -> Sample:
-    netdev = Netdev(
-        name="eth0",
-        mtu=9000,
-        carrier=1,
-        operstate="up",
-        carrier_changes=2,
-        speed_mbps=speed_mbps,
-        driver=netdev_driver,
-        ecn_np={p: p == 3 for p in range(8)},
-        ecn_rp={p: p == 3 for p in range(8)},
-        ethtool=ethtool,
-        dcb=Dcb(frozenset({3}), app=(DcbApp("dscp", 26, 3),)),
-    )
-    port = RdmaPort(
-        device="rdma0",
-        port=1,
-        state="4: ACTIVE",
-        phys_state="5: LinkUp",
-        rate="400 Gb/sec (4X NDR)",
-        link_layer="Ethernet",
-        gids=(Gid(3, "0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2", "eth0"),),
-        hw_counters=hw,
-    )
-    return Sample(
-        {"eth0": netdev}, {"rdma0": RdmaDevice("rdma0", ports={1: port}, driver=rdma_driver)}
-    )
+def _sample(hw: dict[str, int], ethtool: dict[str, int], **kw: Any) -> Sample:
+    return roce_sample(hw, ethtool, **kw)
 
 
 def _replay(capture: dict[str, Any], window: float) -> NodeSnapshot:
@@ -110,6 +73,9 @@ def test_a_capture_gets_one_verdict_over_any_window(capture: dict[str, Any]) -> 
             result = _one(run_node_checks(_replay(capture, window), Checks()), check)
             statuses[window] = result.status.value
         assert statuses == dict.fromkeys(WINDOWS, verdict), (check, statuses)
+    if "expected_attribution" in capture:
+        result = _one(run_node_checks(_replay(capture, 30.0), Checks()), "rdma.errors")
+        assert result.observed["attribution"] == capture["expected_attribution"]
 
 
 def test_adaptive_routing_reordering_is_reported_never_judged() -> None:
@@ -121,16 +87,35 @@ def test_adaptive_routing_reordering_is_reported_never_judged() -> None:
     assert isinstance(per_second, dict) and per_second["out_of_sequence"] == 4200
 
 
-def test_retry_exceeded_fails_naming_the_family() -> None:
+def test_retry_exceeded_warns_naming_the_family_and_the_attribution() -> None:
     hw0 = {"req_transport_retries_exceeded": 0, "out_of_sequence": 0}
     hw1 = {"req_transport_retries_exceeded": 3, "out_of_sequence": 900}
     snap = NodeSnapshot("n1", "now", 10.0, (_sample(hw0, {}), _sample(hw1, {})))
     result = _one(run_node_checks(snap, Checks()), "rdma.errors")
-    assert result.status is Status.FAIL
+    assert result.status is Status.WARN
     assert result.message.startswith(
         "req_transport_retries_exceeded +3 (0.3/s) in 10s, over retry limit 0.1/s"
     )
+    assert "attribution requester" in result.message
     assert "reported only: out_of_sequence +900 (90/s)" in result.message
+    assert result.observed["attribution"] == "requester"
+    assert result.observed["counters"] == {"req_transport_retries_exceeded": 3}
+    assert result.observed["ratePerSecond"] == 0.3
+
+
+def test_retries_with_crc_errors_on_the_port_fail_as_local() -> None:
+    """The byteps capture's timeouts, on a port whose PHY shows the public 100G CRC capture
+    (mlx5-ethtool-100g-crc-errors) in the same window: the node's own link explains them."""
+    (timeouts,) = [c for c in CAPTURES if c["id"] == "mlx5-byteps-179-timeouts"]
+    (crc,) = [c for c in CAPTURES if c["id"] == "mlx5-ethtool-100g-crc-errors"]
+    both = {**timeouts, "ethtool": crc["ethtool"], "speed_mbps": crc["speed_mbps"]}
+    results = run_node_checks(_replay(both, 30.0), Checks())
+    assert _one(results, "link.phy_errors").status is Status.FAIL
+    errors = _one(results, "rdma.errors")
+    assert errors.status is Status.FAIL
+    assert errors.observed["attribution"] == "local"
+    assert errors.observed["evidence"] == ["link.phy_errors"]
+    assert "this port's own checks fail in the same window (link.phy_errors)" in errors.message
 
 
 def test_out_of_buffer_warns_as_an_application_symptom() -> None:

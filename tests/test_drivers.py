@@ -20,15 +20,12 @@ from netval.cli import main
 from netval.model import (
     CheckResult,
     Checks,
-    Dcb,
-    Gid,
     Netdev,
     NodeSnapshot,
-    RdmaDevice,
-    RdmaPort,
     Sample,
     Status,
 )
+from node_kit import roce_sample
 
 SNAPSHOTS = Path(__file__).resolve().parent.parent / "examples" / "snapshots"
 LAG = "healthy-roce-lag-renamed"
@@ -191,28 +188,15 @@ def test_mlx5_global_pause_duration_is_a_share_of_the_window(tmp_path: Path) -> 
 
 
 def _typed_node(driver: str, rdma: str, hw: dict[str, int], ethtool: dict[str, int]) -> Sample:
-    netdev = Netdev(
-        name="enp1s0",
-        mtu=9000,
-        carrier=1,
-        operstate="up",
-        carrier_changes=2,
-        speed_mbps=400000,
-        driver=driver,
-        ethtool=ethtool,
-        dcb=Dcb(frozenset({3})),
-    )
-    port = RdmaPort(
+    return roce_sample(
+        hw,
+        ethtool,
+        netdev="enp1s0",
         device=rdma,
-        port=1,
-        state="4: ACTIVE",
-        phys_state="5: LinkUp",
-        rate="400 Gb/sec (4X NDR)",
-        link_layer="Ethernet",
-        gids=(Gid(3, "0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2", "enp1s0"),),
-        hw_counters=hw,
+        rdma_driver=driver,
+        netdev_driver=driver,
+        ecn=False,
     )
-    return Sample({"enp1s0": netdev}, {rdma: RdmaDevice(rdma, ports={1: port}, driver=driver)})
 
 
 def _snap(first: Sample, last: Sample) -> NodeSnapshot:

@@ -37,7 +37,9 @@ from netval.operator.admission.options import WebhookOptions
 from netval.operator.admission.reviewer import Reviewer
 from netval.operator.gating import decisions as gating
 from netval.operator.gating.capacity import min_healthy_nodes
-from netval.operator.gating.node_writer import gating_input
+from netval.operator.gating.conditions import GatingCondition, gating_condition
+from netval.operator.gating.facts import verdict_of
+from netval.operator.gating.verdict import ValidationVerdict, merge
 from netval.operator.ingest.decode import StateChange
 from netval.operator.kueue import decisions as kueue
 from netval.operator.state.store import Store, ValidationView
@@ -73,9 +75,8 @@ def fleet_spec(**gating_fields: Any) -> NetworkValidationSpec:
 
 @dataclasses.dataclass
 class Round:
-    taints: gating.TaintDecision
-    labels: gating.LabelDecision
-    condition: gating.GatingCondition
+    verdict: ValidationVerdict
+    condition: GatingCondition
     changes: list[gating.NodeChange]
 
 
@@ -103,25 +104,21 @@ class Fleet:
 
     def gating_round(self) -> Round:
         """One round of the node writer's decisions, applied to `nodes`."""
-        v = gating_input(POOL, self.state, self.spec, datetime.now(UTC))
-        taints = gating.decide_taints(v, [n for n, (_, t) in self.nodes.items() if t])
-        labels = gating.decide_labels(
-            v, {n: label for n, (label, _) in self.nodes.items()}, taints.tainted
-        )
-        merged = gating.merge_labels([(v, labels)])
-        changes = gating.plan_changes(self.nodes, merged, taints.tainted)
+        v = verdict_of(POOL, self.state, self.spec, self.nodes, datetime.now(UTC))
+        self.state.verdict = v
+        merged = merge([v])
+        changes = gating.plan_changes(self.nodes, merged.labels, merged.tainted)
         for change in changes:
             self.nodes[change.node] = (
                 change.label.value if change.label is not None else None,
                 change.taint,
             )
-        return Round(taints, labels, gating.gating_condition(v, taints, labels), changes)
+        return Round(v, gating_condition(v), changes)
 
-    def status_and_view(self, gate: gating.GatingCondition) -> ValidationView:
+    def status_and_view(self) -> ValidationView:
         status = validation_status(
-            self.state, self.spec, node_labels={}, previous=None, gate=gate,
-            now=datetime.now(UTC),
-        )  # fmt: skip
+            self.state, self.spec, node_labels={}, previous=None, now=datetime.now(UTC)
+        )
         self.store.previous[POOL] = status
         view = self.store.validation_view(POOL)
         assert view is not None
@@ -151,18 +148,23 @@ PENDING: dict[str, Any] = {"name": "fabric", "state": "Pending"}
 
 
 @pytest.mark.parametrize(
-    ("percent", "usable", "tainted", "unhealthy", "suspect"),
-    [(1, True, 10, 10, 0), (9, True, 90, 90, 0), (30, False, 100, 100, 200)],
+    ("percent", "action", "usable", "tainted", "unhealthy", "suspect"),
+    [
+        (1, "admit", True, 10, 10, 0),
+        (9, "admit", True, 90, 90, 0),
+        (30, "admit", True, 100, 100, 200),  # the default: a tripped breaker admits
+        (30, "hold", False, 100, 100, 200),
+    ],
 )
 def test_fleet_decisions(
-    percent: int, usable: bool, tainted: int, unhealthy: int, suspect: int
+    percent: int, action: str, usable: bool, tainted: int, unhealthy: int, suspect: int
 ) -> None:
     failing = failing_nodes(percent)
-    fleet = Fleet(failing, fleet_spec())
+    fleet = Fleet(failing, fleet_spec(onBreakerTripped=action))
 
     # -- labels, taints, Gating --------------------------------------------------------------
     first = fleet.gating_round()
-    assert first.taints.cap == first.labels.cap == 100
+    assert first.verdict.cap == 100
     assert len(fleet.tainted()) == tainted and fleet.tainted() <= set(failing)
     counts = fleet.label_counts()
     want = Counter({"healthy": N - len(failing), "unhealthy": unhealthy, "suspect": suspect})
@@ -178,11 +180,12 @@ def test_fleet_decisions(
         assert "300 of 1000 targeted nodes failing" in message
         assert "not tainting 200 node(s)" in message
         assert "200 failing node(s) labelled suspect, not unhealthy" in message
+        assert f"onBreakerTripped: {action}" in message
     # the next round changes nothing: the breaker's choice is stable
     assert fleet.gating_round().changes == []
 
     # -- conditions ------------------------------------------------------------------------------
-    view = fleet.status_and_view(first.condition)
+    view = fleet.status_and_view()
     status = fleet.store.previous[POOL]
     healthy = status.condition(ConditionType.HEALTHY)
     use = status.condition(ConditionType.USABLE)
@@ -190,9 +193,11 @@ def test_fleet_decisions(
     assert healthy is not None and use is not None and gate is not None
     assert healthy.status == "False"  # some node is always failing on a fleet
     assert use.status == ("True" if usable else "False")
-    assert use.reason == ("CapacityAvailable" if usable else "TooManyFailing")
+    reason = "CapacityAvailable" if percent < 10 else "AdmittingPastBreaker"
+    assert use.reason == (reason if usable else "TooManyFailing")
     assert gate.status == ("True" if percent < 10 else "False")
     assert view.usable is usable and view.healthy_nodes == N - len(failing)
+    assert status.nodes.admissible == N - len(failing) and status.nodes.excluded == unhealthy
 
     # -- the webhook (policy capacity, the default) -------------------------------------------
     mutated = review(view, MUTATE_PODS, pod("trainer"))
@@ -248,18 +253,21 @@ def test_fleet_going_stale_together_keeps_its_labels() -> None:
         fleet.store.on_state(StateChange(POOL, node, False))
     held = fleet.gating_round()
     assert held.changes == [] and fleet.nodes == before
-    assert len(held.labels.held) == 200
+    assert len(held.verdict.held) == 190  # the 10 failing ones stay excluded, silent or not
+    assert all(held.verdict.nodes[n].excluded for n in failing[:10])
     ok, reason, message = held.condition
     assert (ok, reason) == (False, "BreakerTripped")
-    assert "200 of 1000 targeted nodes went stale at once" in message
-    view = fleet.status_and_view(held.condition)
+    assert "190 of 1000 targeted nodes went stale at once" in message
+    view = fleet.status_and_view()
     assert view.usable and view.healthy_nodes == 800
-    # a few nodes going stale is no storm: they turn unknown
-    for node in gone[:195]:
+    # a few nodes going stale is no storm: they turn unknown; the failing ones that came
+    # back passing stay out until recoveryReports (3) passing reports
+    for node in gone[5:]:
         fleet.store.on_state(StateChange(POOL, node, True))
         fleet.store.ingest_report(report(node), False)
     after = fleet.gating_round()
-    assert not after.labels.held and fleet.label_counts()["unknown"] == 5
+    assert not after.verdict.held and fleet.label_counts()["unknown"] == 5
+    assert fleet.label_counts()["unhealthy"] == 10 and len(fleet.tainted()) == 10
 
 
 # -- end to end ----------------------------------------------------------------------------------
@@ -306,13 +314,15 @@ def fleet_webhook(
 
 
 def test_fleet_end_to_end(fleet_webhook: Webhook, mosquitto_broker: MosquittoBroker) -> None:
-    """The operator on a 100-node fleet: 30 % failing trips the breaker (10 taints, 10
-    unhealthy and 20 suspect labels, Usable False) and a new Pod is gated; down to 9 %
-    the validation is Usable though still not Healthy, and the Pod is released."""
+    """The operator on a 100-node fleet with `onBreakerTripped: hold`: 30 % failing trips
+    the breaker (10 taints, 10 unhealthy and 20 suspect labels, Usable False) and a new Pod
+    is gated; down to 9 % the validation is Usable though still not Healthy, and the Pod is
+    released. (The default, `admit`: tests/test_verdict_process.py.)"""
     webhook = fleet_webhook
     kube = webhook.kube
     kube.create(validation(POOL, nodeSelector=FLEET,
-                           gating={"taint": True, "recoveryReports": 1}))  # fmt: skip
+                           gating={"taint": True, "recoveryReports": 1,
+                                   "onBreakerTripped": "hold"}))  # fmt: skip
     webhook.wait_known()
     wait_for(lambda: len(webhook.runtime.states[POOL].targeted) == E2E, timeout=60,
              what="the fleet targeted")  # fmt: skip

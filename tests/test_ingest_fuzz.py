@@ -190,7 +190,6 @@ def assert_patch_is_json(store: Store) -> None:
         store.specs[POOL],
         node_labels=store.node_labels,
         previous=store.previous.get(POOL),
-        gate=None,
         now=datetime.now(UTC),
     )
     json.dumps(status.to_patch(), allow_nan=False)

@@ -93,9 +93,9 @@ def test_silence_while_the_operator_could_not_hear_does_not_count(
     )
     late = compute_status(state, back + timedelta(seconds=31) + window, previous=None)
     assert late.nodes.reporting == 1
-    # an older floor never moves a newer one back
+    # an older reconnect never moves a newer one back
     store.note_deaf(now, timedelta(seconds=30))
-    assert state.heard_floor == back + timedelta(seconds=30)
+    assert state.deafness.spells[0].floor == back + timedelta(seconds=30)
 
 
 def test_parked_states_fold_at_their_own_time(monkeypatch: pytest.MonkeyPatch) -> None:

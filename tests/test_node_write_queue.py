@@ -106,15 +106,42 @@ def test_queue_coalesces_per_node_keeps_fifo_and_drops_wishes_already_met() -> N
         queue.want(change("a"))
         queue.want(change("b"))
         queue.want(change("c"))
-        queue.want(change("a", FabricHealth.SUSPECT))  # a again: replaced in place
+        queue.want(change("b", UNHEALTHY, taint=True))  # b again: replaced in place
         assert list(queue.pending) == ["a", "b", "c"] and queue.coalesced == 1
+        # a again, no longer excluding: replaced, behind every exclusion
+        queue.want(change("a", FabricHealth.SUSPECT))
+        assert list(queue.pending) == ["b", "c", "a"] and queue.coalesced == 2
         queue.reconcile({"c": change("c"), "a": change("a", FabricHealth.SUSPECT)})
-        assert list(queue.pending) == ["a", "c"]  # b carries what it should now
+        assert list(queue.pending) == ["c", "a"]  # b carries what it should now
         task = asyncio.create_task(queue.run())
         await until(lambda: len(writes) == 2 and not queue.inflight, "two writes", 10)
         task.cancel()
-        assert writes == [change("a", FabricHealth.SUSPECT), change("c")]
+        assert writes == [change("c"), change("a", FabricHealth.SUSPECT)]
         assert queue.written == 2 and sum(queue.latency.counts) == 2
+
+    asyncio.run(main())
+
+
+def test_exclusions_are_written_before_inclusions() -> None:
+    """A relabel queued first (healthy, unknown, a label removed), then a node that starts
+    failing: its exclusion is the next write; `pending_exclusions` names it until written."""
+
+    async def main() -> None:
+        writes: list[NodeChange] = []
+        queue = _queue(writes)
+        for i in range(50):
+            queue.want(change(f"n{i:02d}", HEALTHY))
+        queue.want(change("n10", None))  # a relabel entry that becomes a removal: stays put
+        queue.want(change("bad", UNHEALTHY))
+        queue.want(change("tainted", HEALTHY, taint=True))
+        assert list(queue.pending)[:2] == ["bad", "tainted"]
+        assert queue.pending_exclusions() == {"bad", "tainted"}
+        task = asyncio.create_task(queue.run())
+        await until(lambda: len(writes) == 52 and not queue.inflight, "every write", 10)
+        task.cancel()
+        assert [c.node for c in writes[:2]] == ["bad", "tainted"]
+        assert writes[12] == change("n10", None)  # its place among the inclusions kept
+        assert queue.pending_exclusions() == set()
 
     asyncio.run(main())
 
@@ -204,8 +231,14 @@ def _fleet_store() -> Store:
         {
             "nodeSelector": FLEET,
             "interval": "60s",
-            # every failing node labelled unhealthy: no breaker turning some into suspect
-            "gating": {"nodeLabel": True, "taint": False, "maxUnhealthyPercent": 100},
+            # every failing node labelled unhealthy: no breaker turning some into suspect;
+            # one passing report releases a node
+            "gating": {
+                "nodeLabel": True,
+                "taint": False,
+                "maxUnhealthyPercent": 100,
+                "recoveryReports": 1,
+            },
         }
     )
     store.upsert_validation(POOL, generation=1, spec=spec, body={}, status=None)

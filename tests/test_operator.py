@@ -94,7 +94,8 @@ def test_status_follows_agent_reports(
     publish(mosquitto_broker, [report_msg(report(n)) for n in NODES[:3]])
     status = wait_status(cluster, lambda s: s["nodes"]["reporting"] == 3, "3 reporting")
     assert status["nodes"] == {"targeted": 4, "reporting": 3, "passing": 3, "warning": 0,
-                               "failing": 0, "stale": 1}  # fmt: skip
+                               "failing": 0, "stale": 1, "excluded": 0,
+                               "admissible": 3}  # fmt: skip
     ready = condition(status, "Ready")
     assert ready is not None and ready["status"] == "False"
     assert "gpu-d" in ready["message"]

@@ -22,7 +22,6 @@ from netval.model import CheckId, CheckResult, Report, Status
 from netval.model.ids import CheckGroup
 from netval.model.spec import NetworkValidationSpec
 from netval.model.topology import InterfaceTopology, LldpNeighbour, TopologyReport
-from netval.operator.gating.decisions import GatingCondition
 from netval.operator.state.store import Store
 from netval.operator.state.validation import ValidationState, set_agents_ready
 from netval.operator.status import compute
@@ -93,15 +92,10 @@ def _fleet(n: int) -> tuple[Store, ValidationState, NetworkValidationSpec]:
     return store, state, spec
 
 
-GATE: GatingCondition = (False, "BreakerTripped", "tripped; " + LONG)
-
-
 @pytest.mark.timeout(600)  # 100,000 reports through the store: ~100 s on a loaded 2-core box
 def test_status_stays_under_64_kib_with_every_node_failing() -> None:
     store, state, spec = _fleet(N)
-    status = validation_status(
-        state, spec, node_labels=store.node_labels, previous=None, gate=GATE, now=NOW
-    )
+    status = validation_status(state, spec, node_labels=store.node_labels, previous=None, now=NOW)
     assert status.nodes.failing == N
     assert status.consistency is not None and status.topology is not None
     assert status.east_west is not None and status.east_west.cells
@@ -113,9 +107,7 @@ def test_fitting_halves_name_lists_and_keeps_every_count(monkeypatch: pytest.Mon
     """3,000 such nodes: each section within its own bound, together over the budget."""
     store, state, spec = _fleet(3000)
     monkeypatch.setattr(compute, "fit_status", lambda s: s)
-    raw = validation_status(
-        state, spec, node_labels=store.node_labels, previous=None, gate=GATE, now=NOW
-    )
+    raw = validation_status(state, spec, node_labels=store.node_labels, previous=None, now=NOW)
     assert status_bytes(raw) > STATUS_BUDGET
     fitted = fit_status(raw)
     assert status_bytes(fitted) <= STATUS_BUDGET

@@ -32,6 +32,7 @@ from netval.operator.topology.agreement import (
     levels_in_use,
     netdev_views,
 )
+from state_kit import node_health
 
 
 def frame(
@@ -296,7 +297,7 @@ def topology_status_patch() -> dict[str, Any]:
         )  # fmt: skip
         ingest_report(state, report, now)
     labels = {n: {"x/leaf": "blk-1"} for n in views}
-    status = validation_status(state, spec, node_labels=labels, previous=None, gate=None, now=now)
+    status = validation_status(state, spec, node_labels=labels, previous=None, now=now)
     topo = status.topology
     assert topo is not None and topo.levels_source == "declared"
     assert [(lv.key, lv.domains, lv.max_nodes) for lv in topo.levels] == [("x/leaf", 1, 4)]
@@ -312,7 +313,7 @@ def topology_status_patch() -> dict[str, Any]:
     assert len(json.dumps(patch["topology"])) < 2048
     # a validation without spec.topology writes no section (null deletes an old one)
     plain = validation_status(
-        state, NetworkValidationSpec(), node_labels=labels, previous=None, gate=None, now=now
+        state, NetworkValidationSpec(), node_labels=labels, previous=None, now=now
     )
     assert plain.topology is None and "topology.agreement" not in plain.checks
     return patch
@@ -466,7 +467,6 @@ def test_agreement_folds_into_the_node_status_and_fail_lists_a_failure() -> None
     from netval.operator.state.validation import (
         ValidationState,
         ingest_report,
-        node_health,
         set_agents_ready,
         set_targeted,
     )
@@ -498,7 +498,7 @@ def test_agreement_folds_into_the_node_status_and_fail_lists_a_failure() -> None
     for node, switch in {"a": "leaf-1", "b": "leaf-1", "c": "leaf-2"}.items():
         send(node, switch, now)
     labels = {n: {"x/leaf": "blk-1"} for n in "abc"}
-    status = validation_status(state, spec, node_labels=labels, previous=None, gate=None, now=now)
+    status = validation_status(state, spec, node_labels=labels, previous=None, now=now)
     assert (status.nodes.passing, status.nodes.failing) == (2, 1)
     assert [(f.node, f.check, f.subject) for f in status.failures] == [
         ("c", "topology.agreement", "f0")
@@ -511,16 +511,16 @@ def test_agreement_folds_into_the_node_status_and_fail_lists_a_failure() -> None
     # recabled to leaf-1: judged again, the failure goes
     later += timedelta(seconds=1)
     send("c", "leaf-1", later)
-    status = validation_status(state, spec, node_labels=labels, previous=None, gate=None, now=later)
+    status = validation_status(state, spec, node_labels=labels, previous=None, now=later)
     assert status.failures == [] and node_health(state, "c", later) == "healthy"
     # spec.topology switched off: every verdict is cleared
     send("c", "leaf-2", later + timedelta(seconds=1))
     validation_status(
-        state, spec, node_labels=labels, previous=None, gate=None, now=later + timedelta(seconds=1)
+        state, spec, node_labels=labels, previous=None, now=later + timedelta(seconds=1)
     )
     assert node_health(state, "c", later + timedelta(seconds=1)) == "unhealthy"
     off = validation_status(
-        state, NetworkValidationSpec(), node_labels=labels, previous=None, gate=None,
+        state, NetworkValidationSpec(), node_labels=labels, previous=None,
         now=later + timedelta(seconds=1),
     )  # fmt: skip
     assert off.failures == [] and "topology.agreement" not in off.checks

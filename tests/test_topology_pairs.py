@@ -91,7 +91,7 @@ def test_the_status_carries_them_and_the_newest_load_run_wins() -> None:
     store.note_load_run("v", "nightly", load_run(3.2, NOW, "r1"))
     store.note_load_run("v", "adhoc", load_run(2.0, NOW - timedelta(hours=1), "r0"))  # older
     status = validation_status(
-        state, spec, node_labels=labels, previous=None, gate=None, now=NOW,
+        state, spec, node_labels=labels, previous=None, now=NOW,
         load_run=store.load_runs.get("v"),
     )  # fmt: skip
     topo = status.topology
@@ -103,6 +103,6 @@ def test_the_status_carries_them_and_the_newest_load_run_wins() -> None:
     patch = status.to_patch()["topology"]
     assert patch["domainPairs"][0]["capacityRatio"] == 4.0  # type: ignore[index]
     # without a load test: the samples' figures alone
-    plain = validation_status(state, spec, node_labels=labels, previous=None, gate=None, now=NOW)
+    plain = validation_status(state, spec, node_labels=labels, previous=None, now=NOW)
     assert plain.topology is not None and plain.topology.load_test is None
     assert plain.topology.domain_pairs[0].oversubscription is None

@@ -86,14 +86,23 @@ def test_efa_node_judged_as_ethernet_names_the_fix(
     assert {r.check.value for r in report.results if r.status.is_bad} == {"rdma.link_layer"}
 
 
-def test_efa_retransmission_timeouts_fail_the_port(capsys: pytest.CaptureFixture[str]) -> None:
+def test_efa_retransmission_timeouts_warn_as_requester(capsys: pytest.CaptureFixture[str]) -> None:
+    """SRD timeouts and unresponsive peers are requester-side: with nothing wrong on the
+    port itself they name the peer or the path (attribution requester), not this node."""
     report = probe("fault-efa-retrans-timeouts", capsys)
-    (bad,) = [r for r in report.results if r.status.is_bad]
-    assert (bad.check.value, bad.subject) == ("rdma.errors", "rdmap144s27/1")
-    assert bad.observed["retrans_timeout_events"] == 412
-    assert bad.observed["unresponsive_remote_events"] == 23
-    assert bad.observed["impaired_remote_conn_events"] == 61
-    assert "retrans_timeout_events +412" in bad.message
+    assert [r for r in report.results if r.status.is_bad] == []
+    (warn,) = [r for r in report.results if r.status is Status.WARN]
+    assert (warn.check.value, warn.subject) == ("rdma.errors", "rdmap144s27/1")
+    assert warn.observed["retrans_timeout_events"] == 412
+    assert warn.observed["attribution"] == "requester"
+    assert warn.observed["counters"] == {
+        "retrans_timeout_events": 412,
+        "unresponsive_remote_events": 23,
+        "impaired_remote_conn_events": 61,
+    }
+    assert warn.observed["ratePerSecond"] == 49.6
+    assert "retrans_timeout_events +412" in warn.message
+    assert "attribution requester" in warn.message
 
 
 def _efa_sample(driver: str | None, name: str, link_layer: str | None = "Unknown") -> Sample:

@@ -900,6 +900,10 @@ def main() -> None:
     import make_ionic_snapshot
 
     make_ionic_snapshot.main()
+    # Who rdma.errors points at, and Intel irdma per generation (issue 28).
+    import make_attribution_snapshots
+
+    make_attribution_snapshots.main()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ meant to be judged with (`netval probe --from DIR --config DIR/checks.yaml`).
   RoCE MTU and IB counter checks say "not applicable: EFA ...".
 - fault-efa-retrans-timeouts: the same node with one path failing behind rdmap144s27: SRD
   retransmission timeouts (+412), unresponsive peers (+23) and impaired connections (+61) in
-  10 s, retransmitted packets up 2 million. Expected: rdma.errors fails on rdmap144s27/1.
+  10 s, retransmitted packets up 2 million. Expected: rdma.errors warns on rdmap144s27/1
+  with attribution requester: SRD timeouts toward peers that stopped answering are counted by
+  the sender, and nothing on the port itself fails (docs/checks.md, Attribution).
 - healthy-ib-ipoib-down: healthy-infiniband's node (two NDR ConnectX-7 HCAs in IB mode) whose
   IPoIB netdevs ibp26s0/ibp154s0 are administratively down on purpose (flags 0x1002,
   operstate "down", carrier and speed unreadable: EINVAL while down). Judged with

@@ -35,6 +35,12 @@ def _unique_priorities(values: list[int]) -> list[int]:
 Priorities = Annotated[list[Priority], AfterValidator(_unique_priorities)]
 
 
+def _unique_names(values: list[str]) -> list[str]:
+    if len(set(values)) != len(values):
+        raise ValueError(f"interfaces must be unique, got {values}")
+    return values
+
+
 class LinkLayer(StrEnum):
     ETHERNET = "Ethernet"
     INFINIBAND = "InfiniBand"
@@ -65,7 +71,15 @@ class AdmissionPolicy(StrEnum):
     """What admission (webhook gate/deny, the Kueue check, gate release) waits for."""
 
     CAPACITY = "capacity"  # Usable, enough healthy nodes, the workload's own nodes not failing
-    STRICT = "strict"  # Healthy: no targeted node failing (the behaviour before issue 20)
+    STRICT = "strict"  # Healthy: no targeted node failing
+
+
+class BreakerAction(StrEnum):
+    """What admission does while more nodes fail than `maxUnhealthyPercent` allows."""
+
+    # admit with the exclusions that still hold (the capped taints and `unhealthy` labels)
+    ADMIT = "admit"
+    HOLD = "hold"  # Usable turns False: admission waits until the failures are within the cap
 
 
 class LinkChecks(_Spec):
@@ -103,6 +117,9 @@ DEFAULT_INTERVAL: Final = "30s"
 # Each ACK timeout stalls its QP for the transport timeout (4.3 s at NCCL_IB_TIMEOUT 20): one
 # every 10 s on a port is already visible in collective times (docs/checks.md).
 DEFAULT_MAX_RETRY_ERRORS_PER_SECOND: Final = 0.1
+# A go-back-N retransmission resends the window behind the lost packet; ten per second on a
+# port is a lossy path (400/s is one packet in ~20,000 at 100 Gb/s of 4 KiB frames).
+DEFAULT_MAX_RETRANSMITS_PER_SECOND: Final = 10.0
 
 
 def _python_name(camel: str) -> str:
@@ -152,6 +169,10 @@ class RdmaChecks(_Spec):
     max_retry_errors_per_second: Annotated[float | None, Field(ge=0)] = None
     warn_receiver_errors_per_second: Annotated[float, Field(ge=0)] = 0.0
     warn_completion_errors_per_second: Annotated[float, Field(ge=0)] = 0.0
+    # Requester-side retransmissions (irdma RetransSegs/tcpRetransSegs, NAK sequence errors):
+    # TCP-based iWARP retransmits now and then on a healthy lossy fabric, so these have their
+    # own bar; over it they warn (requester) or fail with own-port evidence.
+    max_retransmits_per_second: Annotated[float, Field(ge=0)] = DEFAULT_MAX_RETRANSMITS_PER_SECOND
     # Deprecated: a count per spec.interval; read as maxRetryErrorsPerSecond = value /
     # interval when maxRetryErrorsPerSecond is not set.
     max_errors_per_interval: Annotated[int | None, Field(ge=0, strict=True)] = None
@@ -275,7 +296,7 @@ class IbCounterLimits(_Spec):
 class InfinibandChecks(_Spec):
     """`spec.checks.infiniband`: expectations for InfiniBand ports only."""
 
-    # null: rdma.minRateGbps (or, unset too, the fastest port of the same card model)
+    # null: rdma.minRateGbps (or, unset too, the fastest port of the same card and link layer)
     min_rate_gbps: Annotated[float | None, Field(ge=0)] = None
     max_counter_deltas: IbCounterLimits = Field(default_factory=IbCounterLimits)
 
@@ -320,6 +341,11 @@ DEFAULT_PEER_TOPOLOGY_KEY: Final = "topology.kubernetes.io/zone"
 class PeerChecks(_Spec):
     enabled: bool = False
     interface: IfName | None = None
+    # the node's fabric rails, in order (a NetworkLoadTest loads each, rail i to rail i of
+    # a peer); the first is the probes' interface when `interface` is not set
+    interfaces: Annotated[list[IfName], Field(max_length=16), AfterValidator(_unique_names)] = (
+        Field(default_factory=list)
+    )
     port: Annotated[int, Field(ge=1, le=65535)] = 7471
     # null: the lowest level of spec.topology (declared, else auto-detected), else
     # DEFAULT_PEER_TOPOLOGY_KEY (netval.operator.topology.agreement.peer_topology_key)
@@ -328,6 +354,12 @@ class PeerChecks(_Spec):
     max_latency_ms: Annotated[float, Field(gt=0)] = 1.0
     max_loss_percent: Annotated[float, Field(ge=0, le=100)] = 0.1
     min_throughput_ratio: Annotated[float, Field(gt=0, le=1)] = 0.5
+
+    @property
+    def primary_interface(self) -> str | None:
+        """Where the responder listens: `interface`, else the first rail, else None (the
+        first RDMA netdev)."""
+        return self.interface or (self.interfaces[0] if self.interfaces else None)
 
 
 class Checks(_Spec):
@@ -350,7 +382,9 @@ class Checks(_Spec):
     @property
     def named_interfaces(self) -> list[str]:
         """Interfaces the user asked to judge in addition to the RDMA netdevs."""
-        return list(dict.fromkeys([*self.link.interfaces, *self.mtu.interfaces]))
+        return list(
+            dict.fromkeys([*self.link.interfaces, *self.mtu.interfaces, *self.peers.interfaces])
+        )
 
 
 class Gating(_Spec):
@@ -360,6 +394,7 @@ class Gating(_Spec):
     recovery_reports: Annotated[int, Field(ge=1, le=100)] = 3
     admission: AdmissionMode = AdmissionMode.GATE
     admission_policy: AdmissionPolicy = AdmissionPolicy.CAPACITY
+    on_breaker_tripped: BreakerAction = BreakerAction.ADMIT
 
 
 class Telemetry(_Spec):

@@ -45,6 +45,8 @@ class Reason(StrEnum):
     CAPACITY_AVAILABLE = "CapacityAvailable"
     TOO_MANY_FAILING = "TooManyFailing"
     NO_HEALTHY_NODES = "NoHealthyNodes"
+    # Usable True while the breaker is tripped (gating.onBreakerTripped: admit)
+    ADMITTING_PAST_BREAKER = "AdmittingPastBreaker"
 
 
 class EventReason(StrEnum):
@@ -59,6 +61,8 @@ class EventReason(StrEnum):
     DEPRECATED_FIELD = "DeprecatedField"  # Warning: the spec sets a field read another way now
     # Warning: the Kueue Topology cannot be kept (no Kueue, no RBAC, its name taken)
     KUEUE_TOPOLOGY_FAILED = "KueueTopologyFailed"
+    # Warning: many nodes warn with requester-side retries; names the likely culprit
+    RETRIES_ATTRIBUTED = "RetriesAttributed"
 
 
 class _Status(BaseModel):
@@ -90,6 +94,11 @@ class NodeCounts(_Status):
     warning: int = 0
     failing: int = 0
     stale: int = 0
+    # what the node verdict (docs/gating.md) makes of them: nodes admission keeps workloads
+    # off, and nodes with a fresh passing or warning report no exclusion holds (None: a
+    # status computed without a verdict, or written before there was one)
+    excluded: int | None = None
+    admissible: int | None = None
 
 
 class CheckCounts(BaseModel):
@@ -113,6 +122,34 @@ class Failure(_Status):
         return redact(message)
 
 
+MAX_CULPRITS: Final = 5
+MAX_RETRY_COUNTERS: Final = 8
+
+
+class CulpritState(StrEnum):
+    OFFLINE = "offline"  # its agent's last will
+    SILENT = "silent"  # no report within 3 intervals
+    FAILING = "failing"  # its fresh report fails
+
+
+class Culprit(_Status):
+    node: str
+    state: CulpritState
+    since: datetime
+
+
+class Retries(_Status):
+    """Requester-side retries on many nodes at once and the nodes they likely point at."""
+
+    nodes: Annotated[int, Field(ge=0)]
+    since: datetime
+    counters: Annotated[list[str], Field(max_length=MAX_RETRY_COUNTERS)] = Field(
+        default_factory=list
+    )
+    culprits: Annotated[list[Culprit], Field(max_length=MAX_CULPRITS)] = Field(default_factory=list)
+    message: Annotated[str, Field(max_length=1024)]
+
+
 class NetworkValidationStatus(_Status):
     observed_generation: int = 0
     conditions: list[Condition] = Field(default_factory=list)
@@ -122,7 +159,8 @@ class NetworkValidationStatus(_Status):
     last_report_time: datetime | None = None
     east_west: EastWest | None = None  # peers.enabled: domain matrix, capacity ratios, suspects
     consistency: ConsistencyStatus | None = None  # spec.consistency.enabled: cohorts and outliers
-    topology: TopologyStatus | None = None  # issue 21: levels, discovery, disagreements
+    topology: TopologyStatus | None = None  # levels, discovery, disagreements
+    retries: Retries | None = None  # requester-side retries on many nodes: the likely culprit
 
     @classmethod
     def from_api(

@@ -31,6 +31,7 @@ class DropReason(StrEnum):
     VALIDATION_MISMATCH = "validation_mismatch"  # operator
     BAD_STATE = "bad_state"  # operator: neither online nor offline
     INTERNAL_ERROR = "internal_error"  # operator: handling the message raised (a bug)
+    WRONG_SHARD = "wrong_shard"  # operator: a node's message on a broker shard not its own
     INVALID_ENDPOINT = "invalid_endpoint"  # agent: a peer's responder announcement
     INVALID_ASSIGNMENT = "invalid_assignment"  # agent: the operator's assignment
     TABLE_FULL = "table_full"  # agent: too many peer endpoints

@@ -90,6 +90,7 @@ class _RuntimeCollector(Collector):
         yield CounterMetricFamily(
             "netval_operator_gating_writes", "Node label/taint writes", value=rt.gating.writes
         )
+        yield from _breaker_metrics(rt)
         yield from _node_write_metrics(rt)
         yield CounterMetricFamily(
             "netval_operator_topology_label_writes",
@@ -168,6 +169,46 @@ class _RuntimeCollector(Collector):
         yield from _loadtest_metrics(rt)
 
 
+def _breaker_metrics(rt: OperatorRuntime) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """The node verdict's circuit breaker, per validation (docs/gating.md "The breaker")."""
+    tripped = GaugeMetricFamily(
+        "netval_operator_breaker_tripped",
+        "1 while more nodes want exclusion than maxUnhealthyPercent allows, per validation;"
+        " action: what admission does then (gating.onBreakerTripped: admit or hold)",
+        labels=["validation", "action"],
+    )
+    for name, state in sorted(rt.store.states.items()):
+        verdict = state.verdict
+        if verdict is not None:
+            action = verdict.policy.on_breaker_tripped.value
+            tripped.add_metric([name, action], int(verdict.tripped))
+    yield tripped
+    trips = CounterMetricFamily(
+        "netval_operator_breaker_trips",
+        "Times a validation's breaker tripped, by what admission did (admit, hold)",
+        labels=["action"],
+    )
+    for action, count in sorted(rt.gating.breaker_trips.items()):
+        trips.add_metric([action], count)
+    yield trips
+    excluded = GaugeMetricFamily(
+        "netval_operator_nodes_excluded",
+        "Targeted nodes the node verdict excludes from admission (labelled unhealthy), per"
+        " validation",
+        labels=["validation"],
+    )
+    pending = GaugeMetricFamily(
+        "netval_operator_exclusions_pending",
+        "Nodes whose exclusion (label unhealthy, taint) is decided and not written yet",
+        value=len(rt.gating.queue.pending_exclusions()),
+    )
+    for name, state in sorted(rt.store.states.items()):
+        if state.verdict is not None:
+            excluded.add_metric([name], len(state.verdict.excluded))
+    yield excluded
+    yield pending
+
+
 def _node_write_metrics(
     rt: OperatorRuntime,
 ) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
@@ -204,7 +245,7 @@ def _loadtest_metrics(rt: OperatorRuntime) -> Iterator[CounterMetricFamily | Gau
     runs = CounterMetricFamily(
         "netval_loadtest_runs", "Load-test runs ended (this term), by phase", labels=["phase"]
     )
-    for phase in (RunPhase.SUCCEEDED, RunPhase.FAILED):
+    for phase in (RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.INCONCLUSIVE):
         runs.add_metric([phase.value], lt.runs_finished.get(phase.value, 0))
     yield runs
     yield GaugeMetricFamily(
@@ -234,6 +275,11 @@ def _loadtest_metrics(rt: OperatorRuntime) -> Iterator[CounterMetricFamily | Gau
     breaches = GaugeMetricFamily(
         "netval_loadtest_breaches", "Expectations the last run breached, per test", labels=["test"]
     )
+    coverage = GaugeMetricFamily(
+        "netval_loadtest_coverage_percent",
+        "The last run's counted share of its planned flows and reads, per test",
+        labels=["test"],
+    )
     storage = GaugeMetricFamily(
         "netval_loadtest_storage_per_node_mbytes_per_second",
         "The last run's per-node storage read rate under concurrent load (10^6 B/s), per test"
@@ -245,12 +291,14 @@ def _loadtest_metrics(rt: OperatorRuntime) -> Iterator[CounterMetricFamily | Gau
             over.add_metric([test], run.max_oversubscription)
         refused.add_metric([test], run.refused_flows)
         breaches.add_metric([test], len(run.breaches))
+        if run.coverage_percent is not None:
+            coverage.add_metric([test], run.coverage_percent)
         for s in run.storage:
             if s.per_node_m_bps_min is not None:
                 storage.add_metric([test, s.endpoint, "min"], s.per_node_m_bps_min)
             if s.per_node_m_bps_median is not None:
                 storage.add_metric([test, s.endpoint, "median"], s.per_node_m_bps_median)
-    yield from (over, refused, breaches, storage)
+    yield from (over, refused, breaches, coverage, storage)
 
 
 def operator_registry(runtime: OperatorRuntime) -> CollectorRegistry:

@@ -35,6 +35,7 @@ from netval.infra.task_stop import cancel_and_wait
 from netval.model.results import Report
 from netval.model.spec import NetworkValidationSpec
 from netval.model.status import EventReason
+from netval.operator.agents.rollout import apply_agents
 from netval.operator.gating.node_writer import NodeGating
 from netval.operator.ingest.assignments import assignments, leftover_topics
 from netval.operator.ingest.decode import EndpointAnnounce
@@ -42,6 +43,7 @@ from netval.operator.ingest.peer_sets import EndpointTable, epoch_of
 from netval.operator.ingest.shards import ShardedIngest
 from netval.operator.ingest.subscriber import ReportIngest
 from netval.operator.kube.api import KubeApi, error_text
+from netval.operator.loadtest.privileges import RdmaLoadTests
 from netval.operator.loadtest.runner import LoadTests
 from netval.operator.settings import OperatorSettings
 from netval.operator.state.peer_ports import PeerPortCheck
@@ -68,10 +70,13 @@ class OperatorRuntime:
         self.tracer_provider = tracer_provider
         self.tracer = tracer_provider.get_tracer("netval.operator")
         self.store = Store(
-            on_targets_changed=self.targets_changed, on_label_keys_added=self._list_missing_labels
+            on_targets_changed=self.targets_changed,
+            on_label_keys_added=self._list_missing_labels,
+            shards=settings.shard_count,
         )
         self.events = Events(kube, self.store)
         self.gating = NodeGating(settings, kube, self.store, self.events)
+        self.store.exclusions_pending = self.gating.queue.pending_exclusions
         self.topology_labels = TopologyLabels(
             settings,
             kube,
@@ -88,7 +93,6 @@ class OperatorRuntime:
             self.store,
             self.events,
             self.tracer,
-            gating_conditions=self.gating.conditions,
             before_round=self.before_round,
         )
         self.loadtests = LoadTests(
@@ -97,6 +101,9 @@ class OperatorRuntime:
             lambda group, desired: self.ingest.set_retained(desired, group=group),
             max_rate_ceiling_mbps=settings.loadtest_max_rate_mbps,
             endpoints=lambda validation: self.endpoints.of(validation),
+            rails=lambda validation: self.endpoints.rails_of(validation),
+            # the term's fencing token for load plans: this leader's clock (ms) at its start
+            term=time.time_ns() // 1_000_000,
         )
         # one session per broker shard when mqtt.shards > 1 (ingest.shards)
         ingest_kwargs: dict[str, Any] = {
@@ -106,11 +113,11 @@ class OperatorRuntime:
             "on_beat": self.store.ingest_beat,
             "on_endpoint": self.on_endpoint,
             "on_replayed": self.store.note_replay,
-            # after the operator's own connection was down, the agents get their reconnect
-            # backoff's ceiling (the default policy's, which the agent publisher uses) to
-            # come back before their silence counts
-            "on_reconnected": lambda: self.store.note_deaf(
-                utcnow(), timedelta(seconds=ReconnectPolicy().cap)
+            # after the operator's own connection to a shard was down, that shard's agents
+            # get their reconnect backoff's ceiling (the default policy's, which the agent
+            # publisher uses) to come back before their silence counts
+            "on_reconnected": lambda shard: self.store.note_deaf(
+                utcnow(), timedelta(seconds=ReconnectPolicy().cap), shard=shard
             ),
             "deleted": self.store.is_deleted,
             "tracer": self.tracer,
@@ -122,6 +129,8 @@ class OperatorRuntime:
         )
         self.peer_ports = PeerPortCheck()
         self.endpoints = EndpointTable()
+        self.rdma_tests = RdmaLoadTests()
+        self._rdma_listed = False
         self._peer_epochs: dict[str, int] = {}
         self.metrics_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -299,3 +308,38 @@ class OperatorRuntime:
 
     async def validations_loaded(self) -> bool:
         return await self.gating.validations_loaded()
+
+    # -- RDMA load tests: which agents get perftest's privileges ----------------------------
+
+    async def rdma_load(self, validation: str) -> bool:
+        """Whether `validation` has an RDMA load test (its agents get perftest's
+        privileges). The tests are listed once per term before the first answer, so a
+        validation rendered at start-up, before the load tests' handlers ran, keeps what its
+        tests ask (no roll there and back); ApiException if that list fails."""
+        if not self._rdma_listed:
+            for name, spec in (await self.kube.list_loadtest_specs()).items():
+                self.rdma_tests.note(name, spec)
+            self._rdma_listed = True
+        return validation in self.rdma_tests.validations(self.store.specs)
+
+    async def loadtest_seen(self, name: str, spec: Mapping[str, Any] | None) -> None:
+        """A load test changed or went (None): the agents of a validation that gains or
+        loses its last RDMA load test are rendered again."""
+        before = self.rdma_tests.validations(self.store.specs)
+        if spec is None:
+            self.rdma_tests.forget(name)
+        else:
+            self.rdma_tests.note(name, spec)
+        if not self._rdma_listed:
+            return  # the first validation rendered lists them all
+        after = self.rdma_tests.validations(self.store.specs)
+        for validation in sorted(before ^ after):
+            body = self.store.bodies.get(validation)
+            spec_of = self.store.specs.get(validation)
+            if body is None or spec_of is None:
+                continue
+            generation = int((body.get("metadata") or {}).get("generation") or 1)
+            log.info("agents of %s %s perftest's privileges (RDMA load tests)", validation,
+                     "get" if validation in after else "lose")  # fmt: skip
+            await apply_agents(self.kube, self.settings, body, generation, spec_of,
+                               rdma=validation in after)  # fmt: skip

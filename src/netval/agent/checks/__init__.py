@@ -6,7 +6,17 @@ from collections.abc import Callable
 from functools import partial
 from typing import Final
 
-from netval.agent.checks import ecn, gid, infiniband, link, mtu, pfc, port_counters, rdma
+from netval.agent.checks import (
+    ecn,
+    gid,
+    infiniband,
+    link,
+    mtu,
+    pfc,
+    port_counters,
+    rdma,
+    rdma_errors,
+)
 from netval.agent.checks.context import CheckContext
 from netval.agent.checks.judged import judged_subjects
 from netval.model.ids import CheckGroup, CheckId, Status
@@ -36,7 +46,7 @@ NODE_CHECKS: Final[dict[CheckId, CheckFn]] = {
     CheckId.RDMA_RATE: rdma.check_rate,
     CheckId.RDMA_GID_ROCE_V2: gid.check_gid_roce_v2,
     CheckId.RDMA_GID_INDEX: gid.check_gid_index,
-    CheckId.RDMA_ERRORS: rdma.check_errors,
+    CheckId.RDMA_ERRORS: rdma_errors.check_errors,
     CheckId.IB_PORT_ERRORS: infiniband.check_port_errors,
     CheckId.PFC_PRIORITIES: pfc.check_priorities,
     CheckId.PFC_TRUST: pfc.check_trust,

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Final
 
 _U32: Final = 1 << 32
+_MAX_DELTA: Final = (1 << 63) - 1
 
 # mlx5 hw_counters that are not Q counters (64-bit); every other mlx5 hw_counter is a Q
 # counter (32-bit).
@@ -58,7 +59,8 @@ def hw_counter_width(driver_map: str, name: str) -> int:
 
 
 def delta(first: int | None, last: int | None, *, width: int = 64) -> int | None:
-    """Growth of a counter between two samples, or None when either read failed.
+    """Growth of a counter between two samples, or None when either read failed (or holds
+    a value the counter cannot: negative, or past its width).
 
     A counter that went backwards either wrapped (only 32-bit counters do in practice: the
     mlx5 Q counters behind the RDMA error counters, carrier_changes) or was reset (driver
@@ -68,13 +70,21 @@ def delta(first: int | None, last: int | None, *, width: int = 64) -> int | None
     """
     if first is None or last is None:
         return None
+    top = 1 << width
+    if not (0 <= first < top and 0 <= last < top):
+        # A value the counter cannot hold (negative, or past its width): a hostile or
+        # corrupt read says nothing about what happened, so it reads as "not readable".
+        return None
     if last >= first:
-        return last - first
-    if width == 32 and first < _U32:
+        grown = last - first
+    elif width == 32:
         wrapped = last + _U32 - first
-        if wrapped <= _U32 // 2:
-            return wrapped
-    return last
+        grown = wrapped if wrapped <= _U32 // 2 else last
+    else:
+        grown = last
+    # Reports carry int64 (Kubernetes' JSON integers); no real window grows a counter by
+    # 2^63 events, so such a delta is as unreadable as the values behind it.
+    return grown if grown <= _MAX_DELTA else None
 
 
 def deltas(

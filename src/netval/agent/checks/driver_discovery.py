@@ -1,11 +1,14 @@
 """Which driver's counter names apply to an RDMA device or a netdev, and how that was found.
 
 An RDMA device's own PCI device is asked first (its uevent DRIVER=, recorded in the
-snapshot), so udev-renamed devices (`rocep129s0f1`, `ibp152s0f0`) are recognised. Then the
-netdev carrying its traffic; a RoCE LAG's netdev is a bond without a device, so then the
-bond's slaves (or lower_* links), which all sit on the same NIC. The RDMA name prefix
-(`mlx5_`, `bnxt_re`, ...) is the last resort. The `source` says which of these answered:
-checks put it in `observed`, so a wrong counter set can be traced to its cause.
+snapshot; live, the `device/driver` link when the uevent has none), so udev-renamed devices
+(`rocep129s0f1`, `ibp152s0f0`) are recognised and an irdma device on an IPU (`idpf`) is not
+taken for an E810 (`ice`). Then the netdev carrying its traffic; a RoCE LAG's netdev is a
+bond without a device, so then the bond's slaves (or lower_* links), which all sit on the
+same NIC. The RDMA name prefix (`mlx5_`, `bnxt_re`, ...) is the last resort, used only when
+no driver was read at all (a 1.0 snapshot): a driver that was read and has no map is never
+second-guessed from a name. The `source` says which of these answered: checks put it in
+`observed`, so a wrong counter set can be traced to its cause.
 """
 
 from __future__ import annotations
@@ -84,11 +87,16 @@ def rdma_device_driver(sample: Sample, device_name: str, netdev_name: str | None
                 seen.append(f"{netdev_name} lists no bond slaves or lower_* links")
     else:
         seen.append("no netdev is bound to it")
-    found = counters_for_rdma_prefix(device_name)
-    if found is not None:
-        return FoundDriver(found, found.drivers[0], f"RDMA device name prefix of {device_name}")
     if unknown is not None:
         return FoundDriver(None, unknown[0], unknown[1])
+    found = counters_for_rdma_prefix(device_name)
+    if found is not None:
+        # No driver was read: the counter names are the prefix's, the driver stays unknown.
+        return FoundDriver(
+            found,
+            None,
+            f"RDMA device name prefix of {device_name} ({found.name} names; no driver recorded)",
+        )
     return FoundDriver(None, None, "; ".join(seen))
 
 

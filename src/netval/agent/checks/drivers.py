@@ -23,10 +23,29 @@ Sources (torvalds/linux unless said otherwise; names checked against these files
   2025-08-14: `local_ack_timeout_err`, `packet_seq_err`, `out_of_sequence`, `np_cnp_pkts`,
   `rp_cnp_handled`, `np_ecn_marked_roce_packets`, `out_of_buffer`, `req_cqe_error`, ...).
   bnxt_re has no "CNP ignored" counter under either name.
-- ice: drivers/net/ethernet/intel/ice/ice_ethtool.c (v6.8: `link_xoff_rx.nic`,
-  `rx_priority_<p>_xoff.nic`, `rx_dropped.nic`, `rx_crc_errors.nic`); no pause-duration
-  counters. irdma: drivers/infiniband/hw/irdma/verbs.c irdma_hw_stat_names (v6.8:
-  `cnpHandled`, `cnpIgnored`, `cnpSent`, `RxECNMrkd`, `ip4InDiscards`, `rxVlanErrors`).
+- Intel irdma, one RDMA provider on three NIC drivers, one map per NIC driver (the ethtool
+  names differ; the hw_counters are irdma's on all three):
+  - hw_counters: drivers/infiniband/hw/irdma/verbs.c irdma_hw_stat_descs and type.h enum
+    irdma_hw_stats_index. A device exposes the indices below its generation's
+    IRDMA_HW_STAT_INDEX_MAX_GEN_n: GEN_1 (X722, i40e, iWARP only) and GEN_2 (E810, ice,
+    iWARP or RoCEv2) `ip4InDiscards`, `ip4InTruncatedPkts`, `rxVlanErrors`, the TCP
+    retransmission counter (IRDMA_HW_STAT_INDEX_TCPRTXSEG), and on GEN_2 `cnpHandled`,
+    `cnpIgnored`, `cnpSent`, `RxECNMrkd`. GEN_3 (IPU E2000, idpf; "[rdma v3 13/24]
+    RDMA/irdma: Add GEN3 HW statistics support", intel-wired-lan 2025-02-07, in mainline
+    with the GEN_3 series) adds `RNR sent`, `RNR received`, `Nak Sequence Error`,
+    `Nak Sequence Error Implied`, `RTO`, `Rcvd Out of order packets`, `CRC errors`, and the
+    same patch renamed TCPRTXSEG from `tcpRetransSegs` to `RetransSegs` (the table is
+    shared, so every generation reads `RetransSegs` on those kernels). Values are 64-bit
+    (irdma_update_stats() accumulates GEN_1/2 hardware counters; GEN_3's are read whole).
+  - ice: drivers/net/ethernet/intel/ice/ice_ethtool.c (v6.8: `link_xoff_rx.nic`,
+    `rx_priority_<p>_xoff.nic`, `rx_dropped.nic`, `rx_crc_errors.nic`); no pause-duration
+    counters.
+  - i40e: drivers/net/ethernet/intel/i40e/i40e_ethtool.c i40e_gstrings_stats
+    (`port.rx_crc_errors`, `port.link_xoff_rx`, `port.link_xoff_tx`, `port.rx_dropped`,
+    renamed `port.rx_discards` by "i40e: Add rx_missed_errors for buffer exhaustion").
+  - idpf: drivers/net/ethernet/intel/idpf/idpf_ethtool.c idpf_gstrings_port_stats: vport
+    statistics only (`rx-unicast_pkts`, `tx-skb_drops`, ...). The physical port belongs to
+    the IPU's control plane: no pause, PHY or per-priority drop counter on the host.
 - ionic (AMD Pensando): RDMA counter names come from the device firmware
   (drivers/infiniband/hw/ionic/ionic_hw_stats.c reads the names from the device), so the map
   lists the names Pollara firmware exposes (`rx_rdma_ecn_pkts`, `tx_rdma_cnp_pkts`,
@@ -47,7 +66,7 @@ Sources (torvalds/linux unless said otherwise; names checked against these files
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 Names = tuple[str, ...]
@@ -59,24 +78,33 @@ class DriverCounters:
     # The PCI driver of the NIC (uevent DRIVER=) and the RDMA provider, both select this map.
     drivers: tuple[str, ...]
     rdma_prefixes: tuple[str, ...]  # default RDMA device names (before udev renaming)
-    # ethtool -S names; "{p}" is the priority
-    rx_pause_duration: str | None  # microseconds the far end asked us to pause, per priority
-    tx_pause_duration: str | None  # microseconds we asked the far end to pause, per priority
-    pause_storm_events: Names  # device stall watermarks crossed
-    discards: Names  # port-level drops that a lossless class must never see
-    prio_discards: str | None  # per-priority drops, "{p}" is the priority
-    global_pause: Names  # 802.3x pause frames (rx, tx): stop every class, not one
-    global_pause_duration: Names  # microseconds of 802.3x pause (rx, tx)
-    phy_errors: Names  # post-FEC symbol errors, FCS errors, link-down events: must not grow
-    phy_corrected: Names  # FEC-corrected bits: reported, a healthy link corrects some
     # RDMA hw_counters names
     rdma_errors: Names
+    # ethtool -S names; "{p}" is the priority. A NIC without host port counters (EFA, an
+    # IPU vport) leaves them empty: their checks skip, saying so.
+    rx_pause_duration: str | None = None  # microseconds the far end asked us to pause
+    tx_pause_duration: str | None = None  # microseconds we asked the far end to pause
+    pause_storm_events: Names = ()  # device stall watermarks crossed
+    discards: Names = ()  # port-level drops that a lossless class must never see
+    prio_discards: str | None = None  # per-priority drops, "{p}" is the priority
+    global_pause: Names = ()  # 802.3x pause frames (rx, tx): stop every class, not one
+    global_pause_duration: Names = ()  # microseconds of 802.3x pause (rx, tx)
+    phy_errors: Names = ()  # post-FEC symbol errors, FCS errors, link-down events
+    phy_corrected: Names = ()  # FEC-corrected bits: reported, a healthy link corrects some
+    # RDMA congestion counters
     np_ecn_marked: Names = ()
     np_cnp_sent: Names = ()
     rp_cnp_handled: Names = ()
     rp_cnp_ignored: Names = ()
     # Why PFC/ECN checks do not apply (a fabric without host PFC/ECN), or None.
     no_qos_reason: str | None = None
+    # Why the netdev has no port (PHY, pause, drop) counters, said in their skips, or None.
+    port_counters_note: str | None = None
+
+    def lacks(self, what: str) -> str:
+        """The skip text for a counter this driver does not have, with why when known."""
+        text = f"{self.name} has no {what}"
+        return f"{text} ({self.port_counters_note})" if self.port_counters_note else text
 
     def per_prio(self, template: str, priority: int) -> str:
         return template.format(p=priority)
@@ -177,24 +205,62 @@ BNXT: Final = DriverCounters(
     rp_cnp_ignored=(),
 )
 
+# irdma hw_counters (see the module docstring for generations and sources).
+_IRDMA_ERRORS: Final = (
+    "ip4InDiscards",
+    "ip6InDiscards",
+    "ip4InTruncatedPkts",
+    "ip6InTruncatedPkts",
+    "rxVlanErrors",
+    "tcpRetransSegs",  # TCPRTXSEG before the GEN_3 series
+    "RetransSegs",  # TCPRTXSEG since
+)
+_IRDMA_GEN3_ERRORS: Final = (
+    "RTO",
+    "Nak Sequence Error",
+    "Nak Sequence Error Implied",
+    "RNR sent",
+    "RNR received",
+    "CRC errors",
+    "Rcvd Out of order packets",
+)
+
 INTEL: Final = DriverCounters(
     name="ice/irdma",
-    drivers=("ice", "irdma"),
+    drivers=("ice",),
     rdma_prefixes=("irdma",),
-    rx_pause_duration=None,
-    tx_pause_duration=None,
-    pause_storm_events=(),
     discards=("rx_dropped.nic",),
-    prio_discards=None,
     global_pause=("link_xoff_rx.nic", "link_xoff_tx.nic"),
-    global_pause_duration=(),
     phy_errors=("rx_crc_errors.nic",),
-    phy_corrected=(),
-    rdma_errors=("ip4InDiscards", "ip6InDiscards", "ip4InTruncatedPkts", "rxVlanErrors"),
+    rdma_errors=_IRDMA_ERRORS,
     np_ecn_marked=("RxECNMrkd",),
     np_cnp_sent=("cnpSent",),
     rp_cnp_handled=("cnpHandled",),
     rp_cnp_ignored=("cnpIgnored",),
+)
+
+INTEL_X722: Final = DriverCounters(
+    name="i40e/irdma",
+    drivers=("i40e",),
+    rdma_prefixes=(),
+    discards=("port.rx_dropped", "port.rx_discards"),
+    global_pause=("port.link_xoff_rx", "port.link_xoff_tx"),
+    phy_errors=("port.rx_crc_errors",),
+    rdma_errors=_IRDMA_ERRORS,  # GEN_1: iWARP only, no congestion counters
+)
+
+# The IPU's irdma: E810's RDMA names plus GEN_3's, no host port counters.
+INTEL_IPU: Final = replace(
+    INTEL,
+    name="idpf/irdma",
+    drivers=("idpf",),
+    rdma_prefixes=(),
+    rdma_errors=_IRDMA_ERRORS + _IRDMA_GEN3_ERRORS,
+    discards=(),
+    global_pause=(),
+    phy_errors=(),
+    port_counters_note="an idpf netdev is a vport of the IPU: its physical port, PHY, pause and "
+    "drop counters belong to the IPU's control plane, not to this host",
 )
 
 IONIC: Final = DriverCounters(
@@ -231,15 +297,6 @@ EFA: Final = DriverCounters(
     name="efa",
     drivers=("efa", "ena"),
     rdma_prefixes=("efa_",),
-    rx_pause_duration=None,
-    tx_pause_duration=None,
-    pause_storm_events=(),
-    discards=(),
-    prio_discards=None,
-    global_pause=(),
-    global_pause_duration=(),
-    phy_errors=(),
-    phy_corrected=(),
     rdma_errors=(
         "rx_drops",  # packets the device dropped on receive
         "rdma_read_wr_err",
@@ -253,7 +310,7 @@ EFA: Final = DriverCounters(
     no_qos_reason="EFA uses SRD: no PFC/ECN on the host (congestion control runs in the device)",
 )
 
-MAPS: Final = (MLX5, BNXT, INTEL, IONIC, EFA)
+MAPS: Final = (MLX5, BNXT, INTEL, INTEL_X722, INTEL_IPU, IONIC, EFA)
 _BY_DRIVER: Final = {driver: m for m in MAPS for driver in m.drivers}
 
 
@@ -281,10 +338,11 @@ def all_hw_counter_names() -> tuple[str, ...]:
 
 
 def hw_counter_names_for(device: str, driver: str | None) -> tuple[str, ...]:
-    """The hw_counters to read on a device: its driver's (by the device's PCI driver, else
-    its name prefix), or every known driver's when neither says. A missing counter file
-    costs a failed open, so a port does not pay for the names of drivers it is not."""
-    found = counters_for_driver(driver) or counters_for_rdma_prefix(device)
+    """The hw_counters to read on a device: its driver's (by the device's PCI driver; by its
+    name prefix only when no driver was read), or every known driver's when neither says. A
+    missing counter file costs a failed open, so a port does not pay for the names of
+    drivers it is not."""
+    found = counters_for_driver(driver) if driver else counters_for_rdma_prefix(device)
     return _NAMES_BY_MAP[found.name] if found is not None else all_hw_counter_names()
 
 

@@ -133,12 +133,14 @@ def check_pause_storm(ctx: CheckContext) -> list[CheckResult]:
                         CheckId.PFC_PAUSE_STORM,
                         subject,
                         Status.SKIP,
-                        f"{driver.name} has no per-priority pause-duration counter: pause time "
-                        "is not measurable on this NIC"
+                        driver.lacks("per-priority pause-duration counter")
+                        + ": pause time is not measurable on this NIC"
                         + (
                             " (its pause-storm events are judged above)"
                             if driver.pause_storm_events
                             else " (drops are judged in pfc.discards)"
+                            if driver.discards or driver.prio_discards
+                            else ""
                         ),
                         inputs.found.observed,
                     )
@@ -265,9 +267,7 @@ def check_discards(ctx: CheckContext) -> list[CheckResult]:
                 skipped(
                     CheckId.PFC_DISCARDS,
                     name,
-                    missing_text(names, driver)
-                    if names
-                    else f"{driver.name} has no discard counter",
+                    missing_text(names, driver) if names else driver.lacks("discard counter"),
                 )
             )
             continue

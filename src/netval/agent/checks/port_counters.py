@@ -41,7 +41,7 @@ def check_global_pause(ctx: CheckContext) -> list[CheckResult]:
             continue
         driver = inputs.counters
         if not driver.global_pause:
-            out.append(skipped(check, name, f"{driver.name} has no 802.3x pause counter"))
+            out.append(skipped(check, name, driver.lacks("802.3x pause counter")))
             continue
         frames = deltas(inputs.first, inputs.last, driver.global_pause)
         durations = deltas(inputs.first, inputs.last, driver.global_pause_duration)
@@ -114,7 +114,7 @@ def check_phy_errors(ctx: CheckContext) -> list[CheckResult]:
             continue
         driver = inputs.counters
         if not driver.phy_errors:
-            out.append(skipped(check, name, f"{driver.name} has no PHY error counter"))
+            out.append(skipped(check, name, driver.lacks("PHY error counter")))
             continue
         errors = deltas(inputs.first, inputs.last, driver.phy_errors)
         if not errors:

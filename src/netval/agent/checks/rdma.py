@@ -1,15 +1,9 @@
-"""rdma.devices, rdma.port_state, rdma.link_layer, rdma.rate, rdma.errors (GIDs: gid.py)."""
+"""rdma.devices, rdma.port_state, rdma.link_layer, rdma.rate (GIDs: gid.py, counters:
+rdma_errors.py)."""
 
 from __future__ import annotations
 
-from netval.agent.checks.context import (
-    CheckContext,
-    port_counter_inputs,
-    result,
-    skipped,
-)
-from netval.agent.checks.counters import hw_deltas, per_second
-from netval.agent.checks.rate_policy import CounterFamily, Verdict, family_of
+from netval.agent.checks.context import CheckContext, result, skipped
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.model.snapshot import RdmaPort, Transport
@@ -30,9 +24,20 @@ def _is_active(port: RdmaPort) -> bool:
     return bool(port.state and port.state.endswith(_ACTIVE))
 
 
-def _board(ctx: CheckContext, port: RdmaPort) -> str | None:
+# (link layer, board_id, PCI id): the ports expected to run at one rate.
+_RateGroup = tuple[str, str | None, str | None]
+
+
+def _rate_group(ctx: CheckContext, port: RdmaPort) -> _RateGroup:
+    """Ports of one card model on one link layer. A VPI card's InfiniBand port and its
+    Ethernet port share a board_id but not a rate; a virtual function shares the board_id
+    of its physical function but has its own PCI device id (ConnectX-7 PF 15B3:1021, VF
+    15B3:101E) and is limited to what the PF gives it."""
     device = ctx.snapshot.last.rdma.get(port.device)
-    return device.board_id if device else None
+    transport = ctx.judged.transport(port).value
+    if device is None:
+        return (transport, None, None)
+    return (transport, device.board_id, device.pci_id)
 
 
 def check_devices(ctx: CheckContext) -> list[CheckResult]:
@@ -191,24 +196,25 @@ def check_rate(ctx: CheckContext) -> list[CheckResult]:
         return _no_devices(CheckId.RDMA_RATE, ctx)
     rdma_minimum = ctx.checks.rdma.min_rate_gbps
     ib_minimum = ctx.checks.infiniband.min_rate_gbps
-    # Without a stated minimum, the ports of one card model on a node are expected to run at
-    # one rate: a port that negotiated down (a bad cable or optic) runs below its siblings.
-    # Comparing per model (board_id) keeps a 200G storage NIC beside 400G compute NICs from
-    # looking degraded.
-    fastest: dict[str | None, float] = {}
+    # Without a stated minimum, the ports of one card model on one link layer are expected to
+    # run at one rate: a port that negotiated down (a bad cable or optic) runs below its
+    # siblings. Comparing per group (_rate_group) keeps a 200G storage NIC beside 400G
+    # compute NICs, or an Ethernet VF beside InfiniBand ports, from looking degraded.
+    fastest: dict[_RateGroup, float] = {}
     for p in ctx.judged.ports:
         p_rate = p.rate_gbps
         if _is_active(p) and p_rate is not None:
-            board = _board(ctx, p)
-            fastest[board] = max(p_rate, fastest.get(board, p_rate))
+            group = _rate_group(ctx, p)
+            fastest[group] = max(p_rate, fastest.get(group, p_rate))
     out: list[CheckResult] = []
     for port in ctx.judged.ports:
         minimum, basis = rdma_minimum, "checks.rdma.minRateGbps"
         if ib_minimum is not None and ctx.judged.transport(port) is Transport.INFINIBAND:
             minimum, basis = ib_minimum, "checks.infiniband.minRateGbps"
         if minimum is None:
-            basis = "the fastest port of the same card model on this node"
-        reference = minimum if minimum is not None else fastest.get(_board(ctx, port))
+            basis = "the fastest port of the same card and link layer on this node"
+        group = _rate_group(ctx, port)
+        reference = minimum if minimum is not None else fastest.get(group)
         rate = port.rate_gbps
         if not _is_active(port):
             out.append(
@@ -230,7 +236,9 @@ def check_rate(ctx: CheckContext) -> list[CheckResult]:
                 )
             )
             continue
-        observed = {"rateGbps": rate, "rate": port.rate}
+        observed: dict[str, object] = {"rateGbps": rate, "rate": port.rate}
+        if minimum is None:
+            observed["rateGroup"] = {"linkLayer": group[0], "boardId": group[1], "pciId": group[2]}
         expected = {"minRateGbps": reference}
         if rate < reference:
             out.append(
@@ -255,84 +263,3 @@ def check_rate(ctx: CheckContext) -> list[CheckResult]:
                 )
             )
     return out
-
-
-def check_errors(ctx: CheckContext) -> list[CheckResult]:
-    if not ctx.judged.ports:
-        return _no_devices(CheckId.RDMA_ERRORS, ctx)
-    out: list[CheckResult] = []
-    for port in ctx.judged.ports:
-        inputs = port_counter_inputs(
-            ctx,
-            CheckId.RDMA_ERRORS,
-            port,
-            f"unknown RDMA driver for {port.device}: its error counter names are not mapped",
-        )
-        if isinstance(inputs, CheckResult):
-            out.append(inputs)
-            continue
-        driver, first_hw = inputs
-        grown = hw_deltas(driver.name, first_hw, port.hw_counters, driver.rdma_errors)
-        if not grown:
-            out.append(
-                skipped(
-                    CheckId.RDMA_ERRORS,
-                    port.subject,
-                    f"none of the {driver.name} error counters "
-                    f"({', '.join(driver.rdma_errors)}) is in hw_counters",
-                )
-            )
-            continue
-        if ctx.snapshot.elapsed_seconds <= 0:
-            out.append(skipped(CheckId.RDMA_ERRORS, port.subject, "zero-length sampling window"))
-            continue
-        out.append(judge_error_rates(ctx, port.subject, grown))
-    return out
-
-
-def judge_error_rates(ctx: CheckContext, subject: str, grown: dict[str, int]) -> CheckResult:
-    """rdma.errors of one port: each counter's rate against its family's policy
-    (rate_policy.py); a family over its limit is named once with its meaning."""
-    spec = ctx.checks.rdma
-    elapsed = ctx.snapshot.elapsed_seconds
-    span = ctx.interval_text()
-    over: dict[CounterFamily, list[str]] = {}
-    reported: list[str] = []
-    rates: dict[str, float] = {}
-    for name, count in grown.items():
-        rate = per_second(count, elapsed)
-        rates[name] = round(rate, 6)
-        if not count:
-            continue
-        family = family_of(name)
-        limit = family.limit(spec)
-        text = f"{name} +{count} ({rate:.3g}/s)"
-        if family.verdict is not Verdict.INFO and limit is not None and rate > limit:
-            over.setdefault(family, []).append(text)
-        else:
-            reported.append(text)
-    observed: dict[str, object] = {**grown, "perSecond": rates, "elapsedSeconds": elapsed}
-    expected = {
-        "maxRetryErrorsPerSecond": spec.retry_errors_limit,
-        "warnReceiverErrorsPerSecond": spec.warn_receiver_errors_per_second,
-        "warnCompletionErrorsPerSecond": spec.warn_completion_errors_per_second,
-    }
-    findings = [
-        f"{', '.join(texts)} in {span}, over {family.key} limit {family.limit(spec):g}/s "
-        f"({family.meaning})"
-        for family, texts in sorted(over.items(), key=lambda kv: kv[0].verdict is Verdict.WARN)
-    ]
-    tail = f"; reported only: {', '.join(reported)}" if reported else ""
-    if any(f.verdict is Verdict.FAIL for f in over):
-        status = Status.FAIL
-    elif over:
-        status = Status.WARN
-    else:
-        status = Status.PASS
-    if findings:
-        message = "; ".join(findings) + tail
-    elif reported:
-        message = f"no RDMA counter family over its limit in {span}; {', '.join(reported)}"
-    else:
-        message = f"no RDMA transport errors in {span}"
-    return result(CheckId.RDMA_ERRORS, subject, status, message, observed, expected)

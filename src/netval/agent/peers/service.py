@@ -38,7 +38,7 @@ from dataclasses import replace
 from typing import Final, Protocol
 
 import aiomqtt
-from pydantic import ValidationError
+from pydantic import JsonValue, ValidationError
 
 from netval.agent.peers.echo import probe_peer
 from netval.agent.peers.endpoints import (
@@ -48,7 +48,7 @@ from netval.agent.peers.endpoints import (
     interface_address,
 )
 from netval.agent.peers.reprobe import Suspects, fine_paths
-from netval.agent.peers.responder import LoadGate, PeerResponder, ResponderLimits
+from netval.agent.peers.responder import PeerResponder, ResponderLimits
 from netval.agent.peers.target import PeerTarget, ProbeSettings
 from netval.agent.peers.throughput import measure_throughput
 from netval.agent.peers.throughput_samples import (
@@ -140,7 +140,8 @@ class PeerService:
         self.throughput_samples = 0
         # True while a load-test plan runs (netval.agent.loadtest): no samples of our own
         self.paused: Callable[[], bool] = lambda: False
-        self.load_gate: LoadGate | None = None  # the sink's gate for planned load flows
+        # this node's load-test rails for the endpoint (netval.agent.loadtest.rails)
+        self.announce_rails: Callable[[], dict[str, JsonValue]] = dict
 
     # -- MQTT in ----------------------------------------------------------------------------
 
@@ -230,9 +231,10 @@ class PeerService:
 
     async def _ensure_ready(self) -> bool:
         if self.responder is not None:
+            self._announce()  # the rails may have changed (an address came or went)
             return True
         peers = self.spec.checks.peers
-        ifname = peers.interface
+        ifname = peers.primary_interface
         if ifname is None and self._collector is not None:
             try:
                 ifname = first_rdma_netdev(self._collector.sample(), self.spec.checks)
@@ -252,7 +254,6 @@ class PeerService:
             )
             return False
         responder = PeerResponder(address, peers.port, limits=self.responder_limits)
-        responder.load_gate = self.load_gate
         try:
             await responder.start()
         except OSError as exc:
@@ -273,7 +274,12 @@ class PeerService:
         if self._publish is None or self.address is None or self.responder is None:
             return
         payload = json.dumps(
-            {"address": self.address, "port": self.responder.udp_port, "domain": self.domain},
+            {
+                "address": self.address,
+                "port": self.responder.udp_port,
+                "domain": self.domain,
+                **self.announce_rails(),
+            },
             separators=(",", ":"),
         ).encode()
         if payload != self._announced:
@@ -306,7 +312,7 @@ class PeerService:
         """The cycle's peer.* results (see the module docstring)."""
         if spec is not None:
             if spec.checks.peers.port != self.spec.checks.peers.port or (
-                spec.checks.peers.interface != self.spec.checks.peers.interface
+                spec.checks.peers.primary_interface != self.spec.checks.peers.primary_interface
             ):
                 log.warning("peers.port/peers.interface changes take effect on agent restart")
             self.spec = spec

@@ -1,5 +1,6 @@
 """Removing the scheduling gate from gated Pods once their validation admits them (Usable
-and enough healthy nodes for each Pod, or Healthy under `admissionPolicy: strict`)."""
+and enough healthy nodes for each Pod, or Healthy under `admissionPolicy: strict`) and no
+exclusion it decided waits for its Node write."""
 
 from __future__ import annotations
 
@@ -54,9 +55,11 @@ class GateReleaser:
     once their validation admits them, by the same judgement as the webhook
     (`netval.operator.gating.capacity.judge`).
 
-    Every `interval` it asks the runtime (in memory) which validations admit workloads; it
-    lists the gated Pods of one (a label-selected list) when the validation has just turned
-    admitting or gained healthy nodes, when the webhook gated a Pod for it in the last
+    Every `interval` it asks the runtime (in memory) which validations admit workloads and
+    have no exclusion waiting for its Node write (`ValidationView.pending_exclusions`: the
+    label `unhealthy` the injected affinity reads, or the taint); it lists the gated Pods of
+    one (a label-selected list) when the validation has just turned admitting or gained
+    healthy nodes, when the webhook gated a Pod for it in the last
     `dirty_grace` seconds (a Pod gated just before the turn), or every `resync` seconds. A
     Pod whose `netval.io/min-healthy-nodes` asks for more healthy nodes than there are stays
     gated. Each Pod is patched with its resourceVersion (a 409 re-reads and retries); other
@@ -113,7 +116,9 @@ class GateReleaser:
     async def pass_once(self, runtime: OperatorRuntime) -> None:
         for name in list(runtime.specs):
             view = runtime.validation_view(name)
-            if view is None or not judge(view).ok:
+            # an exclusion decided and not on its Node yet (the label the injected affinity
+            # reads, the taint): a Pod released now could land on that node
+            if view is None or view.pending_exclusions or not judge(view).ok:
                 self._healthy[name] = (False, 0)
                 continue
             was, had = self._healthy.get(name, (False, 0))

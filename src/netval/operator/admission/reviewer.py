@@ -249,8 +249,9 @@ def _remember(cache: dict[str, Any], key: str, value: Any, bound: int) -> None:
 
 
 def view_from_object(obj: Mapping[str, Any]) -> ValidationView:
-    """A NetworkValidation object as admission sees it (no per-node health: the object does
-    not carry it; admission needs only the conditions, counts, failures and the modes)."""
+    """A NetworkValidation object as admission sees it (no per-node decisions: the object
+    does not carry them; admission needs only the conditions, counts, failures and the
+    modes)."""
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     gating = spec.get("gating") or {}
@@ -269,7 +270,7 @@ def view_from_object(obj: Mapping[str, Any]) -> ValidationView:
         healthy=healthy is not None and healthy.get("status") == "True",
         healthy_message=str(healthy.get("message") or "") if healthy else "no status yet",
         admission=AdmissionMode.DENY if mode == AdmissionMode.DENY.value else AdmissionMode.GATE,
-        node_health={},
+        decisions={},
         failures=failures,
         # an unknown policy (a newer operator's) is judged the stricter way
         policy=AdmissionPolicy.CAPACITY
@@ -278,7 +279,10 @@ def view_from_object(obj: Mapping[str, Any]) -> ValidationView:
         else AdmissionPolicy.STRICT,
         usable=usable is not None and usable.get("status") == "True",
         usable_message=str(usable.get("message") or "") if usable else "no status yet",
-        healthy_nodes=_count(nodes.get("passing")) + _count(nodes.get("warning")),
+        # the verdict's count; a status written before it had one: passing + warning
+        healthy_nodes=_count(nodes.get("admissible"))
+        if "admissible" in nodes
+        else _count(nodes.get("passing")) + _count(nodes.get("warning")),
     )
 
 

@@ -1,26 +1,28 @@
-"""Node gating, applied: once per status window, the Nodes whose health asks for a change of
-the `netval.io/fabric` label or netval's taint (decisions in `netval.operator.gating.decisions`)
-are queued for a write, and each validation's Gating condition is recorded. The writes go out
-at the operator's Node write rate (`gating.write_queue`: per node the latest wish, FIFO).
+"""Node gating, applied: once per status window the node verdict (`gating.verdict`) is
+decided for every validation from its state and recorded in it (`ValidationState.verdict`,
+what the status, admission, Kueue and load tests read); the Nodes whose merged label or taint
+differs from what they carry are queued for a write (`gating.write_queue`: per node the
+latest wish, exclusions first, at the operator's Node write rate). A breaker that trips is
+posted as a Warning Event and counted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from datetime import datetime
 from typing import Final
 
-from netval.model.keys import FabricHealth
-from netval.model.spec import NetworkValidationSpec
 from netval.model.status import EventReason
 from netval.operator.gating import decisions as gating
-from netval.operator.gating.decisions import GatingCondition
+from netval.operator.gating.conditions import GatingCondition, gating_condition
+from netval.operator.gating.facts import node_facts, policy
+from netval.operator.gating.verdict import Decisions, decide
 from netval.operator.gating.write_queue import NodeWriteQueue, TokenBucket
 from netval.operator.kube.api import KubeApi, error_text
 from netval.operator.rounds import every_window
 from netval.operator.settings import OperatorSettings
-from netval.operator.state import validation as vs
 from netval.operator.state.store import Store, utcnow
 from netval.operator.status.events import Events
 
@@ -33,22 +35,6 @@ GATING_CONCURRENCY: Final = 16
 MAX_GATING_WRITES_PER_ROUND: Final = 500
 
 
-def gating_input(
-    name: str, state: vs.ValidationState, spec: NetworkValidationSpec, now: datetime
-) -> gating.GatingInput:
-    """What gating needs of one validation at `now`."""
-    return gating.GatingInput(
-        name=name,
-        targeted=frozenset(state.targeted),
-        node_label=spec.gating.node_label,
-        taint=spec.gating.taint,
-        max_unhealthy_percent=spec.gating.max_unhealthy_percent,
-        recovery_reports=spec.gating.recovery_reports,
-        health={n: FabricHealth(vs.node_health(state, n, now)) for n in state.targeted},
-        ok_streak={n: rec.ok_streak for n, rec in state.nodes.items()},
-    )
-
-
 class NodeGating:
     def __init__(
         self, settings: OperatorSettings, kube: KubeApi, store: Store, events: Events
@@ -59,6 +45,9 @@ class NodeGating:
         self.events = events
         self.conditions: dict[str, GatingCondition] = {}  # validation -> its Gating condition
         self.breaker_tripped: dict[str, bool] = {}
+        self.breaker_trips: Counter[str] = Counter()  # trips by onBreakerTripped action
+        self.decisions: Decisions | None = None  # the last round's
+        self._said: dict[str, str | None] = {}  # validation -> Gating False message said
         # every Node write of the operator (topology labels too) takes a token of this bucket
         self.bucket = TokenBucket(settings.node_writes_per_second, settings.node_write_burst)
         self.queue = NodeWriteQueue(self._write, self.bucket, GATING_CONCURRENCY)
@@ -83,13 +72,7 @@ class NodeGating:
     def forget(self, name: str) -> None:
         self.conditions.pop(name, None)
         self.breaker_tripped.pop(name, None)
-
-    def inputs(self, now: datetime) -> list[gating.GatingInput]:
-        return [
-            gating_input(name, state, spec, now)
-            for name, state in self.store.states.items()
-            if (spec := self.store.specs.get(name)) is not None
-        ]
+        self._said.pop(name, None)
 
     async def validations_loaded(self) -> bool:
         """Whether every validation that existed at start has been loaded: before that, a
@@ -103,20 +86,38 @@ class NodeGating:
                 return False
         return store.expected_validations <= set(store.states)
 
+    def refresh(self, now: datetime) -> Decisions:
+        """Decide every validation's verdict at `now` and record it in its state; a change
+        the status shows dirties the status."""
+        store = self.store
+        inputs = [
+            (policy(name, spec), node_facts(state, store.node_fabric, now))
+            for name, state in store.states.items()
+            if (spec := store.specs.get(name)) is not None
+        ]
+        decisions = decide(inputs)
+        for name, verdict in decisions.verdicts.items():
+            state = store.states[name]
+            before = state.verdict
+            state.verdict = verdict
+            if (
+                before is None
+                or before.summary() != verdict.summary()
+                or before.nodes != verdict.nodes
+            ):
+                state.dirty = True
+            self._record(
+                name, gating_condition(verdict), verdict.tripped,
+                verdict.policy.on_breaker_tripped.value,
+            )  # fmt: skip
+        self.decisions = decisions
+        return decisions
+
     async def apply(self, now: datetime) -> None:
+        decisions = self.refresh(now)
         if not await self.validations_loaded():
-            return
-        node_fabric = self.store.node_fabric
-        inputs = self.inputs(now)
-        currently_tainted = [n for n, (_, tainted) in node_fabric.items() if tainted]
-        decisions = [gating.decide_taints(v, currently_tainted) for v in inputs]
-        taints = frozenset().union(*(d.tainted for d in decisions)) if decisions else frozenset()
-        current = {n: label for n, (label, _) in node_fabric.items()}
-        held = [gating.decide_labels(v, current, taints) for v in inputs]
-        for v, decision, label_decision in zip(inputs, decisions, held, strict=True):
-            self._record(v, decision, label_decision)
-        labels = gating.merge_labels(zip(inputs, held, strict=True))
-        changes = gating.plan_changes(node_fabric, labels, taints)
+            return  # a half-loaded operator never strips what another validation owns
+        changes = gating.plan_changes(self.store.node_fabric, decisions.labels, decisions.tainted)
         self.queue.reconcile({c.node: c for c in changes})
 
     async def _write(self, change: gating.NodeChange) -> bool | None:
@@ -138,20 +139,15 @@ class NodeGating:
             node_fabric[change.node] = (label, change.taint)
         return done
 
-    def _record(
-        self,
-        v: gating.GatingInput,
-        decision: gating.TaintDecision,
-        labels: gating.LabelDecision,
-    ) -> None:
-        new = gating.gating_condition(v, decision, labels)
-        if self.conditions.get(v.name) != new:
-            self.conditions[v.name] = new
-            state = self.store.states.get(v.name)
-            if state is not None:
-                state.dirty = True
-        tripped = not new[0]
-        was_tripped = self.breaker_tripped.get(v.name, False)
-        self.breaker_tripped[v.name] = tripped
-        if tripped and not was_tripped:
-            self.events.queue(v.name, "Warning", EventReason.BREAKER_TRIPPED, new[2])
+    def _record(self, name: str, condition: GatingCondition, tripped: bool, action: str) -> None:
+        """The Gating condition as this round left it; a Warning Event when it turns False
+        (the breaker trips, or labels are held), counted by what admission does then."""
+        if self.conditions.get(name) != condition:
+            self.conditions[name] = condition
+        was = self.breaker_tripped.get(name, False)
+        self.breaker_tripped[name] = tripped
+        if tripped and not was:
+            self.breaker_trips[action] += 1
+        if not condition[0] and (self._said.get(name) is None or (tripped and not was)):
+            self.events.queue(name, "Warning", EventReason.BREAKER_TRIPPED, condition[2])
+        self._said[name] = None if condition[0] else condition[2]

@@ -6,10 +6,14 @@ server's priority seats from every other client. So the gating round does not wr
 what each node should carry (`want`), and one drain task writes at most `rate` Nodes per second
 with bursts of `burst`. Per node there is one entry holding the latest wish: a node whose
 verdict changes twice while queued is written once, with the newest value; a node whose wish
-returns to what it already carries leaves the queue unwritten. Entries leave in the order they
-were first dirtied (FIFO), so no node starves behind a flapping one. Nothing is dropped: a
-failed write goes back to the queue's tail, and every round re-derives the wishes from what the
-Nodes carry anyway.
+returns to what it already carries leaves the queue unwritten. Two classes: a write that
+excludes a node (label `unhealthy`, the taint) goes before every write that lets workloads on
+(`NodeChange.excludes`), so a node failing during a relabel of the whole fleet is excluded
+within seconds, not after it; within a class entries leave in the order they were first
+dirtied (FIFO), so no node starves behind a flapping one. Nothing is dropped: a failed write
+goes back to its class's tail, and every round re-derives the wishes from what the Nodes
+carry anyway. `pending_exclusions` names the nodes whose exclusion is not written yet (the
+gate releaser waits for them).
 """
 
 from __future__ import annotations
@@ -106,8 +110,10 @@ class NodeWriteQueue:
         self.bucket = bucket
         self._clock = clock
         self._limit = asyncio.Semaphore(concurrency)
-        # node -> (latest change, first-dirty time); dict order is first-dirty order
-        self.pending: dict[str, tuple[NodeChange, float]] = {}
+        # node -> (latest change, first-dirty time), per class; dict order is first-dirty
+        # order; exclusions are drained first
+        self._excluding: dict[str, tuple[NodeChange, float]] = {}
+        self._including: dict[str, tuple[NodeChange, float]] = {}
         self.inflight: dict[str, NodeChange] = {}
         # in flight, and a round since found the node needs nothing: a failed write of it is
         # not put back (it would write a wish nobody has any more)
@@ -119,51 +125,88 @@ class NodeWriteQueue:
         self.latency = LatencyHistogram()
 
     def __len__(self) -> int:
-        return len(self.pending)
+        return len(self._excluding) + len(self._including)
+
+    @property
+    def pending(self) -> dict[str, tuple[NodeChange, float]]:
+        """Every queued wish, in the order they are written (a copy)."""
+        return {**self._excluding, **self._including}
+
+    def pending_exclusions(self) -> set[str]:
+        """Nodes whose exclusion (label `unhealthy`, the taint) is queued or being written."""
+        out = set(self._excluding)
+        out.update(n for n, change in self.inflight.items() if change.excludes)
+        return out
+
+    def _queued(self, node: str) -> tuple[NodeChange, float] | None:
+        found = self._excluding.get(node)
+        return found if found is not None else self._including.get(node)
+
+    def _drop(self, node: str) -> None:
+        self._excluding.pop(node, None)
+        self._including.pop(node, None)
+
+    def _put(self, change: NodeChange, dirty_at: float) -> None:
+        """Queue at its class's tail (or in place, when it is already queued there)."""
+        node = change.node
+        into, other = (
+            (self._excluding, self._including) if change.excludes
+            else (self._including, self._excluding)
+        )  # fmt: skip
+        other.pop(node, None)
+        into[node] = (change, dirty_at)
 
     def want(self, change: NodeChange) -> None:
         """`change.node` should carry `change`; a queued older wish for it is replaced in
-        place (its first-dirty time and place kept)."""
+        place (its first-dirty time kept; its place too, unless it changes class)."""
         node = change.node
         self._withdrawn.discard(node)
-        queued = self.pending.get(node)
+        queued = self._queued(node)
         if self.inflight.get(node) == change:
             if queued is not None:  # back to what is being written: nothing more to do
-                del self.pending[node]
+                self._drop(node)
             return
         if queued is None:
-            self.pending[node] = (change, self._clock())
+            self._put(change, self._clock())
             self._ready.set()
         elif queued[0] != change:
-            self.pending[node] = (change, queued[1])
+            self._put(change, queued[1])
             self.coalesced += 1
 
     def reconcile(self, changes: Mapping[str, NodeChange]) -> None:
         """This round's complete wish list (nodes whose (label, taint) differ from what they
         carry): queued nodes missing from it already carry what they should."""
-        for node in [n for n in self.pending if n not in changes]:
-            del self.pending[node]
+        for table in (self._excluding, self._including):
+            for node in [n for n in table if n not in changes]:
+                del table[node]
         self._withdrawn.update(n for n in self.inflight if n not in changes)
         for change in changes.values():
             self.want(change)
+
+    def _next(self) -> tuple[NodeChange, float] | None:
+        for table in (self._excluding, self._including):
+            if table:
+                node = next(iter(table))
+                return table.pop(node)
+        return None
 
     async def run(self) -> None:
         """Drain until cancelled: one token per write, at most `concurrency` in flight."""
         tasks: set[asyncio.Task[None]] = set()
         try:
             while True:
-                if not self.pending:
+                if not len(self):
                     self._ready.clear()
                     await self._ready.wait()
                     continue
                 await self._limit.acquire()
                 await self.bucket.take()
-                if not self.pending:  # emptied by a reconcile while waiting
+                taken = self._next()  # the oldest exclusion, else the oldest inclusion
+                if taken is None:  # emptied by a reconcile while waiting
                     self._limit.release()
                     continue
-                node = next(iter(self.pending))
-                change, dirty_at = self.pending.pop(node)
-                self.inflight[node] = change
+                change, dirty_at = taken
+                self.inflight[change.node] = change
                 task = asyncio.create_task(self._one(change, dirty_at))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -180,11 +223,11 @@ class NodeWriteQueue:
                 log.debug("node write %s failed: %s", change.node, exc)
             if (
                 done is None
-                and change.node not in self.pending
+                and self._queued(change.node) is None
                 and change.node not in self._withdrawn
             ):
                 self.retried += 1
-                self.pending[change.node] = (change, dirty_at)  # the tail, not dropped
+                self._put(change, dirty_at)  # its class's tail, not dropped
                 self._ready.set()
             elif done:
                 self.written += 1

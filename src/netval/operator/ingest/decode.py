@@ -40,6 +40,7 @@ INGEST_DROP_REASONS: Final = (
     DropReason.VALIDATION_MISMATCH,
     DropReason.BAD_STATE,
     DropReason.INTERNAL_ERROR,
+    DropReason.WRONG_SHARD,
 )
 
 

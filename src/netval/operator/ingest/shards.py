@@ -6,8 +6,11 @@ What the operator publishes (agent assignments, load-test plans and aborts, clea
 deleted validation's topics) goes to the shard of the node the topic names
 (`netval.model.shards.shard_of`); a topic that names no node goes to every shard. Losing one
 shard stops only its nodes' reports and beats, so only they turn stale; the other sessions go
-on. The retained replay each session hands over is merged (the union over shards of their
-latest replays) before the store sees it.
+on, and a reconnect of one shard gives only its nodes the operator's reconnect grace
+(`state.hearing`). Each session owns the nodes of its shard: another node's message arriving
+there is dropped, counted (`wrong_shard`) and its retained topic cleared on that shard. The
+retained replay each session hands over is merged (the union over shards of their latest
+replays) before the store sees it.
 
 `stats` adds the sessions' counters up; `connected` is true while every shard is
 subscribed and `shards_down` names those that are not (the health message and the
@@ -51,7 +54,9 @@ class ShardedIngest:
         self._on_replayed = on_replayed
         self._replays: dict[int, frozenset[ReplayKey]] = {}
         self.sessions = [
-            ReportIngest(settings, on_replayed=self._replayed_by(i), **kwargs)
+            ReportIngest(
+                settings, on_replayed=self._replayed_by(i), shard=i, shards=len(shards), **kwargs
+            )
             for i, settings in enumerate(shards)
         ]
         self.synced = asyncio.Event()

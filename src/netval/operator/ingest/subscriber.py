@@ -15,7 +15,15 @@ Reconnects follow the rule of every MQTT connection (`infra.mqtt_client.reconnec
 exponential backoff with full jitter; a session that stayed up for `STABLE_SESSION_SECONDS`
 resets it, so a broker restart after a long quiet spell is followed by a quick reconnect.
 After every (re)subscribe the retained replay is recorded (`replayed`: which validation/node reports came back) and handed to `on_replayed`,
-so a gap (targeted nodes without a retained report) is counted instead of trusted.
+so a gap (targeted nodes without a retained report) is counted instead of trusted; every
+reconnect after the first is reported with the session's shard (`on_reconnected`: the
+operator could not hear that shard's agents meanwhile, `state.hearing`).
+
+With broker shards (`ingest.shards`) each session owns the nodes that hash to its shard
+(`netval.model.shards.shard_of`). A node's report, state, beat or endpoint arriving on
+another shard (an agent that moved when the shard count changed left its last will there;
+a misconfigured agent) is dropped, counted (`wrong_shard`) and its retained topic cleared on
+that shard, so an old `offline` never marks a moved node offline.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from netval.infra.mqtt_client import (
 from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.telemetry import process_span
 from netval.model.results import Report
+from netval.model.shards import shard_of
 from netval.model.topics import DropReason, TopicKind, parse_topic, subscription
 from netval.operator.ingest.decode import (
     BeatMessage,
@@ -144,15 +153,20 @@ class ReportIngest:
         on_replayed: Callable[[frozenset[ReplayKey]], None] = lambda keys: None,
         deleted: Callable[[str], bool] = lambda validation: False,
         on_load_result: Callable[[str, str, bytes], None] | None = None,
-        on_reconnected: Callable[[], None] = lambda: None,
+        on_reconnected: Callable[[int], None] = lambda shard: None,
+        shard: int = 0,
+        shards: int = 1,
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
         stable_after: float = STABLE_SESSION_SECONDS,
         tracer: Tracer | None = None,
     ) -> None:
         self.settings = settings
-        # a session after an earlier one: the operator was deaf in between (Store.note_deaf)
+        # a session after an earlier one: the operator was deaf in between (Store.note_deaf),
+        # called with this session's shard
         self.on_reconnected = on_reconnected
+        self.shard = shard
+        self.shards = shards  # > 1: messages of nodes of other shards are dropped
         self._tracer = tracer or trace.NoOpTracer()  # CONSUMER spans, netval.infra.telemetry
         self.on_report = on_report
         self.on_state = on_state
@@ -166,7 +180,8 @@ class ReportIngest:
         self.on_load_result = on_load_result
         self.stable_after = stable_after
         self._reconnect = ReconnectRule(ReconnectPolicy(backoff_base, backoff_cap, stable_after))
-        # the retained reports of the current session's replay
+        # the reports handled during the current session's replay (retained, or live ones
+        # published after the subscribe)
         self.replayed: set[ReplayKey] = set()
         self._replaying = False
         # retained topics to clear (a deleted validation's), in order; kept across sessions
@@ -278,6 +293,12 @@ class ReportIngest:
                     self.stats.load_results += 1
                     self.on_load_result(parsed.validation, parsed.node, payload)
                     return
+            if self.shards > 1 and not self._owns(topic_name):
+                if payload:  # (an empty one is a clear, ours coming back among them)
+                    self.stats.drop(Dropped(DropReason.WRONG_SHARD, f"{topic_name[:300]} is "
+                                            f"not on shard {self.shard} of {self.shards}"))  # fmt: skip
+                    self.clear_retained([topic_name])  # on this shard's broker only
+                return
             decoded = decode_message(topic_name, payload)
             if isinstance(decoded, Dropped):
                 self.stats.drop(decoded)
@@ -288,7 +309,10 @@ class ReportIngest:
                     self.stats.cleared_late += 1
                     self.clear_retained([topic_name])
             elif isinstance(decoded, Report):
-                if retained and self._replaying:
+                if self._replaying:
+                    # a live report that overtook the replay counts too: the broker sends
+                    # no retained copy of a report published after the subscribe, so the
+                    # node would look lost although it just spoke
                     self.replayed.add((decoded.validation, decoded.node))
                 self.on_report(decoded, retained)
                 self.stats.reports += 1
@@ -302,6 +326,12 @@ class ReportIngest:
                 self.on_endpoint(decoded)
         except Exception as exc:
             self.stats.internal_error(topic_name, exc)
+
+    def _owns(self, topic_name: str) -> bool:
+        """Whether the node a topic names is on this session's shard (a topic that names no
+        node, or one not read here, is decoded and dropped as such)."""
+        parsed = parse_topic(topic_name)
+        return parsed is None or shard_of(parsed.node, self.shards) == self.shard
 
     async def run(self) -> None:
         """The subscription until cancelled: reconnects for ever, with backoff."""
@@ -331,7 +361,7 @@ class ReportIngest:
             self._reconnect.connected()
             log.info("MQTT ingest connected to %s", s.url)
             if self.stats.sessions:
-                self.on_reconnected()
+                self.on_reconnected(self.shard)
             self.replayed = set()
             self._replaying = True
             self._live_seen = False

@@ -11,6 +11,7 @@ from typing import Any, Final, Literal
 
 from netval.model.manifest import API_GROUP, KIND
 from netval.operator.gating.capacity import judge
+from netval.operator.kueue.topology import DomainNeed
 from netval.operator.term_runtime import ValidationView
 
 ACTIVE: Final = "Active"
@@ -100,44 +101,63 @@ def decide(
     validation: str,
     admitted: bool,
     assigned_nodes: Sequence[str] = (),
+    domains: Sequence[DomainNeed] = (),
     pods: int = 0,
 ) -> Verdict | None:
     """The state our check entry should have (None: leave it as it is).
 
-    `assigned_nodes`: the nodes a Topology-Aware Scheduling assignment names (each is judged);
-    without them, `pods` (the pods of the admission's podSetAssignments) is the number of
-    healthy nodes the Workload needs under `admissionPolicy: capacity` (one pod per node)."""
+    `assigned_nodes`: the nodes a Topology-Aware Scheduling assignment names by hostname
+    (none may be excluded by the node verdict); `domains`: the domains above nodes it
+    places pods in (each must have as many admissible nodes as it needs). Without either,
+    `pods` (the pods of the admission's podSetAssignments) is the number of healthy nodes
+    the Workload needs under `admissionPolicy: capacity` (one pod per node)."""
     state = current.get("state") or "Pending"
     if view is None:
         if state == "Pending":
             return Verdict("Pending", f"NetworkValidation {validation!r} is not known to netval")
         return None
-    bad = [n for n in assigned_nodes if view.node_health.get(n) == "unhealthy"]
-    verdict = judge(view, None if assigned_nodes or pods <= 0 else pods)
-    ok = verdict.ok and not bad
+    bad = [n for n in assigned_nodes if n in view.excluded]
+    short = [(d, have) for d in domains if (have := _admissible(view, d)) < d.needed]
+    placed = bool(assigned_nodes or domains)
+    verdict = judge(view, None if placed or pods <= 0 else pods)
+    ok = verdict.ok and not bad and not short
+    where = _where(validation, bad, short)
     if state == "Pending":
         if ok:
-            where = (
-                f"; none of the assigned nodes ({_names(assigned_nodes)}) is unhealthy"
-                if assigned_nodes
-                else ""
-            )
-            return Verdict("Ready", f"{verdict.why}{where}")
-        if bad:
-            return Verdict(
-                "Retry",
-                f"assigned node(s) with unhealthy fabric: {_names(bad)} "
-                f"(NetworkValidation {validation!r}); retry on other nodes",
-            )
+            return Verdict("Ready", f"{verdict.why}{_placed(assigned_nodes, domains)}")
+        if where:
+            return Verdict("Retry", f"{where}; retry on other nodes")
         return Verdict("Pending", f"waiting until {verdict.waits_for}: {verdict.why}")
     if state == "Ready" and not ok and not admitted:
-        why = (
-            f"assigned node(s) unhealthy: {_names(bad)} (NetworkValidation {validation!r})"
-            if bad
-            else verdict.why
-        )
-        return Verdict("Retry", f"no longer admitted: {why}")
+        return Verdict("Retry", f"no longer admitted: {where or verdict.why}")
     return None
+
+
+def _admissible(view: ValidationView, domain: DomainNeed) -> int:
+    decisions = view.decisions
+    return sum(1 for n in domain.nodes if (d := decisions.get(n)) is not None and d.admissible)
+
+
+def _where(validation: str, bad: Sequence[str], short: Sequence[tuple[DomainNeed, int]]) -> str:
+    """Why the placement cannot stand ("" when it can)."""
+    parts = []
+    if bad:
+        parts.append(f"assigned node(s) with unhealthy fabric: {_names(bad)}")
+    parts += [
+        f"domain {d.describe()} has {have} healthy node(s), the assignment needs {d.needed}"
+        for d, have in short[:5]
+    ]
+    return f"{'; '.join(parts)} (NetworkValidation {validation!r})" if parts else ""
+
+
+def _placed(assigned: Sequence[str], domains: Sequence[DomainNeed]) -> str:
+    out = ""
+    if assigned:
+        out += f"; none of the assigned nodes ({_names(assigned)}) is unhealthy"
+    if domains:
+        shown = ", ".join(f"{d.describe()} ({d.needed})" for d in domains[:5])
+        out += f"; enough healthy nodes in {shown}"
+    return out
 
 
 def updated_checks(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from netval.model.keys import LabelKey
 
@@ -80,20 +80,75 @@ def _int(value: Any) -> int:
         return 0
 
 
-def assigned_nodes(
-    admission: Mapping[str, Any] | None, node_labels: Mapping[str, Mapping[str, str]]
-) -> list[str]:
-    """The nodes a Workload's admission places it on, where it says (Topology-Aware
-    Scheduling); [] when it names flavors only (a flavor is a pool: the validation's Healthy
-    condition judges the pool).
+# Kueue's annotations (and the Workload's podSets[].topologyRequest fields they become) that
+# say how a pod set is cut into slices, each placed in one domain of a level
+# (apis/kueue/v1beta2/workload_types.go PodSetTopologyRequest; the KEP-2724 annotations)
+SLICE_TOPOLOGY: Final = "kueue.x-k8s.io/podset-slice-required-topology"
+SLICE_SIZE: Final = "kueue.x-k8s.io/podset-slice-size"
+SLICE_ANNOTATIONS: Final = (SLICE_TOPOLOGY, SLICE_SIZE)
+
+
+@dataclass(frozen=True, slots=True)
+class DomainNeed:
+    """A domain above nodes (a rack, a block) and how many healthy nodes it must have."""
+
+    selector: tuple[tuple[str, str], ...]  # (level, value) per level of the assignment
+    nodes: tuple[str, ...]  # the nodes whose labels match every level
+    needed: int  # ceil(pods / pods per node), summed over the pod sets placed there
+
+    def describe(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.selector)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    named: tuple[str, ...] = ()  # nodes a hostname level names, sorted
+    domains: tuple[DomainNeed, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.named and not self.domains
+
+
+def pods_per_node(workload: Mapping[str, Any]) -> dict[str, int]:
+    """Per pod set name, the pods Kueue packs on one node, where the Workload says so: a
+    slice required at the hostname level (`topologyRequest.podSetSliceRequiredTopology:
+    kubernetes.io/hostname` and its `podSetSliceSize`, or the pod template's annotations
+    they come from) puts a slice's pods on one node. Otherwise one pod per node (the
+    conservative reading: it needs the most nodes)."""
+    out: dict[str, int] = {}
+    for ps in ((workload.get("spec") or {}).get("podSets")) or []:
+        if not isinstance(ps, Mapping):
+            continue
+        request = ps.get("topologyRequest") or {}
+        level = request.get("podSetSliceRequiredTopology")
+        size = request.get("podSetSliceSize")
+        annotations = ps.get("annotations") or {}
+        if level is None:
+            level, size = annotations.get(SLICE_TOPOLOGY), annotations.get(SLICE_SIZE)
+        if level == LabelKey.HOSTNAME and _int(size) > 0:
+            out[str(ps.get("name"))] = _int(size)
+    return out
+
+
+def placement(
+    admission: Mapping[str, Any] | None,
+    node_labels: Mapping[str, Mapping[str, str]],
+    per_node: Mapping[str, int] | None = None,
+) -> Placement:
+    """Where a Workload's admission places it (Topology-Aware Scheduling); empty when it
+    names flavors only (a flavor is a pool: the validation judges the pool).
 
     A domain with a `kubernetes.io/hostname` level names its node: the node with that
     hostname label, else the node of that name (Kueue takes the value as the node name). A
-    domain of other levels only (a rack, a block) names every node whose labels match all its
-    levels. Domains without pods are skipped, as Kueue skips them."""
-    nodes: set[str] = set()
+    domain of other levels only (a rack, a block) needs, of the nodes whose labels match all
+    its levels, as many healthy ones as its pods take nodes (`per_node`, `pods_per_node`).
+    Domains without pods are skipped, as Kueue skips them."""
+    named: set[str] = set()
+    needs: dict[tuple[tuple[str, str], ...], int] = {}
     for psa in (admission or {}).get("podSetAssignments") or []:
         levels, domains = topology_domains(psa)
+        pack = max(1, (per_node or {}).get(str(psa.get("name")), 1))
         for domain in domains:
             if not levels or domain.count <= 0:
                 continue
@@ -103,14 +158,33 @@ def assigned_nodes(
                 matched = [
                     n for n, labels in node_labels.items() if labels.get(LabelKey.HOSTNAME) == host
                 ]
-                nodes.update(matched or [host])
+                named.update(matched or [host])
             else:
-                nodes.update(
+                key = tuple(sorted(selector.items()))
+                needs[key] = needs.get(key, 0) + -(-domain.count // pack)
+    wanted = [
+        DomainNeed(
+            key,
+            tuple(
+                sorted(
                     n
                     for n, labels in node_labels.items()
-                    if all(labels.get(k) == v for k, v in selector.items())
+                    if all(labels.get(k) == v for k, v in key)
                 )
-    return sorted(nodes)
+            ),
+            needed,
+        )
+        for key, needed in sorted(needs.items())
+    ]
+    return Placement(tuple(sorted(named)), tuple(wanted))
+
+
+def assigned_nodes(
+    admission: Mapping[str, Any] | None, node_labels: Mapping[str, Mapping[str, str]]
+) -> list[str]:
+    """Every node a Workload's admission names or places it among (`placement`)."""
+    found = placement(admission, node_labels)
+    return sorted({*found.named, *(n for d in found.domains for n in d.nodes)})
 
 
 def admission_pods(admission: Mapping[str, Any] | None) -> int:

@@ -23,7 +23,13 @@ from netval.operator.kueue.decisions import (
     rv_older,
     updated_checks,
 )
-from netval.operator.kueue.topology import admission_pods, assigned_nodes
+from netval.operator.kueue.topology import (
+    SLICE_ANNOTATIONS,
+    Placement,
+    admission_pods,
+    placement,
+    pods_per_node,
+)
 from netval.operator.term_runtime import OperatorRuntime, ValidationView
 from netval.operator.thread_pools import Concern
 
@@ -70,15 +76,17 @@ class Workloads:
     ) -> dict[str, Verdict]:
         status = workload.get("status") or {}
         admitted = condition_true(status, "Admitted")
-        nodes: list[str] | None = None
+        placed: Placement | None = None
         views = {} if views is None else views
         out: dict[str, Verdict] = {}
         for entry in status.get("admissionChecks") or []:
             check = self.checks.get(str(entry.get("name")))
             if check is None or check.validation is None:
                 continue  # not ours, or ours but misconfigured (Active=False says why)
-            if nodes is None:
-                nodes = assigned_nodes(status.get("admission"), runtime.node_labels)
+            if placed is None:
+                placed = placement(
+                    status.get("admission"), runtime.node_labels, pods_per_node(workload)
+                )
             if check.validation not in views:
                 views[check.validation] = runtime.validation_view(check.validation)
             view = views[check.validation]
@@ -87,7 +95,8 @@ class Workloads:
                 view,
                 validation=check.validation,
                 admitted=admitted,
-                assigned_nodes=nodes,
+                assigned_nodes=placed.named,
+                domains=placed.domains,
                 pods=admission_pods(status.get("admission")),
             )
             if verdict is not None:
@@ -162,8 +171,22 @@ class Workloads:
 
 
 def _trim(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What the controller needs of a Workload (not its pod templates)."""
+    """What the controller needs of a Workload: its status, and of its pod sets only how
+    they pack pods on nodes (`topology.pods_per_node`), not their pod templates."""
     meta = body.get("metadata") or {}
+    pod_sets = []
+    for ps in ((body.get("spec") or {}).get("podSets")) or []:
+        if not isinstance(ps, Mapping):
+            continue
+        template_meta = (ps.get("template") or {}).get("metadata") or {}
+        annotations = template_meta.get("annotations") or ps.get("annotations") or {}
+        pod_sets.append(
+            {
+                "name": ps.get("name"),
+                "topologyRequest": copy.deepcopy(ps.get("topologyRequest") or {}),
+                "annotations": {k: annotations[k] for k in SLICE_ANNOTATIONS if k in annotations},
+            }
+        )
     return {
         "apiVersion": body.get("apiVersion"),
         "metadata": {
@@ -171,5 +194,6 @@ def _trim(body: Mapping[str, Any]) -> dict[str, Any]:
             "name": meta.get("name"),
             "resourceVersion": meta.get("resourceVersion"),
         },
+        "spec": {"podSets": pod_sets},
         "status": copy.deepcopy(dict(body.get("status") or {})),
     }

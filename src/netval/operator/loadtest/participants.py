@@ -1,10 +1,10 @@
 """The candidates of a run, from what the operator's store knows when it starts.
 
 Targeted: the nodes the validation's selector picks now. Fresh: a report within the
-validation's stale limit (`state.validation.is_fresh`). Gated: the node's fabric health for
-this validation is `unhealthy` or it carries netval's fabric taint (the gating writer put
-it there): such a node is never loaded. Busy: it runs a pod requesting GPUs (the caller's
-set, from a paged Pod list; see `KubeApi.gpu_pod_nodes`). Domain: the label the east-west
+validation's stale limit (`state.validation.is_fresh`). Gated: the validation's node verdict
+excludes it (`gating.verdict`) or it carries netval's fabric taint (the gating writer put it
+there): such a node is never loaded. Busy: it runs a pod requesting GPUs (the caller's set,
+from a paged Pod list; see `KubeApi.gpu_pod_nodes`). Domain: the label the east-west
 checks use (`peer_topology_key`: `checks.peers.topologyKey`, else the lowest topology level
 in use), the same domains as `status.eastWest`.
 """
@@ -15,7 +15,7 @@ from datetime import datetime
 
 from netval.operator.loadtest.plan import Candidate
 from netval.operator.state.store import Store
-from netval.operator.state.validation import is_fresh, node_health
+from netval.operator.state.validation import is_fresh
 from netval.operator.topology.agreement import peer_topology_key
 
 
@@ -26,6 +26,7 @@ def candidates(store: Store, validation: str, busy: set[str], now: datetime) -> 
         return []
     labels = store.node_labels
     key = peer_topology_key(spec, (labels.get(n, {}) for n in state.targeted))
+    excluded = state.verdict.excluded if state.verdict is not None else frozenset()
     out: list[Candidate] = []
     for node in sorted(state.targeted):
         tainted = store.node_fabric.get(node, (None, False))[1]
@@ -35,7 +36,7 @@ def candidates(store: Store, validation: str, busy: set[str], now: datetime) -> 
                 domain=labels.get(node, {}).get(key),
                 fresh=is_fresh(state, node, now),
                 busy=node in busy,
-                gated=tainted or node_health(state, node, now) == "unhealthy",
+                gated=tainted or node in excluded,
             )
         )
     return out

@@ -22,11 +22,13 @@ from netval.model.status import (
     NodeCounts,
     Reason,
 )
+from netval.operator.gating.verdict import Heard
 from netval.operator.state.validation import (
     FailureKey,
     NodeRecord,
     ValidationState,
     grace_start,
+    heard,
     require_aware,
 )
 
@@ -54,16 +56,15 @@ def compute_status(
             ever_reported += 1
             if last_report is None or rec.reported_at > last_report:
                 last_report = rec.reported_at
-            if node in state.offline:
-                stale.append((node, "offline"))
-            elif rec.unconfirmed:
-                stale.append((node, "a beat contradicts its last report; awaiting the next"))
-            elif now - state.last_heard(rec.reported_at) > window:
-                stale.append((node, f"last report {_ago(now - rec.reported_at)} ago"))
-            else:
-                fresh.append((node, rec))
-        elif node in state.offline:
+        seen = heard(state, node, now)
+        if seen is Heard.FRESH and rec is not None:
+            fresh.append((node, rec))
+        elif seen is Heard.OFFLINE:
             stale.append((node, "offline"))
+        elif rec is not None and rec.unconfirmed:
+            stale.append((node, "a beat contradicts its last report; awaiting the next"))
+        elif rec is not None:
+            stale.append((node, f"last report {_ago(now - rec.reported_at)} ago"))
         elif now - grace_start(state, node) > window:
             stale.append((node, "never reported"))
         else:

@@ -1,5 +1,6 @@
-"""Verdicts the operator judges across nodes (fleet.consistency, topology.agreement), folded
-into a node's record on top of what its own report said.
+"""Verdicts the operator judges across nodes (fleet.consistency, topology.agreement, the
+east-west blame of requester-side retries), folded into a node's record on top of what its
+own report said.
 
 A record keeps its report's values (`own`) and one entry per operator check (`folded`);
 `fold_verdict` recomputes the record from both, so each check's fold is idempotent and never
@@ -8,6 +9,7 @@ undoes another's. Pure functions of the record (and, for the fleet, of the valid
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Final
 
@@ -67,19 +69,21 @@ def fold_verdict(
     else:
         rec.folded[check] = (status, failures)
     own_status, buckets, own_failures, failing = rec.own
-    all_buckets = list(buckets)
+    # one bucket per check id: a verdict about a check the report has too (the east-west
+    # blame of rdma.errors) takes the worse of the two
+    all_buckets = dict(buckets)
     all_failures = list(own_failures)
     failing_checks = set(failing)
     for folded_check, (folded_status, folded_failures) in rec.folded.items():
         bucket = CHECK_BUCKET.get(folded_status) if folded_status is not None else None
         if bucket is not None and folded_status is not None:
             own_status = worst((own_status, folded_status))
-            all_buckets.append((folded_check, bucket))
+            all_buckets[folded_check] = max(bucket, all_buckets.get(folded_check, -1))
         if folded_failures:
             all_failures.extend(folded_failures)
             failing_checks.add(folded_check)
     rec.status = own_status
-    rec.check_buckets = shared_buckets(tuple(all_buckets))
+    rec.check_buckets = shared_buckets(tuple(all_buckets.items()))
     rec.failures = tuple(sorted(all_failures))
     rec.failing_checks = tuple(sorted(failing_checks))
     return True
@@ -132,4 +136,61 @@ def set_fleet_verdict(
     if rec is not None:
         apply_fleet_verdict(rec, node, verdict, rec.failing_since, now)
         if node in state.targeted:
+            state.dirty = True
+
+
+# The east-west blame: a node's warning of requester-side retries (`state.retries`) counts as
+# a failure of rdma.errors when the east-west results point at the node too (it is a suspect
+# of `status.eastWest`): its own requests time out and its peers' requests to it fail.
+BLAME: Final = CheckId.RDMA_ERRORS.value
+
+
+def _blame_failure(rec: NodeRecord, node: str, detail: str) -> tuple[FailureKey, ...]:
+    retries = rec.retries
+    assert retries is not None
+    counters = ", ".join(retries.counters) or "retry counters"
+    message = (
+        f"requester-side retries ({counters}) and the east-west results point at this node"
+        f" ({detail}): counted as a failure"
+    )
+    return ((retries.since, node, BLAME, retries.subject, truncate_failure(message)),)
+
+
+def set_blame(rec: NodeRecord, node: str, detail: str | None) -> bool:
+    """Blame the node (`detail`: what the east-west results say) or lift the blame (None);
+    True on a change. A blamed node's recovery streak starts over, as for any failure."""
+    if detail is None or rec.retries is None:
+        return fold_verdict(rec, BLAME, None, ())
+    changed = fold_verdict(rec, BLAME, Status.FAIL, _blame_failure(rec, node, detail))
+    rec.ok_streak = 0
+    return changed
+
+
+def is_blamed(rec: NodeRecord) -> bool:
+    return BLAME in rec.folded
+
+
+def carry_blame(rec: NodeRecord, previous: NodeRecord | None) -> None:
+    """A new report of a blamed node that still warns of retries stays blamed until the next
+    judgement (the status window), so its health does not flicker in between."""
+    if previous is None or rec.retries is None:
+        return
+    folded = previous.folded.get(BLAME)
+    if folded is not None and folded[1]:
+        fold_verdict(rec, BLAME, Status.FAIL, folded[1])
+
+
+def apply_blame(state: ValidationState, suspects: Mapping[str, str], now: datetime) -> None:
+    """Fold the blame into the fresh targeted nodes that warn of retries and that the
+    east-west results name as suspects (`suspects`: node -> what they say); lift it from
+    every other node."""
+    from netval.operator.state.validation import is_fresh  # it imports this module
+
+    for node, rec in state.nodes.items():
+        detail = suspects.get(node)
+        if detail is not None and not (node in state.targeted and is_fresh(state, node, now)):
+            detail = None
+        if detail is None and not is_blamed(rec):
+            continue
+        if set_blame(rec, node, detail) and node in state.targeted:
             state.dirty = True

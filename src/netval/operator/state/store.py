@@ -7,8 +7,8 @@ tells it what agents report. No I/O: the status writer and node gating read it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -19,11 +19,14 @@ from netval.model.spec import AdmissionMode, AdmissionPolicy, NetworkValidationS
 from netval.model.status import ConditionType, NetworkValidationStatus
 from netval.operator.consistency.ingest import configure_spec, fold_report
 from netval.operator.gating.decisions import has_fabric_taint
+from netval.operator.gating.facts import current_verdict
+from netval.operator.gating.verdict import NodeDecision
 from netval.operator.ingest.decode import BeatMessage, StateChange
 from netval.operator.state import validation as vs
 from netval.operator.state.beats import BeatOutcome, ingest_beat
+from netval.operator.state.hearing import Deafness
 from netval.operator.state.node_labels import kept_labels, referenced_keys
-from netval.operator.state.validation import IngestResult, NodeHealth, ValidationState
+from netval.operator.state.validation import IngestResult, ValidationState
 
 # Reports and states parked for validations not known yet (a restart's replay arrives before
 # Kopf resumes the CRs): one entry per (validation, node), at most this many; beyond, new
@@ -60,16 +63,22 @@ class ValidationView:
     healthy: bool  # the Healthy condition is True
     healthy_message: str
     admission: AdmissionMode
-    node_health: dict[str, NodeHealth]  # targeted nodes only
+    # the node verdict of every targeted node (netval.operator.gating.verdict); empty for a
+    # validation judged from its object (a standby replica)
+    decisions: Mapping[str, NodeDecision]
     failures: tuple[tuple[str, str], ...]  # (node, check), worst first, at most 50
     policy: AdmissionPolicy  # what admission waits for (netval.operator.gating.capacity)
     usable: bool  # the Usable condition is True
     usable_message: str
-    healthy_nodes: int  # targeted nodes with a fresh passing or warning report
+    healthy_nodes: int  # fresh passing or warning nodes no exclusion holds (the verdict's)
+    # targeted nodes whose exclusion (label unhealthy, taint) is decided, not written yet
+    pending_exclusions: int = 0
+    excluded: frozenset[str] = field(default_factory=frozenset)
 
     @property
     def unhealthy_nodes(self) -> list[str]:
-        return [n for n, h in self.node_health.items() if h == "unhealthy"]
+        """The nodes admission excludes, sorted."""
+        return sorted(self.excluded)
 
 
 @dataclass(slots=True)
@@ -111,6 +120,7 @@ class Store:
         *,
         label_keys: Iterable[str] = (),
         on_label_keys_added: Callable[[], None] = lambda: None,
+        shards: int = 1,
     ) -> None:
         # called when a validation's spec or targeted nodes may have changed
         self.on_targets_changed = on_targets_changed
@@ -145,15 +155,25 @@ class Store:
         self.dropped: dict[str, int] = {"pending": 0, "offline_pending": 0, "beats_pending": 0}
         self.pending_bytes = 0
         # the (validation, node) keys of the last retained replay, and its number
-        self.replayed: frozenset[tuple[str, str]] = frozenset()
+        # (retained reports handled since, late ones included, join it)
+        self.replayed: set[tuple[str, str]] = set()
         self.replays = 0
         self.replayed_at: datetime | None = None
         self.deleted: dict[str, datetime] = {}  # validation -> when it was deleted
+        # when the operator's broker sessions came back, per shard (shared by every state)
+        self.deafness = Deafness(shards)
+        # the nodes whose exclusion is queued for a Node write, not written yet (the node
+        # writer's queue sets it: `gating.write_queue.NodeWriteQueue.pending_exclusions`)
+        self.exclusions_pending: Callable[[], Collection[str]] = frozenset
 
     # -- what MQTT tells us -----------------------------------------------------------------
 
     def ingest_report(self, report: Report, retained: bool) -> IngestResult | None:
         """None: kept pending until the validation is known."""
+        if retained:
+            # a retained report handled after the replay was declared over (its quiet
+            # period ran out on a loaded machine) came back late, it was not lost
+            self.replayed.add((report.validation, report.node))
         state = self.states.get(report.validation)
         if state is None:
             key = (report.validation, report.node)
@@ -216,7 +236,7 @@ class Store:
         now = utcnow()
         state = self.states.get(name)
         if state is None:
-            state = ValidationState(name=name)
+            state = ValidationState(name=name, deafness=self.deafness)
             self.states[name] = state
             previous = NetworkValidationStatus.from_api(status)
             if previous is not None:
@@ -251,7 +271,7 @@ class Store:
     def invalid_spec(
         self, name: str, *, generation: int, message: str, body: Mapping[str, Any]
     ) -> None:
-        state = self.states.setdefault(name, ValidationState(name=name))
+        state = self.states.setdefault(name, ValidationState(name=name, deafness=self.deafness))
         interval = state.interval_seconds
         vs.set_spec(state, generation=generation, interval_seconds=interval, spec_error=message)
         self.bodies[name] = body
@@ -340,18 +360,15 @@ class Store:
 
     # -- what the retained replay says ------------------------------------------------------
 
-    def note_deaf(self, reconnected_at: datetime, grace: timedelta) -> None:
-        """The operator's broker connection came back at `reconnected_at` after it was down:
-        agents get `grace` (their own reconnect backoff ceiling) to come back before their
-        silence starts to count (`ValidationState.last_heard`)."""
-        floor = reconnected_at + grace
-        for state in self.states.values():
-            if state.heard_floor is None or state.heard_floor < floor:
-                state.heard_floor = floor
+    def note_deaf(self, reconnected_at: datetime, grace: timedelta, *, shard: int = 0) -> None:
+        """The operator's session on broker `shard` came back at `reconnected_at` after it
+        was down: that shard's agents not heard since get `grace` (their own reconnect
+        backoff ceiling) to come back before their silence counts (`state.hearing`)."""
+        self.deafness.note(shard, reconnected_at, reconnected_at + grace)
 
     def note_replay(self, keys: frozenset[tuple[str, str]]) -> None:
         """The retained reports the broker replayed after a (re)subscribe."""
-        self.replayed = keys
+        self.replayed = set(keys)
         self.replays += 1
         self.replayed_at = utcnow()
 
@@ -369,6 +386,13 @@ class Store:
             if (rec := state.nodes.get(n)) is not None and rec.reported_at < before
         )
         previous = self.previous.get(name)
+        # only a status describing the time before this replay (written by an earlier
+        # operator, read back at start) says what the broker should hold; one this operator
+        # wrote from live reports after the replay says nothing about it
+        if previous is not None and (
+            previous.last_report_time is None or previous.last_report_time >= before
+        ):
+            previous = None
         return ReplayGap(
             validation=name,
             replay=self.replays,
@@ -453,17 +477,25 @@ class Store:
         status = self.previous.get(name)
         healthy = status.condition(ConditionType.HEALTHY) if status is not None else None
         usable = status.condition(ConditionType.USABLE) if status is not None else None
-        now = utcnow()
-        health = {node: vs.node_health(state, node, now) for node in sorted(state.targeted)}
+        verdict = current_verdict(name, state, spec, self.node_fabric, utcnow())
+        pending = self.exclusions_pending()
+        targeted = state.targeted
+        waiting = (
+            sum(1 for n in pending if n in targeted)
+            if len(pending) < len(targeted)
+            else sum(1 for n in targeted if n in pending)
+        )
         return ValidationView(
             name=name,
             healthy=healthy is not None and healthy.status == "True",
             healthy_message=healthy.message if healthy is not None else "no status yet",
             admission=spec.gating.admission,
-            node_health=health,
+            decisions=verdict.nodes if verdict is not None else {},
             failures=tuple((f.node, f.check) for f in (status.failures if status else [])),
             policy=spec.gating.admission_policy,
             usable=usable is not None and usable.status == "True",
             usable_message=usable.message if usable is not None else "no status yet",
-            healthy_nodes=status.nodes.passing + status.nodes.warning if status else 0,
+            healthy_nodes=verdict.admissible if verdict is not None else 0,
+            pending_exclusions=waiting,
+            excluded=verdict.excluded if verdict is not None else frozenset(),
         )

@@ -59,7 +59,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final
 
 from netval.model.beat import report_digest
 from netval.model.ids import CheckGroup, Status, worst
@@ -69,9 +69,16 @@ from netval.operator.consistency.fingerprint import Fleet
 from netval.operator.consistency.fingerprint import forget as fleet_forget
 from netval.operator.consistency.fingerprint import touch as fleet_touch
 from netval.operator.consistency.fold import NodeVerdict
+from netval.operator.gating.verdict import Heard, ValidationVerdict
+from netval.operator.state.hearing import Deafness
 from netval.operator.state.node_verdicts import CHECK_BUCKET as _BUCKET
-from netval.operator.state.node_verdicts import apply_fleet_verdict, settle_fleet, shared_buckets
+from netval.operator.state.node_verdicts import (
+    apply_fleet_verdict,
+    carry_blame,
+    shared_buckets,
+)
 from netval.operator.state.node_verdicts import truncate_failure as _truncate
+from netval.operator.state.retries import RetryNote, retry_note
 from netval.operator.topology.agreement import NetdevView, netdev_views
 from netval.operator.topology.routed import RouteView, route_view
 
@@ -79,16 +86,6 @@ if TYPE_CHECKING:
     from netval.operator.state.beats import BeatAhead
 
 STALE_AFTER_INTERVALS: Final = 3
-
-NodeHealth = Literal["healthy", "degraded", "unhealthy", "unknown"]
-
-_HEALTH: Final[dict[Status, NodeHealth]] = {
-    Status.SKIP: "healthy",
-    Status.PASS: "healthy",
-    Status.WARN: "degraded",
-    Status.FAIL: "unhealthy",
-    Status.ERROR: "unhealthy",
-}
 
 # (since, node, check, subject, message): sorts as the failures list is ordered.
 FailureKey = tuple[datetime, str, str, str, str]
@@ -146,6 +143,8 @@ class NodeRecord:
     digest: str = ""
     beat_seq: int = -1
     unconfirmed: bool = False
+    # its rdma.errors warning of requester-side retries (netval.model.attribution), if any
+    retries: RetryNote | None = None
 
 
 @dataclass(slots=True)
@@ -173,22 +172,22 @@ class ValidationState:
     # node -> its newest beat that matched no stored report (netval.operator.state.beats)
     beats_ahead: dict[str, BeatAhead] = field(default_factory=dict)
 
-    # The operator could not hear any agent before this instant (its broker connection was
-    # down until shortly before): nobody's silence counts against them until then.
-    heard_floor: datetime | None = None
+    # When the operator's own broker sessions came back (`state.hearing`; one object shared
+    # by the store's validations): a node not heard since gets a grace.
+    deafness: Deafness = field(default_factory=Deafness)
+    # the node verdict of the last gating round (netval.operator.gating.verdict): what every
+    # consumer reads, and the decision before of the next round
+    verdict: ValidationVerdict | None = None
 
     @property
     def stale_after(self) -> timedelta:
         return timedelta(seconds=STALE_AFTER_INTERVALS * self.interval_seconds)
 
-    def last_heard(self, reported_at: datetime) -> datetime:
-        """What staleness is measured from: the last report, or the end of a time in which
-        the operator itself could not hear (a broker restart cuts every agent and the
-        operator at once; the agents come back over their reconnect backoff, a few at a
-        time, each batch below the breaker's cap, so without this every late one would flip
-        healthy -> unknown -> healthy)."""
-        floor = self.heard_floor
-        return reported_at if floor is None or reported_at >= floor else floor
+    def last_heard(self, node: str, reported_at: datetime) -> datetime:
+        """What staleness is measured from: the last report, or, for a node not heard since
+        the operator's session on its shard came back, that instant plus the agents'
+        backoff ceiling (`state.hearing`)."""
+        return self.deafness.heard_at(node, reported_at)
 
 
 # -- mutations --------------------------------------------------------------------------
@@ -372,21 +371,20 @@ def restore_since(state: ValidationState, previous: NetworkValidationStatus) -> 
 # -- queries ----------------------------------------------------------------------------
 
 
+def heard(state: ValidationState, node: str, now: datetime) -> Heard:
+    """How fresh the node's last report is: the one freshness rule every reader uses."""
+    if node in state.offline:
+        return Heard.OFFLINE
+    rec = state.nodes.get(node)
+    if rec is None:
+        return Heard.NEVER
+    if rec.unconfirmed or now - state.last_heard(node, rec.reported_at) > state.stale_after:
+        return Heard.SILENT
+    return Heard.FRESH
+
+
 def is_fresh(state: ValidationState, node: str, now: datetime) -> bool:
-    rec = state.nodes.get(node)
-    return rec is not None and _fresh(state, node, rec, now)
-
-
-def node_health(state: ValidationState, node: str, now: datetime) -> NodeHealth:
-    """The node's fabric label value for this validation: from its fresh report; ``unknown``
-    when it is stale, never reported or not targeted by this validation."""
-    require_aware(now)
-    if state.fleet.dirty or state.fleet.expires_at is not None:
-        settle_fleet(state, now)
-    rec = state.nodes.get(node)
-    if node not in state.targeted or rec is None or not _fresh(state, node, rec, now):
-        return "unknown"
-    return _HEALTH[rec.status]
+    return heard(state, node, now) is Heard.FRESH
 
 
 def next_deadline(state: ValidationState, now: datetime) -> datetime | None:
@@ -401,7 +399,9 @@ def next_deadline(state: ValidationState, now: datetime) -> datetime | None:
         rec = state.nodes.get(node)
         if rec is not None and rec.unconfirmed:
             continue  # stale already, until its next report
-        start = state.last_heard(rec.reported_at) if rec is not None else grace_start(state, node)
+        start = (
+            state.last_heard(node, rec.reported_at) if rec is not None else grace_start(state, node)
+        )
         at = start + window
         if at >= now and (best is None or at < best):
             best = at
@@ -468,18 +468,12 @@ def _digest(
         node_name=node,
         digest=report_digest(report),
     )
+    rec.retries = retry_note(report.results, previous.retries if previous else None, reported_at)
     from netval.operator.topology.nodes import carry_over  # it imports this module
 
     carry_over(rec, previous)
+    carry_blame(rec, previous)
     return rec
-
-
-def _fresh(state: ValidationState, node: str, rec: NodeRecord, now: datetime) -> bool:
-    return (
-        not rec.unconfirmed
-        and node not in state.offline
-        and now - state.last_heard(rec.reported_at) <= state.stale_after
-    )
 
 
 def grace_start(state: ValidationState, node: str) -> datetime:

@@ -1,7 +1,9 @@
 """The status one write would carry (pure): the aggregated conditions and counts, the
-east-west summary of peers-enabled validations, the Usable condition (admission on capacity,
-`netval.operator.gating.capacity`) and the Gating condition node gating set; within the status
-size budget (`status.size_budget`)."""
+east-west summary of peers-enabled validations (whose suspects blame the nodes that warn of
+requester-side retries, `state.node_verdicts.apply_blame`), what the node verdict makes of
+the nodes (`gating.verdict`: the excluded and admissible counts, the Usable and Gating
+conditions, `gating.conditions`) and the likely culprit of retries on many nodes
+(`status.retries`); within the status size budget (`status.size_budget`)."""
 
 from __future__ import annotations
 
@@ -14,12 +16,15 @@ from netval.model.spec import NetworkValidationSpec
 from netval.model.status import Condition, ConditionType, NetworkValidationStatus, Reason
 from netval.operator.consistency.ingest import apply_changes
 from netval.operator.consistency.status import consistency_status
-from netval.operator.gating.capacity import usable_condition
-from netval.operator.gating.decisions import GatingCondition
+from netval.operator.gating.conditions import gating_condition, usable_condition
+from netval.operator.gating.facts import NodeFabric, verdict_of
+from netval.operator.gating.verdict import ValidationVerdict
 from netval.operator.state import validation as vs
 from netval.operator.state.aggregation import compute_status
 from netval.operator.state.east_west_matrix import east_west
+from netval.operator.state.node_verdicts import apply_blame
 from netval.operator.state.validation import ValidationState
+from netval.operator.status.retries import retries_summary, with_retries
 from netval.operator.status.size_budget import fit_status
 from netval.operator.topology.agreement import peer_topology_key
 from netval.operator.topology.nodes import fold_into_nodes
@@ -32,22 +37,19 @@ def validation_status(
     *,
     node_labels: Mapping[str, Mapping[str, str]],
     previous: NetworkValidationStatus | None,
-    gate: GatingCondition | None,
     now: datetime,
     load_run: tuple[str, LoadRun] | None = None,
+    verdict: ValidationVerdict | None = None,
+    node_fabric: NodeFabric | None = None,
 ) -> NetworkValidationStatus:
     """`load_run`: the newest finished NetworkLoadTest run on the validation ("<test>/<run
-    id>", run), whose figures join status.topology.domainPairs."""
+    id>", run), whose figures join status.topology.domainPairs. `verdict`: the node verdict
+    (default: decided now from the state and `node_fabric`, what netval has on the Nodes)."""
     apply_changes(state, now)  # a rollout's `until` passed: its values are Outliers now
     # topology.agreement is judged across nodes and folded into their records first, so it
     # counts in the status like any check
     topology = fold_into_nodes(state, spec, node_labels, now) if spec is not None else None
-    status = compute_status(state, now, previous=previous)
-    if spec is not None:
-        fleet = consistency_status(state.fleet, max_named=spec.consistency.max_outliers_per_key)
-        status = status.model_copy(update={"consistency": fleet})
-    if topology is not None:
-        status = status.model_copy(update={"topology": topology})
+    summary = None
     if spec is not None and spec.checks.peers.enabled:
         key = peer_topology_key(spec, (node_labels.get(n, {}) for n in state.targeted))
         fresh = {
@@ -60,6 +62,20 @@ def validation_status(
         summary = east_west(
             fresh, domains, min_throughput_ratio=spec.checks.peers.min_throughput_ratio
         )
+    # the east-west suspects that warn of requester-side retries fail rdma.errors (folded
+    # before the counts, so they count as failing like any check)
+    blamed = {
+        s.node: f"{s.failing_peers} of {s.peers} peers fail paths to it ({', '.join(s.checks)})"
+        for s in (summary.suspects if summary is not None else ())
+    }
+    apply_blame(state, blamed, now)
+    status = compute_status(state, now, previous=previous)
+    if spec is not None:
+        fleet = consistency_status(state.fleet, max_named=spec.consistency.max_outliers_per_key)
+        status = status.model_copy(update={"consistency": fleet})
+    if topology is not None:
+        status = status.model_copy(update={"topology": topology})
+    if summary is not None:
         status = status.model_copy(update={"east_west": summary})
     if topology is not None and spec is not None:
         load = load_run[1].east_west if load_run is not None else None
@@ -72,17 +88,22 @@ def validation_status(
             "load_test": load_run[0] if load_run is not None and load is not None else None,
         }
         status = status.model_copy(update={"topology": topology.model_copy(update=figures)})
+    if verdict is None and spec is not None:
+        # decided at this `now` from this state, the last recorded verdict as the decision
+        # before: what the next gating round records (deciding is idempotent), so the status
+        # never lags the reports it counts
+        verdict = verdict_of(state.name, state, spec, node_fabric or {}, now)
+    if verdict is not None:
+        counts = {"excluded": len(verdict.excluded), "admissible": verdict.admissible}
+        status = status.model_copy(update={"nodes": status.nodes.model_copy(update=counts)})
+    status = with_retries(status, retries_summary(state, now))
     if spec is not None:
-        usable = usable_condition(
-            status.nodes,
-            status.condition(ConditionType.HEALTHY),
-            spec.gating.max_unhealthy_percent,
-        )
+        usable = usable_condition(status.nodes, status.condition(ConditionType.HEALTHY), verdict)
     else:
         usable = ("Unknown", Reason.INVALID_SPEC.value, "no valid spec")
     status = _with_condition(status, ConditionType.USABLE, *usable, state, previous, now)
-    if gate is not None:
-        ok, reason, message = gate
+    if verdict is not None and spec is not None:
+        ok, reason, message = gating_condition(verdict)
         status = _with_condition(
             status, ConditionType.GATING, "True" if ok else "False", reason, message, state,
             previous, now,

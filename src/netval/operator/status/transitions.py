@@ -26,7 +26,8 @@ from typing import Final
 
 from netval.model.ids import Status
 from netval.model.status import MAX_FAILURES, EventReason, NetworkValidationStatus
-from netval.operator.state.validation import ValidationState
+from netval.operator.gating.verdict import Heard
+from netval.operator.state.validation import ValidationState, heard
 
 # check ids of one node, at most this many named in a NodeStale message
 MAX_CHECKS_IN_MESSAGE: Final = 5
@@ -95,19 +96,17 @@ def observe(state: ValidationState, now: datetime) -> dict[str, Seen]:
     it: failing means what the status's failures list means (a fresh node whose status is
     fail or error, with its fail/error results), so Events and status agree."""
     seen: dict[str, Seen] = {}
-    window = state.stale_after
     for node in state.targeted:
         rec = state.nodes.get(node)
-        if node in state.offline:
-            if rec is not None:
-                seen[node] = Seen(stale="offline")
-            continue
         if rec is None:
             continue  # awaiting or never reported: nothing was said about it
-        age = now - rec.reported_at
-        if rec.unconfirmed:
+        how = heard(state, node, now)
+        if how is Heard.OFFLINE:
+            seen[node] = Seen(stale="offline")
+        elif rec.unconfirmed:
             seen[node] = Seen(stale="a beat contradicts its last report")
-        elif age > window:
+        elif how is Heard.SILENT:
+            age = now - rec.reported_at
             seen[node] = Seen(stale=f"no report for {int(age.total_seconds())}s")
         elif rec.status.severity >= Status.FAIL.severity and rec.failures:
             first: dict[str, str] = {}

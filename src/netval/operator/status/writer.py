@@ -13,7 +13,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime
 from typing import Final
 
@@ -21,9 +21,8 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, Span, Tracer
 
 from netval.model.keys import LabelKey
-from netval.model.status import NetworkValidationStatus
+from netval.model.status import EventReason, NetworkValidationStatus
 from netval.operator.agents.manifests import AGENT_APP_NAME, validation_label_value
-from netval.operator.gating.decisions import GatingCondition
 from netval.operator.kube.api import KubeApi, error_text
 from netval.operator.rounds import every_window
 from netval.operator.settings import OperatorSettings
@@ -89,7 +88,6 @@ class StatusWriter:
         events: Events,
         tracer: Tracer,
         *,
-        gating_conditions: Mapping[str, GatingCondition],
         before_round: Callable[[], None] = lambda: None,
     ) -> None:
         self.settings = settings
@@ -97,7 +95,6 @@ class StatusWriter:
         self.store = store
         self.events = events
         self.tracer = tracer
-        self.gating_conditions = gating_conditions
         self.before_round = before_round  # e.g. redo what changed targets ask for
         self.links: dict[str, list[Link]] = {}
         self.writes = 0
@@ -117,6 +114,7 @@ class StatusWriter:
         self.gap_events = 0  # checks that found targeted nodes without a retained report
         self._gap_checked: dict[str, int] = {}
         self._limit = asyncio.Semaphore(STATUS_CONCURRENCY)
+        self._culprits: dict[str, str] = {}  # validation -> the first culprit an Event named
 
     def link(self, name: str, span: Span) -> None:
         """The next status write of `name` carries the report traced by `span`."""
@@ -130,6 +128,7 @@ class StatusWriter:
         self._gap_checked.pop(name, None)
         self._due.pop(name, None)
         self._synced_at.pop(name, None)
+        self._culprits.pop(name, None)
         self.events.forget(name)
 
     def check_replay_gaps(self) -> None:
@@ -183,9 +182,9 @@ class StatusWriter:
             store.specs.get(name),
             node_labels=store.node_labels,
             previous=store.previous.get(name),
-            gate=self.gating_conditions.get(name),
             now=now,
             load_run=store.load_runs.get(name),
+            node_fabric=store.node_fabric,
         )
 
     async def loop(self, synced: asyncio.Event) -> None:
@@ -259,6 +258,7 @@ class StatusWriter:
                 log.exception("status of %s cannot be computed; retrying next window", name)
                 continue
             previous = self.store.previous.get(name)
+            self._note_retries(name, status, previous)
             if previous is not None and not needs_write(status, previous, resync_due=resync_due):
                 if resync_due:
                     self._synced_at[name] = time.monotonic()
@@ -271,6 +271,26 @@ class StatusWriter:
             started.append(task)
         flush = asyncio.create_task(self.events.flush())
         await asyncio.wait([flush, *started], timeout=max(self.settings.status_window, 1.0))
+
+    def _note_retries(
+        self,
+        name: str,
+        status: NetworkValidationStatus,
+        previous: NetworkValidationStatus | None,
+    ) -> None:
+        """An Event when retries on many nodes get a (new) first culprit."""
+        retries = status.retries
+        first = retries.culprits[0].node if retries is not None and retries.culprits else None
+        said = self._culprits.get(name)
+        if said is None and previous is not None and previous.retries is not None:
+            culprits = previous.retries.culprits  # said by an earlier term
+            said = self._culprits[name] = culprits[0].node if culprits else ""
+        if retries is None or first is None or first == said:
+            if first is None:
+                self._culprits[name] = ""
+            return
+        self._culprits[name] = first
+        self.events.queue(name, "Warning", EventReason.RETRIES_ATTRIBUTED, retries.message)
 
     def _done(self, name: str, _: asyncio.Task[None]) -> None:
         self._inflight.pop(name, None)
