@@ -52,8 +52,9 @@ def facts(
     retries: bool = False,
     excluded: bool = False,
     label: FabricHealth | None = None,
+    observer: bool = False,
 ) -> NodeFacts:
-    return NodeFacts(heard, last, streak, blamed, retries, excluded, label)
+    return NodeFacts(heard, last, streak, blamed, retries, excluded, label, observer)
 
 
 # (name, facts, wants, why): the table of docs/gating.md, row by row
@@ -75,6 +76,12 @@ TABLE = [
     ("never reported, excluded before (the Node's label)", facts(NEVER, None, 0, excluded=True),
      U, Why.SILENT_AFTER_FAILING),
     ("silent, suspect before", facts(SILENT, label=S), U, Why.SILENT_AFTER_FAILING),
+    ("fresh, warns of paths a suspect elsewhere explains", facts(last=Status.WARN, observer=True),
+     H, Why.OBSERVER),
+    ("fresh, fails, an observer too", facts(last=Status.FAIL, streak=0, observer=True),
+     U, Why.FAILING),
+    ("fresh, warns, observer, excluded before, 0 of 3",
+     facts(last=Status.WARN, streak=0, excluded=True, observer=True), U, Why.RECOVERING),
     ("fresh, warns", facts(last=Status.WARN), D, Why.WARNING),
     ("fresh, warns of requester retries", facts(last=Status.WARN, retries=True),
      D, Why.RETRIES_FROM_PEERS),
@@ -180,6 +187,7 @@ def node_facts(draw: st.DrawFn) -> NodeFacts:
         ok_streak=draw(st.integers(0, 6)),
         blamed=draw(st.booleans()),
         retries=draw(st.booleans()),
+        observer=draw(st.booleans()),
         was_excluded=was_label is U or (draw(st.booleans()) and was_label is None),
         was_label=was_label,
     )
@@ -201,8 +209,15 @@ def again(v: ValidationVerdict, nodes: Mapping[str, NodeFacts]) -> dict[str, Nod
     """The same facts with this verdict as the decision before."""
     return {
         n: NodeFacts(
-            f.heard, f.last, f.ok_streak, f.blamed, f.retries, v.nodes[n].excluded, v.nodes[n].label
-        )
+            f.heard,
+            f.last,
+            f.ok_streak,
+            f.blamed,
+            f.retries,
+            v.nodes[n].excluded,
+            v.nodes[n].label,
+            f.observer,
+        )  # fmt: skip
         for n, f in nodes.items()
     }
 
@@ -234,10 +249,11 @@ def test_properties_of_one_round(policy: GatingPolicy, nodes: dict[str, NodeFact
             and (not f.was_excluded and f.was_label in (H, D))
         ):
             assert d.label in (K, f.was_label) and not d.excluded
-        # requester retries alone never exclude a node
+        # requester retries alone never exclude a node; an observer's failing paths, all
+        # towards a suspect elsewhere, do not even degrade it
         if (f.heard is FRESH and f.last is Status.WARN and not f.blamed
                 and not f.was_excluded):  # fmt: skip
-            assert d.label is D and not d.excluded and not d.tainted
+            assert d.label is (H if f.observer else D) and not d.excluded and not d.tainted
         # admissible: a fresh passing or warning report, nothing holding it
         if d.admissible:
             assert f.heard is FRESH and f.last not in (Status.FAIL, Status.ERROR)

@@ -18,6 +18,7 @@ participants read this output and nothing else; docs/gating.md has the table.
    | fresh | fails (or errors) | any | unhealthy | Failing, RetriesBlamedOnNode |
    | fresh | passes or warns | excluded, ok streak < recoveryReports | unhealthy | Recovering |
    | silent, offline, never | fails, or decision before excluded/suspect | any | unhealthy | SilentAfterFailing |
+   | fresh | warns of failing paths only, all explained by a suspect elsewhere | any | healthy | PathObserver |
    | fresh | warns | any | degraded | Warning, RetriesFromPeers |
    | fresh | passes (or skips) | any | healthy | Passing |
    | silent, offline, never | otherwise | any | unknown | Silent, Offline, NeverReported |
@@ -67,6 +68,8 @@ class Why(StrEnum):
     SILENT_AFTER_FAILING = "SilentAfterFailing"
     SUSPECT = "BreakerSuspect"  # wants exclusion, the breaker's cap is full
     RETRIES_FROM_PEERS = "RetriesFromPeers"  # requester retries only: warn, not its fault
+    # its only warnings are failing paths towards a suspect node or through a suspect link
+    OBSERVER = "PathObserver"
     WARNING = "Warning"
     PASSING = "Passing"
     HELD = "StaleHeld"  # went stale with more than the cap at once: its last label holds
@@ -84,7 +87,7 @@ RANK: Final = {
     FabricHealth.UNHEALTHY: 4,
 }
 # the reasons of a node admission counts as healthy: a fresh passing or warning report
-ADMISSIBLE: Final = frozenset({Why.PASSING, Why.WARNING, Why.RETRIES_FROM_PEERS})
+ADMISSIBLE: Final = frozenset({Why.PASSING, Why.WARNING, Why.RETRIES_FROM_PEERS, Why.OBSERVER})
 _UNKNOWN_WHY: Final = {Heard.SILENT: Why.SILENT, Heard.OFFLINE: Why.OFFLINE,
                        Heard.NEVER: Why.NEVER_REPORTED, Heard.FRESH: Why.SILENT}  # fmt: skip
 
@@ -99,6 +102,8 @@ class NodeFacts(NamedTuple):
     retries: bool = False  # its last report warns of requester-side retries
     was_excluded: bool = False  # the decision before: labelled unhealthy
     was_label: FabricHealth | None = None  # the decision before: its label (None: none)
+    # it warns only of failing paths, all explained by a suspect node or link elsewhere
+    observer: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +150,8 @@ def judge(facts: NodeFacts, recovery_reports: int) -> tuple[FabricHealth, Why]:
         if facts.was_excluded and facts.ok_streak < recovery_reports:
             return FabricHealth.UNHEALTHY, Why.RECOVERING
         if last is Status.WARN:
+            if facts.observer:
+                return FabricHealth.HEALTHY, Why.OBSERVER
             return FabricHealth.DEGRADED, Why.RETRIES_FROM_PEERS if facts.retries else Why.WARNING
         return FabricHealth.HEALTHY, Why.PASSING
     if (

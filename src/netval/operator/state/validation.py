@@ -122,6 +122,9 @@ class NodeRecord:
     failing_checks: tuple[str, ...]  # sorted, unique
     failing_since: dict[tuple[str, str], datetime]  # (check, subject) -> first seen failing
     ok_streak: int  # consecutive accepted reports without fail/error (for taint recovery)
+    # its report warns only because of failing path (peer.*) results: an observer when a
+    # suspect elsewhere explains them (`ValidationState.observers`)
+    path_warn: bool = False
     # the report's LLDP section (spec.topology.lldp) as plain tuples, judged against the
     # node labels at status time (netval.operator.topology)
     topology: tuple[NetdevView, ...] | None = None
@@ -178,6 +181,9 @@ class ValidationState:
     # the node verdict of the last gating round (netval.operator.gating.verdict): what every
     # consumer reads, and the decision before of the next round
     verdict: ValidationVerdict | None = None
+    # the nodes whose failing paths all point at a suspect elsewhere, as of the last status
+    # computed (`state.east_west_matrix.analyse`): their path results make them no worse
+    observers: frozenset[str] = frozenset()
 
     @property
     def stale_after(self) -> timedelta:
@@ -463,6 +469,7 @@ def _digest(
         failing_checks=tuple(sorted({check for check, _ in bad})),
         failing_since=since,
         ok_streak=(previous.ok_streak + 1 if previous is not None else 1) if ok else 0,
+        path_warn=paths.is_bad and not (local.is_bad or local is Status.WARN),
         topology=netdev_views(report.topology) if report.topology is not None else None,
         routes=route_view(report.topology) if report.topology is not None else None,
         node_name=node,
