@@ -217,7 +217,7 @@ def again(v: ValidationVerdict, nodes: Mapping[str, NodeFacts]) -> dict[str, Nod
             v.nodes[n].excluded,
             v.nodes[n].label,
             f.observer,
-        )  # fmt: skip
+        )
         for n, f in nodes.items()
     }
 
