@@ -41,6 +41,7 @@ def look(kube: KubeCluster, nodes: list[str]) -> Look:
         cells=tuple(
             (c["a"], c["b"], int(c.get("failing", 0))) for c in east_west.get("cells") or []
         ),
+        links=tuple((x["kind"], x["a"], x.get("b")) for x in east_west.get("linkSuspects") or []),
     )
 
 

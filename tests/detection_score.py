@@ -13,7 +13,8 @@ What the product says, and only that, is scored (docs/detection.md):
   fault by a failing cross-domain cell of `status.eastWest` involving its leaf;
 - during an injection (from the injection to the end of its settle time after the repair)
   every other flagged node is one **wrong naming** (for a link fault every flagged node is);
-- a link fault is **localized** when it is named and no node was gated meanwhile.
+- a link fault is **localized** when, while it holds, `status.eastWest.linkSuspects` names
+  its leaf's uplink or a domain pair with its leaf, and no node was gated meanwhile.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Look:
     failures: tuple[tuple[str, str, str], ...] = ()  # (node, check, subject)
     suspects: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (node, checks)
     cells: tuple[tuple[str, str, int], ...] = ()  # (domain a, domain b, failing results)
+    links: tuple[tuple[str, str, str | None], ...] = ()  # status.eastWest.linkSuspects
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,11 @@ def named(look: Look, expect: Expect) -> bool:
         for node, checks in look.suspects
     )
     return by_failure or by_suspect
+
+
+def link_named(look: Look, leaf: str) -> bool:
+    """A suspect link of the product names the leaf: its uplink, or a domain pair with it."""
+    return any(leaf in (a, b) for _, a, b in look.links)
 
 
 def quiet(look: Look) -> bool:
@@ -144,7 +151,9 @@ def score(injection: Injection, looks: Sequence[Look]) -> Scored:
                 wrong[node] = (k.at - injection.injected, why)
     localized = None
     if expect.kind == "link":
-        localized = first is not None and not any(gated(k) for k in during)
+        localized = any(link_named(k, expect.subject) for k in faulty) and not any(
+            gated(k) for k in during
+        )
     after = [k for k in during if k.at >= injection.repaired]
     clear = next((k for k in after if quiet(k)), None)
     return Scored(

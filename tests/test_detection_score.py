@@ -89,9 +89,13 @@ def test_a_link_fault_is_localized_only_without_a_gated_node_and_every_flag_is_w
     inj = Injection("uplink_loss", Expect("link", "leaf-b", frozenset({"peer.loss"})),
                     injected=0, repaired=30, ended=40, interval=5)  # fmt: skip
     cell = (("leaf-a", "leaf-b", 4),)
-    ok = score(inj, [look(3, cells=cell, labels={"b1": "degraded"})])
+    link = (("domainPair", "leaf-a", "leaf-b"),)
+    ok = score(inj, [look(3, cells=cell, links=link, labels={"b1": "degraded"})])
     assert ok.detected and ok.localized and set(ok.wrong) == {"b1"}
-    blamed = score(inj, [look(3, cells=cell), look(6, tainted=frozenset({"b1"}))])
+    # a failing cell detects it; localized takes the product naming the link
+    unnamed = score(inj, [look(3, cells=cell)])
+    assert unnamed.detected and not unnamed.localized
+    blamed = score(inj, [look(3, cells=cell, links=link), look(6, tainted=frozenset({"b1"}))])
     assert blamed.detected and not blamed.localized
     assert blamed.clear_after is None  # no look after the repair
     missed = score(inj, [look(3), look(35, cells=cell)])  # named only after the repair

@@ -148,3 +148,19 @@ def test_random_fabrics_keep_the_rules(
             or (s.kind == "uplink" and s.a in (da, db))
             for s in found
         )
+
+
+def test_the_event_names_the_link_first_then_a_node() -> None:
+    from netval.operator.status.culprits import culprit
+
+    domains = fabric(3, 3)
+    ew, _ = run(
+        domains, lambda a, b: domains[a] != domains[b] and "rack-1" in (domains[a], domains[b])
+    )
+    key, message = culprit(ew) or ("", "")
+    assert key == "link:uplink:rack-1:"
+    assert message.startswith("the uplink of rack-1 is the suspect: 18 of 18 node pairs")
+    assert "9 observing node(s)" in message
+    ew, _ = run(domains, lambda a, b: "r0n1" in (a, b))
+    assert (culprit(ew) or ("",))[0] == "node:r0n1"
+    assert culprit(run(domains, lambda a, b: False)[0]) is None

@@ -63,6 +63,8 @@ class EventReason(StrEnum):
     KUEUE_TOPOLOGY_FAILED = "KueueTopologyFailed"
     # Warning: many nodes warn with requester-side retries; names the likely culprit
     RETRIES_ATTRIBUTED = "RetriesAttributed"
+    # Warning: the east-west results name a new first culprit (a link or a node)
+    CULPRIT_LOCALIZED = "CulpritLocalized"
 
 
 class _Status(BaseModel):
