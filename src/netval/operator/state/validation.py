@@ -125,6 +125,7 @@ class NodeRecord:
     # its report warns only because of failing path (peer.*) results: an observer when a
     # suspect elsewhere explains them (`ValidationState.observers`)
     path_warn: bool = False
+    path_warn_streak: int = 0  # reports in a row with path_warn
     # the report's LLDP section (spec.topology.lldp) as plain tuples, judged against the
     # node labels at status time (netval.operator.topology)
     topology: tuple[NetdevView, ...] | None = None
@@ -457,6 +458,7 @@ def _digest(
     local = worst(r.status for r in report.results if r.check.group is not CheckGroup.PEER)
     paths = worst(r.status for r in report.results if r.check.group is CheckGroup.PEER)
     status = worst((local, Status.WARN if paths.is_bad else paths))
+    path_warn = paths.is_bad and not (local.is_bad or local is Status.WARN)
     ok = not status.is_bad
     rec = NodeRecord(
         generation=report.generation,
@@ -469,7 +471,10 @@ def _digest(
         failing_checks=tuple(sorted({check for check, _ in bad})),
         failing_since=since,
         ok_streak=(previous.ok_streak + 1 if previous is not None else 1) if ok else 0,
-        path_warn=paths.is_bad and not (local.is_bad or local is Status.WARN),
+        path_warn=path_warn,
+        path_warn_streak=(previous.path_warn_streak + 1 if previous is not None else 1)
+        if path_warn
+        else 0,
         topology=netdev_views(report.topology) if report.topology is not None else None,
         routes=route_view(report.topology) if report.topology is not None else None,
         node_name=node,
