@@ -9,7 +9,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from netval.model.east_west import MAX_LINK_SUSPECTS
+from netval.model.east_west import MAX_LINK_SUSPECTS, EastWest
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
 from netval.operator.state.east_west_matrix import analyse
@@ -36,8 +36,9 @@ def mesh(domains: dict[str, str | None], bad: object) -> dict[str, list[CheckRes
     return {n: [loss(p, bool(bad(n, p))) for p in domains if p != n] for n in domains}
 
 
-def run(domains: dict[str, str | None], bad: object):  # type: ignore[no-untyped-def]
-    return analyse(mesh(domains, bad), domains, min_throughput_ratio=0.5)
+def run(domains: dict[str, str | None], bad: object) -> tuple[EastWest, frozenset[str]]:
+    got = analyse(mesh(domains, bad), domains, min_throughput_ratio=0.5)
+    return got.summary, got.observers
 
 
 def test_a_lossy_uplink_of_one_of_three_racks_is_named_and_every_node_observes() -> None:

@@ -67,3 +67,44 @@ def test_a_failing_path_nothing_explains_degrades_both_ends() -> None:
         "n0",
         "n1",
     }
+
+
+def sample(peer: str) -> CheckResult:
+    from netval.model.ids import CheckId
+
+    return CheckResult(check=CheckId.PEER_THROUGHPUT, subject=peer, status=Status.FAIL,
+                       message="connect timed out", observed={})  # fmt: skip
+
+
+def test_a_failed_sample_towards_the_suspect_is_an_observers_warning_too() -> None:
+    from netval.operator.state.east_west_matrix import analyse
+
+    results: dict[str, list[CheckResult]] = {}
+    for node in NODES:
+        rs: list[CheckResult] = []
+        for p in NODES:
+            if p != node:
+                rs += [latency(p), loss(p, 5.0 if "n3" in (node, p) else 0.0)]
+        results[node] = rs
+    results["n5"] = [r for r in results["n5"] if r.subject != "n3"] + [sample("n3")]
+    domains = dict.fromkeys(NODES, "rack-1")
+    got = analyse(results, domains, min_throughput_ratio=0.5)
+    assert "n5" in got.observers and "n3" not in got.observers
+    # a failed sample towards a healthy node is nobody's suspect: n0 warns on its own
+    results["n0"] = [*results["n0"], sample("n1")]
+    assert "n0" not in analyse(results, domains, min_throughput_ratio=0.5).observers
+
+
+def test_a_faults_last_failing_results_stay_explained_for_a_while() -> None:
+    from netval.operator.state.east_west_matrix import analyse
+
+    # after the repair only n4 still reports its old failing path to n3: alone, no suspect
+    results = {n: [loss(p, 0.0) for p in NODES if p != n] for n in NODES}
+    results["n4"] = [loss(p, 5.0 if p == "n3" else 0.0) for p in NODES if p != "n4"]
+    domains = dict.fromkeys(NODES, "rack-1")
+    alone = analyse(results, domains, min_throughput_ratio=0.5)
+    assert alone.observers == frozenset() and alone.summary.suspects == []
+    remembered = analyse(results, domains, min_throughput_ratio=0.5, recent={("n3", "n4"): "n3"})
+    assert remembered.observers == {"n4"}
+    linked = analyse(results, domains, min_throughput_ratio=0.5, recent={("n3", "n4"): None})
+    assert linked.observers == {"n3", "n4"} and linked.summary.suspects == []

@@ -38,7 +38,7 @@ import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 from pydantic import JsonValue
 
@@ -105,6 +105,9 @@ class _Matrix:
     # two lookups, with no sorting
     rows: dict[str, dict[str, _Acc]] = field(default_factory=dict)
     bad_edges: dict[_Pair, set[str]] = field(default_factory=dict)  # -> the checks that failed
+    # pairs whose throughput sample failed: no path evidence (a sample fails for many
+    # reasons), but a prober's warning all the same, explained when a suspect explains it
+    bad_samples: set[_Pair] = field(default_factory=set)
     nodes: set[str] = field(default_factory=set)
     announced: dict[str, str] = field(default_factory=dict)  # of nodes missing from domains
     # results whose prober or peer is missing from the given domains: their domain may be
@@ -168,6 +171,8 @@ class _Matrix:
                     v = obs.get("mbps")
                     if (type(v) is float or (v := _number(v)) is not None) and v > 0:
                         acc.mbps.append(v)
+                elif status in bad_statuses:
+                    self.bad_samples.add(pair)
                 continue
             if check is latency:
                 v = obs.get("p50Ms")
@@ -220,6 +225,12 @@ class _Matrix:
             self.add(prober, results)
 
 
+class Analysis(NamedTuple):
+    summary: EastWest
+    observers: frozenset[str]
+    explained: dict[tuple[str, str], str | None]  # failing pair -> suspect node (None: link)
+
+
 def east_west(
     results_by_node: Mapping[str, Iterable[CheckResult]],
     domains: Mapping[str, str | None],
@@ -232,7 +243,7 @@ def east_west(
     return analyse(
         results_by_node, domains, min_throughput_ratio=min_throughput_ratio,
         max_cells=max_cells, max_suspects=max_suspects,
-    )[0]  # fmt: skip
+    ).summary  # fmt: skip
 
 
 def analyse(
@@ -242,9 +253,13 @@ def analyse(
     min_throughput_ratio: float,
     max_cells: int = MAX_CELLS,
     max_suspects: int = MAX_SUSPECTS,
-) -> tuple[EastWest, frozenset[str]]:
-    """The summary and its observers: the nodes whose failing paths a suspect elsewhere
-    explains (`state.localize.observers`)."""
+    recent: Mapping[_Pair, str | None] | None = None,
+) -> Analysis:
+    """The summary, its observers (the nodes whose failing paths a suspect elsewhere
+    explains, `state.localize.observers`) and the failing pairs explained (-> the suspect
+    node, None for a link). `recent`: pairs an earlier run explained; while they still fail
+    they stay explained (a fault's last failing results outlive the suspect by a cycle: they
+    make no node suspect, and their probers stay observers)."""
     m = _Matrix(domain_of={node: domain or UNASSIGNED for node, domain in domains.items()})
     for prober, results in results_by_node.items():
         m.add(prober, results)
@@ -259,11 +274,25 @@ def analyse(
     links, by_link = localize(
         {key: acc.edges for key, acc in m.cells.items()}, m.bad_edges, m.domain_of
     )
-    rest = {pair: checks for pair, checks in m.bad_edges.items() if pair not in by_link}
+    earlier = recent or {}
+    linked = by_link | {p for p, c in earlier.items() if c is None and p in m.bad_edges}
+    rest = {pair: checks for pair, checks in m.bad_edges.items() if pair not in linked}
     edges = itertools.chain.from_iterable(acc.edges for acc in m.cells.values())
     suspects, by_node, unexplained = suspect_nodes(edges, rest, m.domain_of, max_suspects)
     shown = _bounded(built, max_cells)
-    watching = observers(m.bad_edges, by_link, by_node)
+    blamed = {p: c for p, c in earlier.items() if c is not None and p in rest} | by_node
+    # a failed throughput sample towards a suspect node, or across a suspect link
+    named = {s.node for s in suspects}
+    cut = {(x.a, x.b) for x in links if x.b is not None}
+    uplinks = {x.a for x in links if x.b is None}
+    for x, y in m.bad_samples - m.bad_edges.keys():
+        dx, dy = m.domain_of[x], m.domain_of[y]
+        if dx != dy and ((min(dx, dy), max(dx, dy)) in cut or uplinks & {dx, dy}):
+            linked.add((x, y))
+        elif x in named or y in named:
+            blamed[(x, y)] = x if x in named else y
+    failing = m.bad_edges.keys() | m.bad_samples
+    watching = observers(dict.fromkeys(failing), linked, blamed)
     summary = EastWest(
         domains=len({m.domain_of[n] for n in m.nodes}),
         nodes=len(m.nodes),
@@ -285,7 +314,9 @@ def analyse(
         failing_pairs=len(m.bad_edges),
         unexplained_failing_pairs=unexplained,
     )
-    return summary, watching
+    explained: dict[_Pair, str | None] = dict.fromkeys(by_link)
+    explained.update(by_node)
+    return Analysis(summary, watching, explained)
 
 
 def _mid(values: list[float]) -> float:
@@ -351,6 +382,7 @@ def _bounded(cells: list[Cell], limit: int) -> list[Cell]:
 __all__ = [
     "MAX_CELLS",
     "UNASSIGNED",
+    "Analysis",
     "Cell",
     "EastWest",
     "FlaggedPair",

@@ -185,6 +185,9 @@ class ValidationState:
     # the nodes whose failing paths all point at a suspect elsewhere, as of the last status
     # computed (`state.east_west_matrix.analyse`): their path results make them no worse
     observers: frozenset[str] = frozenset()
+    # failing node pairs a suspect explained (-> the suspect node, None for a link) and when
+    # last, kept 2 intervals: a fault's last failing results outlive its suspect by a cycle
+    explained: dict[tuple[str, str], tuple[str | None, datetime]] = field(default_factory=dict)
 
     @property
     def stale_after(self) -> timedelta:

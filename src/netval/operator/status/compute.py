@@ -9,8 +9,8 @@ conditions, `gating.conditions`) and the likely culprit of retries on many nodes
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
-from typing import Literal
+from datetime import datetime, timedelta
+from typing import Final, Literal
 
 from netval.model.loadtest import LoadRun
 from netval.model.spec import NetworkValidationSpec
@@ -30,6 +30,8 @@ from netval.operator.status.size_budget import fit_status
 from netval.operator.topology.agreement import peer_topology_key
 from netval.operator.topology.nodes import fold_into_nodes
 from netval.operator.topology.pairs import domain_pairs
+
+EXPLAINED_INTERVALS: Final = 2  # how long a failing pair a suspect explained stays explained
 
 
 def validation_status(
@@ -61,9 +63,16 @@ def validation_status(
         }
         # every targeted node's domain, so a silent node still counts in its domain
         domains = {n: node_labels.get(n, {}).get(key) for n in state.targeted}
-        summary, state.observers = analyse(
-            fresh, domains, min_throughput_ratio=spec.checks.peers.min_throughput_ratio
-        )
+        keep = timedelta(seconds=EXPLAINED_INTERVALS * state.interval_seconds)
+        recent = {p: c for p, (c, at) in state.explained.items() if now - at <= keep}
+        summary, state.observers, explained = analyse(
+            fresh, domains, min_throughput_ratio=spec.checks.peers.min_throughput_ratio,
+            recent=recent,
+        )  # fmt: skip
+        state.explained = {p: state.explained[p] for p in recent}
+        state.explained.update((p, (c, now)) for p, c in explained.items())
+    else:
+        state.explained = {}
     # the east-west suspects that warn of requester-side retries fail rdma.errors (folded
     # before the counts, so they count as failing like any check)
     blamed = {
