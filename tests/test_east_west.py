@@ -443,6 +443,16 @@ def reference(
             bad = [q for q, failed in peers.items() if failed]
             if len(bad) < 2 or len(bad) / len(peers) < 0.5:
                 continue
+            # a passing path inside its own domain clears its port when every failing one
+            # leaves the domain
+            home_ok = any(
+                domain(q) == domain(n) and not f
+                for e, f in edges.items()
+                if n in e
+                for q in e - {n}
+            )
+            if home_ok and all(domain(q) != domain(n) for q in bad):
+                continue
             shares = []
             for q in bad:
                 theirs = peers_of(q)

@@ -165,3 +165,16 @@ def test_the_event_names_the_link_first_then_a_node() -> None:
     ew, _ = run(domains, lambda a, b: "r0n1" in (a, b))
     assert (culprit(ew) or ("",))[0] == "node:r0n1"
     assert culprit(run(domains, lambda a, b: False)[0]) is None
+
+
+def test_a_node_whose_home_paths_pass_and_cross_paths_fail_is_no_node_suspect() -> None:
+    # the first failing cross paths of an uplink fault: r0n0's two paths to rack-1 fail,
+    # its paths inside rack-0 pass, so its port is fine
+    domains = fabric(2, 4)
+    bad = {("r0n0", "r1n0"), ("r0n0", "r1n1")}
+    ew, _ = run(domains, lambda a, b: (a, b) in bad or (b, a) in bad)
+    assert ew.suspects == [] and ew.link_suspects == []
+    # the same failures with a failing home path too: its port
+    bad |= {("r0n0", "r0n1"), ("r0n0", "r0n2"), ("r0n0", "r0n3"), ("r0n0", "r1n2")}
+    ew, _ = run(domains, lambda a, b: (a, b) in bad or (b, a) in bad)
+    assert [s.node for s in ew.suspects] == ["r0n0"]

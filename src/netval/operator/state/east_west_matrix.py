@@ -278,7 +278,15 @@ def analyse(
     linked = by_link | {p for p, c in earlier.items() if c is None and p in m.bad_edges}
     rest = {pair: checks for pair, checks in m.bad_edges.items() if pair not in linked}
     edges = itertools.chain.from_iterable(acc.edges for acc in m.cells.values())
-    suspects, by_node, unexplained = suspect_nodes(edges, rest, m.domain_of, max_suspects)
+    intra_ok = {
+        node
+        for (da, db), acc in m.cells.items()
+        if da == db
+        for pair, bad in acc.edges.items()
+        if not bad
+        for node in pair
+    }
+    suspects, by_node, unexplained = suspect_nodes(edges, rest, m.domain_of, max_suspects, intra_ok)
     shown = _bounded(built, max_cells)
     blamed = {p: c for p, c in earlier.items() if c is not None and p in rest} | by_node
     # a failed throughput sample towards a suspect node, or across a suspect link

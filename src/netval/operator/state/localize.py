@@ -36,7 +36,7 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -206,9 +206,14 @@ def suspect_nodes(
     bad_edges: Mapping[Pair, set[str]],
     domain_of: Mapping[str, str],
     limit: int,
+    intra_ok: Collection[str] = (),
 ) -> tuple[list[Suspect], dict[Pair, str], int]:
     """Suspects from every node pair with a path result and the failing ones (with checks);
-    the failing pairs each suspect explains (-> the suspect); the unexplained count."""
+    the failing pairs each suspect explains (-> the suspect); the unexplained count.
+    `intra_ok`: the nodes with a passing path inside their own domain. Such a node whose
+    failing paths all leave its domain is no suspect: every path of a node crosses its
+    port, so a passing one clears the port, and the failing ones point at the way out (the
+    first failing cross paths of an uplink fault, before its cell fails as a whole)."""
     # Only bad edges are walked; of the others only the count per node matters: a thousand
     # nodes have tens of thousands of edges, and usually a handful of bad ones.
     degree = Counter(itertools.chain.from_iterable(edges))
@@ -223,6 +228,10 @@ def suspect_nodes(
         for node, failed in bad_adj.items():
             if len(failed) < SUSPECT_MIN_BAD:
                 continue
+            if node in intra_ok:
+                home = domain_of.get(node)
+                if all(domain_of.get(p) != home for p in failed):
+                    continue
             fraction = len(failed) / degree[node]
             if fraction < SUSPECT_MIN_FRACTION:
                 continue
