@@ -7,13 +7,11 @@ nodes and a spine of namespaces. Behaviour is asserted, never timing:
   answer is no MTU black hole, issue 33);
 - a configuration fault (ECN notification point off in the recorded /sys tree) is named on
   its node with `ecn.np_enabled`, and nothing else is flagged at all;
-- a node's port down is named on its node with `link.carrier`, and no other node is gated;
-- a silent MTU black hole on a leaf uplink fails the cross-leaf cell of `status.eastWest`
-  and gates no node (localized).
-
-Measured only, until the operator tells observers from culprits (issue 33's second phase):
-the nodes whose paths to a faulty node or through a faulty link fail are labelled
-`degraded`; the test prints them.
+- a node's port down is named on its node with `link.carrier`, and nothing else is flagged:
+  the nodes whose paths to it fail are observers (`PathObserver`), not `degraded`;
+- a silent MTU black hole on a leaf uplink fails the cross-leaf cell of `status.eastWest`,
+  the operator names the leaf pair in `status.eastWest.linkSuspects`, and no node is gated
+  (localized) or flagged.
 """
 
 from __future__ import annotations
@@ -67,12 +65,13 @@ def test_a_short_campaign_names_each_fault_and_nothing_else(tmp_path: Path) -> N
 
     down = scored["port_down"]
     assert down.detected, diagnostics
-    print(f"port_down: observers flagged (measured only): {sorted(down.wrong)}")
+    assert down.wrong == {}, down.wrong
 
     link = scored["mtu_blackhole"]
     assert link.detected, diagnostics
-    assert link.localized, [sorted(gated(k)) for k in looks if gated(k)]
-    print(f"mtu_blackhole: nodes flagged (measured only): {sorted(link.wrong)}")
+    assert link.localized, ([k.links for k in looks if k.links][:1],
+                            [sorted(gated(k)) for k in looks if gated(k)])  # fmt: skip
+    assert link.wrong == {}, link.wrong
     for s in outcome.scored:  # another node flagged is measured; gated, it fails the test
         gating = {n: w for n, (_t, w) in s.wrong.items() if w & GATING}
         assert gating == {}, (s.fault, gating)
