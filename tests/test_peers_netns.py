@@ -422,7 +422,12 @@ def test_a_1500_byte_inter_rack_hop_fails_path_mtu_for_cross_rack_pairs_only(
     cross = ew.cell("rack-a", "rack-b")
     assert cross is not None and (cross.path_mtu, cross.failing) == (1500, 18)
     assert all(ew.cell(r, r).path_mtu == FABRIC_MTU for r in RACKS)  # type: ignore[union-attr]
-    assert ew.suspects == [] and ew.unexplained_failing_pairs == 9
+    assert ew.suspects == [] and ew.unexplained_failing_pairs == 0
+    # the rack pair is the suspect link: every cross pair fails, every pair inside passes
+    (link,) = ew.link_suspects
+    assert (link.kind, link.a, link.b, link.failing_paths, link.paths) == (
+        "domainPair", "rack-a", "rack-b", 9, 9,
+    )  # fmt: skip
     print(f"\n(b) {next(iter(r.message for r in mtus.values() if r.status is Status.FAIL))}")
 
 

@@ -256,7 +256,10 @@ def test_matrix_shows_the_4_to_1_capacity_ratio_between_the_racks(api: KubeClust
     assert "  flagged pairs (cross/intra throughput ratio below 0.5):" in lines
     assert "    rack-1 <-> rack-2: ratio 0.25, capacity 4.0:1" in lines
     assert "    <script>alert(1)</script> (rack-2): failing with 6 of 6 peer(s): peer.loss" in lines
-    assert "  failing node pairs: 6, 0 not explained by a suspect" in lines
+    assert (
+        "  failing node pairs: 6, 0 not explained by a suspect; 6 observer(s), not degraded for it"
+        in lines
+    )
 
 
 def test_matrix_when_not_enabled_or_not_there_yet(api: KubeCluster) -> None:
@@ -289,6 +292,32 @@ def test_many_domains_wrap_into_tables_of_bounded_width() -> None:
     assert "topol~e-00" in out and "topol~e-10" in out  # headings cut to the cell width...
     assert "  topology-zone-00\n" in out  # ...row headings are not
     assert "1.3:1" in out and "1.3:1 FLAG" not in out  # 0.75 is above 0.5
+
+
+def test_matrix_and_html_name_a_suspect_link_and_its_observers() -> None:
+    nodes = RACK_1 + RACK_2[:3]
+    results: dict[str, list[CheckResult]] = {n: [] for n in nodes}
+    for prober, peer in itertools.permutations(nodes, 2):
+        bad = DOMAIN[prober] != DOMAIN[peer]  # the racks' uplink drops jumbo frames
+        results[prober].append(
+            CheckResult(
+                check=CheckId.PEER_PATH_MTU,
+                subject=peer,
+                status=Status.FAIL if bad else Status.PASS,
+                message="",
+                observed={"pathMTU": 1500 if bad else 9000, "method": "blackhole"},
+            )
+        )
+    ew = east_west(results, dict(DOMAIN), min_throughput_ratio=0.5)
+    obj = {"spec": PEERS_ON, "status": {"eastWest": ew.to_status()}}
+    out = render_matrix(obj)
+    assert (
+        "  suspect link: rack-1 <-> rack-2: 9 of 9 pair(s) through it fail, 0 of 6 around it, "
+        "confidence 1: peer.path_mtu"
+    ) in out
+    assert "6 observer(s), not degraded for it" in out
+    page = render_html({**obj, "metadata": {"name": "v"}})
+    assert "Suspect link: rack-1 &lt;-&gt; rack-2: 9 of 9 node pairs" in page
 
 
 def test_terminal_control_characters_are_not_printed() -> None:

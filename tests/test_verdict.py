@@ -56,8 +56,11 @@ def facts(
     label: FabricHealth | None = None,
     nics: NicFacts | None = None,
     was_devices: bool = False,
+    observer: bool = False,
 ) -> NodeFacts:
-    return NodeFacts(heard, last, streak, blamed, retries, excluded, label, nics, was_devices)
+    return NodeFacts(
+        heard, last, streak, blamed, retries, excluded, label, nics, was_devices, observer
+    )
 
 
 ONE = NicFacts(failing=("mlx5_3",), node_level=False)
@@ -87,6 +90,12 @@ TABLE = [
     ("never reported, excluded before (the Node's label)", facts(NEVER, None, 0, excluded=True),
      U, Why.SILENT_AFTER_FAILING),
     ("silent, suspect before", facts(SILENT, label=S), U, Why.SILENT_AFTER_FAILING),
+    ("fresh, warns of paths a suspect elsewhere explains", facts(last=Status.WARN, observer=True),
+     H, Why.OBSERVER),
+    ("fresh, fails, an observer too", facts(last=Status.FAIL, streak=0, observer=True),
+     U, Why.FAILING),
+    ("fresh, warns, observer, excluded before, 0 of 3",
+     facts(last=Status.WARN, streak=0, excluded=True, observer=True), U, Why.RECOVERING),
     ("fresh, warns", facts(last=Status.WARN), D, Why.WARNING),
     ("fresh, warns of requester retries", facts(last=Status.WARN, retries=True),
      D, Why.RETRIES_FROM_PEERS),
@@ -218,6 +227,7 @@ def node_facts(draw: st.DrawFn) -> NodeFacts:
         ok_streak=draw(st.integers(0, 6)),
         blamed=draw(st.booleans()),
         retries=draw(st.booleans()),
+        observer=draw(st.booleans()),
         was_excluded=was_label is U or (draw(st.booleans()) and was_label is None),
         was_label=was_label,
     )
@@ -238,9 +248,7 @@ fleets = st.dictionaries(st.from_regex(r"n[0-9]{2}", fullmatch=True), node_facts
 def again(v: ValidationVerdict, nodes: Mapping[str, NodeFacts]) -> dict[str, NodeFacts]:
     """The same facts with this verdict as the decision before."""
     return {
-        n: NodeFacts(
-            f.heard, f.last, f.ok_streak, f.blamed, f.retries, v.nodes[n].excluded, v.nodes[n].label
-        )
+        n: f._replace(was_excluded=v.nodes[n].excluded, was_label=v.nodes[n].label)
         for n, f in nodes.items()
     }
 
@@ -272,10 +280,11 @@ def test_properties_of_one_round(policy: GatingPolicy, nodes: dict[str, NodeFact
             and (not f.was_excluded and f.was_label in (H, D))
         ):
             assert d.label in (K, f.was_label) and not d.excluded
-        # requester retries alone never exclude a node
+        # requester retries alone never exclude a node; an observer's failing paths, all
+        # towards a suspect elsewhere, do not even degrade it
         if (f.heard is FRESH and f.last is Status.WARN and not f.blamed
                 and not f.was_excluded):  # fmt: skip
-            assert d.label is D and not d.excluded and not d.tainted
+            assert d.label is (H if f.observer else D) and not d.excluded and not d.tainted
         # admissible: a fresh passing or warning report, nothing holding it
         if d.admissible:
             assert f.heard is FRESH and f.last not in (Status.FAIL, Status.ERROR)

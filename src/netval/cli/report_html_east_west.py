@@ -34,7 +34,7 @@ from netval.cli.status_view import (
     parse_east_west,
     peers_enabled,
 )
-from netval.model.east_west import Cell, EastWest
+from netval.model.east_west import Cell, EastWest, LinkKind
 from netval.model.spec import PeerChecks
 
 # -- the east-west heatmaps -------------------------------------------------------------------
@@ -240,6 +240,10 @@ def _flagged_table(ew: EastWest) -> str:
     )
 
 
+def _link_name(kind: LinkKind, a: str, b: str | None) -> str:
+    return f"uplink of {a}" if kind is LinkKind.UPLINK else f"{a} <-> {b}"
+
+
 def _suspects_table(ew: EastWest) -> str:
     title = "<h3>Suspect nodes</h3>"
     intro = "<p>Nodes whose probes fail to many peers while those peers pass with others.</p>"
@@ -247,6 +251,13 @@ def _suspects_table(ew: EastWest) -> str:
         f"<p>Failing node pairs: {ew.failing_pairs}, of which "
         f"{ew.unexplained_failing_pairs} not explained by a suspect.</p>"
     )
+    links = "".join(
+        f"<p>Suspect link: {escape(_link_name(x.kind, x.a, x.b))}: {x.failing_paths} of "
+        f"{x.paths} node pairs through it fail ({escape(', '.join(x.checks))}), "
+        f"{x.failing_around} of {x.paths_around} around it, confidence {x.confidence:g}.</p>"
+        for x in ew.link_suspects
+    )
+    summary = links + summary
     if not ew.suspects:
         return f"{title}{intro}<p>None.</p>{summary}"
     rows = "".join(

@@ -23,7 +23,7 @@ from netval.cli.nic_view import (
     node_condition,
     node_nic_text,
 )
-from netval.model.east_west import Cell, EastWest
+from netval.model.east_west import Cell, EastWest, LinkKind
 from netval.model.keys import FabricHealth, LabelKey, TaintKey
 from netval.model.status import Condition, ConditionType, NetworkValidationStatus, Reason
 
@@ -389,6 +389,17 @@ def render_matrix(obj: Mapping[str, Any]) -> str:
             )
     else:
         lines.append("  flagged pairs: none")
+    for link in ew.link_suspects:
+        where = (
+            f"uplink of {printable(link.a)}"
+            if link.kind is LinkKind.UPLINK
+            else f"{printable(link.a)} <-> {printable(link.b or '')}"
+        )
+        lines.append(
+            f"  suspect link: {where}: {link.failing_paths} of {link.paths} pair(s) through it "
+            f"fail, {link.failing_around} of {link.paths_around} around it, confidence "
+            f"{link.confidence:g}: {', '.join(printable(c) for c in link.checks) or '-'}"
+        )
     if ew.suspects:
         lines.append("  suspects (failing with many peers that pass with others):")
         for s in ew.suspects:
@@ -402,5 +413,6 @@ def render_matrix(obj: Mapping[str, Any]) -> str:
         lines.append(
             f"  failing node pairs: {ew.failing_pairs}, {ew.unexplained_failing_pairs} not "
             "explained by a suspect"
+            + (f"; {ew.observers} observer(s), not degraded for it" if ew.observers else "")
         )
     return "\n".join(lines) + "\n"

@@ -67,6 +67,8 @@ class EventReason(StrEnum):
     # Warning: gating.deviceTaints asks for DeviceTaintRules that cannot be written (no API,
     # the operator not allowed, no RBAC): failing NICs gate their node as a whole
     DEVICE_TAINTS_UNAVAILABLE = "DeviceTaintsUnavailable"
+    # Warning: the east-west results name a new first culprit (a link or a node)
+    CULPRIT_LOCALIZED = "CulpritLocalized"
 
 
 class _Status(BaseModel):

@@ -14,11 +14,15 @@
   validated with pydantic; bad ones are dropped and counted (`dropped`), never raise. A new
   domain is re-announced at once.
 - `probe_cycle(cycle, spec)` probes the peers `selection` picks for the cycle among the
-  assigned ones (latency, loss, path MTU) and appends the recent throughput samples.
+  assigned ones (latency, loss, path MTU), first the targeted re-probes of the peers this
+  node's own last results made suspect (`netval.agent.peers.reprobe`), outside the window
+  in which the fleet's throughput samples run (`clear_of_samples`), and appends the recent
+  throughput samples.
 - `run(stop)` takes the throughput samples in the slots the assignment names; a sample stays in the
   reports (with its age) until it is older than four schedule rotations (at least 20
   slots), or more than `throughput_keep` newer ones exist, so the operator always has
-  several per domain pair to aggregate.
+  several per domain pair to aggregate; a failed one only until a later cycle's echoes to
+  that peer pass (`netval.agent.peers.throughput_samples`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import contextlib
 import json
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Final, Protocol
@@ -43,9 +47,15 @@ from netval.agent.peers.endpoints import (
     first_rdma_netdev,
     interface_address,
 )
+from netval.agent.peers.reprobe import Suspects, fine_paths
 from netval.agent.peers.responder import PeerResponder, ResponderLimits
 from netval.agent.peers.target import PeerTarget, ProbeSettings
 from netval.agent.peers.throughput import measure_throughput
+from netval.agent.peers.throughput_samples import (
+    THROUGHPUT_KEEP,
+    ThroughputSamples,
+    clear_of_samples,
+)
 from netval.model.ids import CheckId, Status
 from netval.model.peer_assignment import (
     MAX_ASSIGNMENT_BYTES,
@@ -69,7 +79,6 @@ log = logging.getLogger("netval.agent.peers")
 
 ENDPOINT: Final = TopicKind.ENDPOINT.value
 MAX_CONCURRENT_PEERS: Final = 16
-THROUGHPUT_KEEP: Final = 16
 SLOT_OFFSET: Final = 0.25  # seconds after a slot boundary (absorbs clock skew between nodes)
 TTL_ROTATIONS: Final = 4
 MIN_TTL_SLOTS: Final = 20
@@ -106,7 +115,6 @@ class PeerService:
         self.responder_limits = responder_limits
         self._resolve = resolve
         self._clock = clock
-        self._throughput_keep = throughput_keep
         self.subscriptions: tuple[str, ...] = (topic(validation, node, TopicKind.ASSIGNMENT),)
         self.domain: str | None = None
         # the operator's assignment arrived (it may say domain None): announcing before it
@@ -126,7 +134,8 @@ class PeerService:
         self._publish: PublishRetained | None = None
         self._collector: SampleSource | None = None
         self._announced: bytes | None = None
-        self._throughput: OrderedDict[str, tuple[CheckResult, float]] = OrderedDict()
+        self._throughput = ThroughputSamples(throughput_keep)
+        self._suspects = Suspects(node)
         self._last_drop_log: dict[DropReason, float] = {}
         self.throughput_samples = 0
         # True while a load-test plan runs (netval.agent.loadtest): no samples of our own
@@ -309,7 +318,11 @@ class PeerService:
             self.spec = spec
         if not await self._ensure_ready():
             return self._own(*self.not_ready)
-        targets = [t for n in self.peers_for_cycle(cycle) if (t := self._target(n)) is not None]
+        regular = self.peers_for_cycle(cycle)
+        domains = {n: e.domain for n, e in self._endpoints.items()}
+        targeted = self._suspects.targets(cycle, regular, domains, self.domain)
+        chosen = targeted + regular
+        targets = [t for n in chosen if (t := self._target(n)) is not None]
         if not targets:
             waiting = self._own(
                 Status.SKIP, "not probed: the operator has assigned no announced peer yet"
@@ -328,14 +341,29 @@ class PeerService:
                     settings=self.settings,
                 )
 
+        wait = clear_of_samples(
+            self._clock(), self.slot_seconds, SLOT_OFFSET, self._sample_seconds(),
+            self.settings.echo_seconds,
+        )  # fmt: skip
+        if wait > 0:
+            await asyncio.sleep(wait)
+        started = self._clock()
         per_peer = await asyncio.gather(*(one(t) for t in targets))
-        return [r for results in per_peer for r in results] + self._throughput_results()
+        results = [r for rs in per_peer for r in rs]
+        for peer in fine_paths(results):
+            self._throughput.path_fine(peer, started)
+        throughput = self._throughput_results()
+        self._suspects.observe(cycle, results + throughput)
+        return results + throughput
 
     # -- throughput ------------------------------------------------------------------------
 
     @property
     def slot_seconds(self) -> float:
         return max(self.spec.interval_seconds, MIN_SLOT_SECONDS)
+
+    def _sample_seconds(self) -> float:
+        return min(self.settings.throughput_seconds, self.slot_seconds / 4)
 
     def _ttl(self) -> float:
         domains = {e.domain for e in self._endpoints.values()} | {self.domain}
@@ -344,26 +372,7 @@ class PeerService:
         return slots * self.slot_seconds
 
     def _throughput_results(self) -> list[CheckResult]:
-        now = self._clock()
-        ttl = self._ttl()
-        for target in [t for t, (_, at) in self._throughput.items() if now - at > ttl]:
-            del self._throughput[target]
-        out: list[CheckResult] = []
-        for result, at in reversed(self._throughput.values()):
-            age = max(0.0, now - at)
-            if age < self.slot_seconds:
-                out.append(result)
-                continue
-            observed: dict[str, JsonValue] = {**result.observed, "ageSeconds": round(age, 1)}
-            out.append(
-                result.model_copy(
-                    update={
-                        "message": f"{result.message} (measured {age:.0f} s ago)"[:1024],
-                        "observed": observed,
-                    }
-                )
-            )
-        return out
+        return self._throughput.results(self._clock(), self._ttl(), self.slot_seconds)
 
     async def sample_throughput(self, slot: int) -> CheckResult | None:
         """This node's sample of `slot`, if its assignment gives it one."""
@@ -373,17 +382,11 @@ class PeerService:
         target = self._target(peer) if peer is not None else None
         if target is None:
             return None
-        settings = replace(
-            self.settings,
-            throughput_seconds=min(self.settings.throughput_seconds, self.slot_seconds / 4),
-        )
+        settings = replace(self.settings, throughput_seconds=self._sample_seconds())
         result = await measure_throughput(
             target, checks=self.spec.checks.peers, source=self.address, settings=settings
         )
-        self._throughput[target.node] = (result, self._clock())
-        self._throughput.move_to_end(target.node)
-        while len(self._throughput) > self._throughput_keep:
-            self._throughput.popitem(last=False)
+        self._throughput.record(target.node, result, self._clock())
         self.throughput_samples += 1
         return result
 

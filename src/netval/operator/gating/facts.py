@@ -4,7 +4,10 @@ Per validation: its `spec.gating` (`policy`) and, per targeted node, `NodeFacts`
 its last report is (`state.validation.heard`: 3 intervals, a beat, the agent's last will,
 the operator's own reconnect grace), the report's effective status (its results with the
 operator's verdicts folded in: fleet.consistency, topology.agreement, the east-west blame),
-its recovery streak, and the decision of the round before. The decision before is the
+its recovery streak, whether it is an observer (its report warns only of failing paths, and
+a suspect elsewhere explains all of them -- `ValidationState.observers` -- or it is the
+first such report in a row: the next cycle's targeted re-probes carry the witnesses that
+tell the culprit), and the decision of the round before. The decision before is the
 validation's last verdict; for a node it has none of (the first round of an operator term,
 a node newly targeted) it is what the Node carries: our taint or the label `unhealthy` mean
 excluded, so a restart keeps a failing node out until it has passed `recoveryReports` times.
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final
 
+from netval.model.ids import Status
 from netval.model.keys import FabricHealth
 from netval.model.nics import Nic
 from netval.model.spec import NetworkValidationSpec
@@ -41,6 +45,9 @@ from netval.operator.state.node_verdicts import BLAME, settle_fleet
 # what netval has on a Node: (its netval.io/fabric label, our taint present)
 NodeFabric = Mapping[str, tuple[str | None, bool]]
 _LABELS: Final = {h.value: h for h in FabricHealth}
+PATH_GRACE_REPORTS: Final = 2
+_PASS: Final = Status.PASS
+_SKIP: Final = Status.SKIP
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +136,7 @@ def node_facts(
     # node of every validation every status window
     offline, records, window = state.offline, state.nodes, state.stale_after
     heard_at = state.deafness.heard_at
+    observers = state.observers
     fresh, silent = Heard.FRESH, Heard.SILENT
     out: dict[str, NodeFacts] = {}
     for node in state.targeted:
@@ -153,14 +161,22 @@ def node_facts(
         if rec is None:
             out[node] = NodeFacts(heard, None, 0, False, False, was_excluded, was_label)
             continue
+        # a first report of failing paths is an observer's too: localization needs the
+        # next cycle's witnesses (the targeted re-probes) to tell who the culprit is
+        observer = (
+            rec.path_warn
+            and (node in observers or rec.path_warn_streak < PATH_GRACE_REPORTS)
+            and all(st is None or st is _PASS or st is _SKIP for st, _ in rec.folded.values())
+        )
         if devices is None:
             out[node] = NodeFacts(heard, rec.status, rec.ok_streak, BLAME in rec.folded,
-                                  rec.retries is not None, was_excluded, was_label)  # fmt: skip
+                                  rec.retries is not None, was_excluded, was_label,
+                                  observer=observer)  # fmt: skip
             continue
         out[node] = NodeFacts(heard, rec.status, streak_within(rec, budget),
                               BLAME in rec.folded, rec.retries is not None, was_excluded,
                               was_label, nic_facts(rec, node, devices),
-                              node in devices_before)  # fmt: skip
+                              node in devices_before, observer)  # fmt: skip
     return out
 
 

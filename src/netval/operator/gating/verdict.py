@@ -24,6 +24,7 @@ participants read this output and nothing else; docs/gating.md has the table.
    | fresh | passes or warns, a NIC recovering | any | degraded + that NIC tainted | DevicesRecovering |
    | silent, offline, never | fails not within k, or decision before excluded/suspect | any | unhealthy | SilentAfterFailing |
    | silent, offline, never | fails within k, or a NIC recovering | any | degraded + those NICs | SilentAfterDevicesFailing |
+   | fresh | warns of failing paths only, all explained by a suspect elsewhere | any | healthy | PathObserver |
    | fresh | warns | any | degraded | Warning, RetriesFromPeers |
    | fresh | passes (or skips) | any | healthy | Passing |
    | silent, offline, never | otherwise | any | unknown | Silent, Offline, NeverReported |
@@ -94,6 +95,8 @@ class NodeFacts(NamedTuple):
     was_label: FabricHealth | None = None  # the decision before: its label (None: none)
     nics: NicFacts | None = None
     was_devices: bool = False  # the decision before tainted some of its NICs
+    # it warns only of failing paths, all explained by a suspect node or link elsewhere
+    observer: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +175,8 @@ def judge(facts: NodeFacts, recovery_reports: int, budget: int = 0) -> tuple[Fab
         if devices and recovering(facts, recovery_reports):
             return FabricHealth.DEGRADED, Why.DEVICES_RECOVERING
         if last is Status.WARN:
+            if facts.observer:
+                return FabricHealth.HEALTHY, Why.OBSERVER
             return FabricHealth.DEGRADED, Why.RETRIES_FROM_PEERS if facts.retries else Why.WARNING
         return FabricHealth.HEALTHY, Why.PASSING
     if (

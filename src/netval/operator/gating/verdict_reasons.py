@@ -30,6 +30,8 @@ class Why(StrEnum):
     SILENT_AFTER_FAILING = "SilentAfterFailing"
     SUSPECT = "BreakerSuspect"  # wants exclusion, the breaker's cap is full
     RETRIES_FROM_PEERS = "RetriesFromPeers"  # requester retries only: warn, not its fault
+    # its only warnings are failing paths towards a suspect node or through a suspect link
+    OBSERVER = "PathObserver"
     DEVICES_FAILING = "DevicesFailing"  # at most maxFailedDevicesPerNode NICs fail: tainted
     DEVICES_RECOVERING = "DevicesRecovering"  # a NIC passing again, < recoveryReports times
     SILENT_AFTER_DEVICES = "SilentAfterDevicesFailing"  # silent; its NICs stay tainted
@@ -51,7 +53,7 @@ RANK: Final = {
 }
 # the reasons of a node admission counts as healthy: a fresh passing or warning report, or
 # one whose failing NICs are tainted (their devices are kept off; the node's others are fine)
-ADMISSIBLE: Final = frozenset({Why.PASSING, Why.WARNING, Why.RETRIES_FROM_PEERS,
+ADMISSIBLE: Final = frozenset({Why.PASSING, Why.WARNING, Why.RETRIES_FROM_PEERS, Why.OBSERVER,
                                Why.DEVICES_FAILING, Why.DEVICES_RECOVERING})  # fmt: skip
 DEVICE_WHYS: Final = frozenset({Why.DEVICES_FAILING, Why.DEVICES_RECOVERING,
                                 Why.SILENT_AFTER_DEVICES})  # fmt: skip
@@ -69,6 +71,7 @@ CONDITIONS: Final[dict[Why, tuple[ConditionStatus, str]]] = {
     Why.PASSING: (ConditionStatus.TRUE, "ChecksPassing"),
     Why.WARNING: (ConditionStatus.TRUE, "ChecksWarning"),
     Why.RETRIES_FROM_PEERS: (ConditionStatus.TRUE, "RetriesFromPeers"),
+    Why.OBSERVER: (ConditionStatus.TRUE, "PathObserver"),
     Why.FAILING: (ConditionStatus.FALSE, "ChecksFailing"),
     Why.BLAMED: (ConditionStatus.FALSE, "RetriesBlamedOnNode"),
     Why.RECOVERING: (ConditionStatus.FALSE, "Recovering"),

@@ -26,25 +26,25 @@ so it fits the CR status.
   picked greedily, worst first, and their bad edges removed before looking again, so a lossy
   node explains its pairs and two bad nodes are both found; a domain-wide fault (every
   cross-rack pair failing) makes no suspect: its failing pairs stay "unexplained" and the
-  matrix shows where they are.
+  matrix shows where they are; the link localization (`state.localize`, run first) names
+  the uplink or domain pair that explains them, and its failing pairs are left out of the
+  node search. The nodes whose failing pairs all point at a suspect elsewhere are the
+  observers (`analyse`), whose path results do not make them degraded.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import statistics
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 from pydantic import JsonValue
 
 from netval.model.east_west import (
     MAX_CELLS,
     MAX_FLAGGED,
-    MAX_SUSPECT_CHECKS,
     MAX_SUSPECTS,
     UNASSIGNED,
     Cell,
@@ -54,10 +54,7 @@ from netval.model.east_west import (
 )
 from netval.model.ids import CheckId, Status
 from netval.model.results import CheckResult
-
-SUSPECT_MIN_BAD: Final = 2
-SUSPECT_MIN_FRACTION: Final = 0.5
-PEERS_OK_FRACTION: Final = 0.5
+from netval.operator.state.localize import localize, observers, suspect_nodes
 
 # The operator runs this every status window over the latest results of every node (~100k
 # at 1,000 nodes), so the loop over results (`_Matrix.add`) keeps to plain dict, set and
@@ -108,6 +105,9 @@ class _Matrix:
     # two lookups, with no sorting
     rows: dict[str, dict[str, _Acc]] = field(default_factory=dict)
     bad_edges: dict[_Pair, set[str]] = field(default_factory=dict)  # -> the checks that failed
+    # pairs whose throughput sample failed: no path evidence (a sample fails for many
+    # reasons), but a prober's warning all the same, explained when a suspect explains it
+    bad_samples: set[_Pair] = field(default_factory=set)
     nodes: set[str] = field(default_factory=set)
     announced: dict[str, str] = field(default_factory=dict)  # of nodes missing from domains
     # results whose prober or peer is missing from the given domains: their domain may be
@@ -171,6 +171,8 @@ class _Matrix:
                     v = obs.get("mbps")
                     if (type(v) is float or (v := _number(v)) is not None) and v > 0:
                         acc.mbps.append(v)
+                elif status in bad_statuses:
+                    self.bad_samples.add(pair)
                 continue
             if check is latency:
                 v = obs.get("p50Ms")
@@ -223,6 +225,12 @@ class _Matrix:
             self.add(prober, results)
 
 
+class Analysis(NamedTuple):
+    summary: EastWest
+    observers: frozenset[str]
+    explained: dict[tuple[str, str], str | None]  # failing pair -> suspect node (None: link)
+
+
 def east_west(
     results_by_node: Mapping[str, Iterable[CheckResult]],
     domains: Mapping[str, str | None],
@@ -232,6 +240,26 @@ def east_west(
     max_suspects: int = MAX_SUSPECTS,
 ) -> EastWest:
     """The summary of one validation; see the module docstring."""
+    return analyse(
+        results_by_node, domains, min_throughput_ratio=min_throughput_ratio,
+        max_cells=max_cells, max_suspects=max_suspects,
+    ).summary  # fmt: skip
+
+
+def analyse(
+    results_by_node: Mapping[str, Iterable[CheckResult]],
+    domains: Mapping[str, str | None],
+    *,
+    min_throughput_ratio: float,
+    max_cells: int = MAX_CELLS,
+    max_suspects: int = MAX_SUSPECTS,
+    recent: Mapping[_Pair, str | None] | None = None,
+) -> Analysis:
+    """The summary, its observers (the nodes whose failing paths a suspect elsewhere
+    explains, `state.localize.observers`) and the failing pairs explained (-> the suspect
+    node, None for a link). `recent`: pairs an earlier run explained; while they still fail
+    they stay explained (a fault's last failing results outlive the suspect by a cycle: they
+    make no node suspect, and their probers stay observers)."""
     m = _Matrix(domain_of={node: domain or UNASSIGNED for node, domain in domains.items()})
     for prober, results in results_by_node.items():
         m.add(prober, results)
@@ -241,10 +269,39 @@ def east_west(
         (c for c in built if c.flagged),
         key=lambda c: (c.throughput_ratio or 0.0, c.a, c.b),
     )
+    # links first: a failing uplink makes every node of its domain look half bad, and the
+    # node search must not pick one of them for it
+    links, by_link = localize(
+        {key: acc.edges for key, acc in m.cells.items()}, m.bad_edges, m.domain_of
+    )
+    earlier = recent or {}
+    linked = by_link | {p for p, c in earlier.items() if c is None and p in m.bad_edges}
+    rest = {pair: checks for pair, checks in m.bad_edges.items() if pair not in linked}
     edges = itertools.chain.from_iterable(acc.edges for acc in m.cells.values())
-    suspects, unexplained = _suspects(edges, m.bad_edges, m.domain_of, max_suspects)
+    intra_ok = {
+        node
+        for (da, db), acc in m.cells.items()
+        if da == db
+        for pair, bad in acc.edges.items()
+        if not bad
+        for node in pair
+    }
+    suspects, by_node, unexplained = suspect_nodes(edges, rest, m.domain_of, max_suspects, intra_ok)
     shown = _bounded(built, max_cells)
-    return EastWest(
+    blamed = {p: c for p, c in earlier.items() if c is not None and p in rest} | by_node
+    # a failed throughput sample towards a suspect node, or across a suspect link
+    named = {s.node for s in suspects}
+    cut = {(x.a, x.b) for x in links if x.b is not None}
+    uplinks = {x.a for x in links if x.b is None}
+    for x, y in m.bad_samples - m.bad_edges.keys():
+        dx, dy = m.domain_of[x], m.domain_of[y]
+        if dx != dy and ((min(dx, dy), max(dx, dy)) in cut or uplinks & {dx, dy}):
+            linked.add((x, y))
+        elif x in named or y in named:
+            blamed[(x, y)] = x if x in named else y
+    failing = m.bad_edges.keys() | m.bad_samples
+    watching = observers(dict.fromkeys(failing), linked, blamed)
+    summary = EastWest(
         domains=len({m.domain_of[n] for n in m.nodes}),
         nodes=len(m.nodes),
         min_throughput_ratio=min_throughput_ratio,
@@ -260,9 +317,14 @@ def east_west(
             for c in flagged[:MAX_FLAGGED]
         ],
         suspects=suspects,
+        link_suspects=links,
+        observers=len(watching),
         failing_pairs=len(m.bad_edges),
         unexplained_failing_pairs=unexplained,
     )
+    explained: dict[_Pair, str | None] = dict.fromkeys(by_link)
+    explained.update(by_node)
+    return Analysis(summary, watching, explained)
 
 
 def _mid(values: list[float]) -> float:
@@ -325,57 +387,14 @@ def _bounded(cells: list[Cell], limit: int) -> list[Cell]:
     return sorted(ranked[:limit], key=lambda c: (c.a, c.b))
 
 
-def _suspects(
-    edges: Iterable[_Pair],
-    bad_edges: Mapping[_Pair, set[str]],
-    domain_of: Mapping[str, str],
-    limit: int,
-) -> tuple[list[Suspect], int]:
-    """Suspects from every node pair with a path result and the failing ones (with checks)."""
-    # Only bad edges are walked; of the others only the count per node matters: a thousand
-    # nodes have tens of thousands of edges, and usually a handful of bad ones.
-    degree = Counter(itertools.chain.from_iterable(edges))
-    bad_adj: dict[str, set[str]] = {}
-    for a, b in bad_edges:
-        bad_adj.setdefault(a, set()).add(b)
-        bad_adj.setdefault(b, set()).add(a)
-    found: list[Suspect] = []
-    while len(found) < limit:
-        candidates: list[tuple[float, int, str]] = []  # (-fraction, -bad, node): min is worst
-        for node, failed in bad_adj.items():
-            if len(failed) < SUSPECT_MIN_BAD:
-                continue
-            fraction = len(failed) / degree[node]
-            if fraction < SUSPECT_MIN_FRACTION:
-                continue
-            # the share of bad edges of each bad peer without its (bad) edge to this node
-            elsewhere = [(len(bad_adj[p]) - 1) / (degree[p] - 1) for p in failed if degree[p] > 1]
-            if not elsewhere:
-                continue  # nobody else to compare with: cannot tell the node from the path
-            if statistics.median(elsewhere) >= min(PEERS_OK_FRACTION, fraction / 2):
-                continue
-            candidates.append((-fraction, -len(failed), node))
-        if not candidates:
-            break
-        node = min(candidates)[2]
-        bad_peers = sorted(bad_adj.pop(node))
-        checks: set[str] = set()
-        for p in bad_peers:
-            checks |= bad_edges[(min(node, p), max(node, p))]
-            # only its bad edges go with it: its good peers keep counting their edge to it
-            bad_adj[p].discard(node)
-            degree[p] -= 1
-        found.append(
-            Suspect(
-                node=node,
-                domain=domain_of.get(node, UNASSIGNED),
-                failing_peers=len(bad_peers),
-                peers=degree.pop(node),
-                checks=sorted(checks)[:MAX_SUSPECT_CHECKS],
-            )
-        )
-    unexplained = sum(len(peers) for peers in bad_adj.values()) // 2
-    return found, unexplained
-
-
-__all__ = ["MAX_CELLS", "UNASSIGNED", "Cell", "EastWest", "FlaggedPair", "Suspect", "east_west"]
+__all__ = [
+    "MAX_CELLS",
+    "UNASSIGNED",
+    "Analysis",
+    "Cell",
+    "EastWest",
+    "FlaggedPair",
+    "Suspect",
+    "analyse",
+    "east_west",
+]

@@ -125,6 +125,10 @@ class NodeRecord:
     failing_checks: tuple[str, ...]  # sorted, unique
     failing_since: dict[tuple[str, str], datetime]  # (check, subject) -> first seen failing
     ok_streak: int  # consecutive accepted reports without fail/error (for taint recovery)
+    # its report warns only because of failing path (peer.*) results: an observer when a
+    # suspect elsewhere explains them (`ValidationState.observers`)
+    path_warn: bool = False
+    path_warn_streak: int = 0  # reports in a row with path_warn
     # the report's LLDP section (spec.topology.lldp) as plain tuples, judged against the
     # node labels at status time (netval.operator.topology)
     topology: tuple[NetdevView, ...] | None = None
@@ -190,6 +194,12 @@ class ValidationState:
     verdict: ValidationVerdict | None = None
     # device taints (gating.deviceTaints): None off, "" in force, else why not (the status)
     devices_note: str | None = None
+    # the nodes whose failing paths all point at a suspect elsewhere, as of the last status
+    # computed (`state.east_west_matrix.analyse`): their path results make them no worse
+    observers: frozenset[str] = frozenset()
+    # failing node pairs a suspect explained (-> the suspect node, None for a link) and when
+    # last, kept 2 intervals: a fault's last failing results outlive its suspect by a cycle
+    explained: dict[tuple[str, str], tuple[str | None, datetime]] = field(default_factory=dict)
 
     @property
     def stale_after(self) -> timedelta:
@@ -463,6 +473,7 @@ def _digest(
     local = worst(r.status for r in report.results if r.check.group is not CheckGroup.PEER)
     paths = worst(r.status for r in report.results if r.check.group is CheckGroup.PEER)
     status = worst((local, Status.WARN if paths.is_bad else paths))
+    path_warn = paths.is_bad and not (local.is_bad or local is Status.WARN)
     ok = not status.is_bad
     rec = NodeRecord(
         generation=report.generation,
@@ -475,6 +486,10 @@ def _digest(
         failing_checks=tuple(sorted({check for check, _ in bad})),
         failing_since=since,
         ok_streak=(previous.ok_streak + 1 if previous is not None else 1) if ok else 0,
+        path_warn=path_warn,
+        path_warn_streak=(previous.path_warn_streak + 1 if previous is not None else 1)
+        if path_warn
+        else 0,
         topology=netdev_views(report.topology) if report.topology is not None else None,
         routes=route_view(report.topology) if report.topology is not None else None,
         node_name=node,

@@ -1,6 +1,7 @@
 """The status one write would carry (pure): the aggregated conditions and counts, the
 east-west summary of peers-enabled validations (whose suspects blame the nodes that warn of
-requester-side retries, `state.node_verdicts.apply_blame`), what the node verdict makes of
+requester-side retries, `state.node_verdicts.apply_blame`, and whose observers -- nodes
+whose failing paths a suspect elsewhere explains -- the verdict does not degrade), what the node verdict makes of
 the nodes (`gating.verdict`: the excluded and admissible counts, the Usable and Gating
 conditions, `gating.conditions`) and the likely culprit of retries on many nodes
 (`status.retries`); within the status size budget (`status.size_budget`)."""
@@ -8,8 +9,8 @@ conditions, `gating.conditions`) and the likely culprit of retries on many nodes
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
-from typing import Literal
+from datetime import datetime, timedelta
+from typing import Final, Literal
 
 from netval.model.loadtest import LoadRun
 from netval.model.spec import NetworkValidationSpec
@@ -21,7 +22,7 @@ from netval.operator.gating.facts import DeviceGate, NodeFabric, verdict_of
 from netval.operator.gating.verdict import ValidationVerdict
 from netval.operator.state import validation as vs
 from netval.operator.state.aggregation import compute_status
-from netval.operator.state.east_west_matrix import east_west
+from netval.operator.state.east_west_matrix import analyse
 from netval.operator.state.node_verdicts import apply_blame
 from netval.operator.state.validation import ValidationState
 from netval.operator.status.nics import nic_status
@@ -30,6 +31,8 @@ from netval.operator.status.size_budget import fit_status
 from netval.operator.topology.agreement import peer_topology_key
 from netval.operator.topology.nodes import fold_into_nodes
 from netval.operator.topology.pairs import domain_pairs
+
+EXPLAINED_INTERVALS: Final = 2  # how long a failing pair a suspect explained stays explained
 
 
 def validation_status(
@@ -52,6 +55,7 @@ def validation_status(
     # counts in the status like any check
     topology = fold_into_nodes(state, spec, node_labels, now) if spec is not None else None
     summary = None
+    state.observers = frozenset()
     if spec is not None and spec.checks.peers.enabled:
         key = peer_topology_key(spec, (node_labels.get(n, {}) for n in state.targeted))
         fresh = {
@@ -61,9 +65,16 @@ def validation_status(
         }
         # every targeted node's domain, so a silent node still counts in its domain
         domains = {n: node_labels.get(n, {}).get(key) for n in state.targeted}
-        summary = east_west(
-            fresh, domains, min_throughput_ratio=spec.checks.peers.min_throughput_ratio
-        )
+        keep = timedelta(seconds=EXPLAINED_INTERVALS * state.interval_seconds)
+        recent = {p: c for p, (c, at) in state.explained.items() if now - at <= keep}
+        summary, state.observers, explained = analyse(
+            fresh, domains, min_throughput_ratio=spec.checks.peers.min_throughput_ratio,
+            recent=recent,
+        )  # fmt: skip
+        state.explained = {p: state.explained[p] for p in recent}
+        state.explained.update((p, (c, now)) for p, c in explained.items())
+    else:
+        state.explained = {}
     # the east-west suspects that warn of requester-side retries fail rdma.errors (folded
     # before the counts, so they count as failing like any check)
     blamed = {

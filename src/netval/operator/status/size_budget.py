@@ -11,7 +11,7 @@ every count stays exact (what is cut is added to the section's `more*`/`omitted*
 1. consistency: named outliers per key (`moreOutliers`), then the keys (`moreKeys`) and
    violations (`moreViolations`);
 2. eastWest: cells (`omittedCells`, the worst kept: they are sorted worst first), flagged
-   pairs and suspects;
+   pairs, suspect nodes and suspect links;
 3. topology: domains listed per level, listed disagreements and conflicts (their counts are
    `disagreements`/`conflicts`), domain pairs (`omittedPairs`);
 4. failures (`nodes.failing` and `checks` still count every node).
@@ -69,7 +69,7 @@ def _consistency_rows(s: NetworkValidationStatus) -> NetworkValidationStatus | N
 
 def _east_west(s: NetworkValidationStatus) -> NetworkValidationStatus | None:
     e = s.east_west
-    if e is None or not (e.cells or e.flagged or e.suspects):
+    if e is None or not (e.cells or e.flagged or e.suspects or e.link_suspects):
         return None
     cells = e.cells[: len(e.cells) // 2]
     update = {
@@ -77,6 +77,7 @@ def _east_west(s: NetworkValidationStatus) -> NetworkValidationStatus | None:
         "omitted_cells": e.omitted_cells + len(e.cells) - len(cells),
         "flagged": e.flagged[: len(e.flagged) // 2],
         "suspects": e.suspects[: len(e.suspects) // 2],
+        "link_suspects": e.link_suspects[: len(e.link_suspects) // 2],
     }
     return s.model_copy(update={"east_west": e.model_copy(update=update)})
 

@@ -29,6 +29,7 @@ from netval.operator.settings import OperatorSettings
 from netval.operator.state import validation as vs
 from netval.operator.state.store import ReplayGap, Store, utcnow
 from netval.operator.status.compute import validation_status
+from netval.operator.status.culprits import culprit
 from netval.operator.status.events import Events
 from netval.operator.status.transitions import Seen, observe
 
@@ -115,6 +116,7 @@ class StatusWriter:
         self._gap_checked: dict[str, int] = {}
         self._limit = asyncio.Semaphore(STATUS_CONCURRENCY)
         self._culprits: dict[str, str] = {}  # validation -> the first culprit an Event named
+        self._localized: dict[str, str] = {}  # validation -> the east-west culprit last named
 
     def link(self, name: str, span: Span) -> None:
         """The next status write of `name` carries the report traced by `span`."""
@@ -129,6 +131,7 @@ class StatusWriter:
         self._due.pop(name, None)
         self._synced_at.pop(name, None)
         self._culprits.pop(name, None)
+        self._localized.pop(name, None)
         self.events.forget(name)
 
     def check_replay_gaps(self) -> None:
@@ -260,6 +263,7 @@ class StatusWriter:
                 continue
             previous = self.store.previous.get(name)
             self._note_retries(name, status, previous)
+            self._note_localized(name, status)
             if previous is not None and not needs_write(status, previous, resync_due=resync_due):
                 if resync_due:
                     self._synced_at[name] = time.monotonic()
@@ -292,6 +296,18 @@ class StatusWriter:
             return
         self._culprits[name] = first
         self.events.queue(name, "Warning", EventReason.RETRIES_ATTRIBUTED, retries.message)
+
+    def _note_localized(self, name: str, status: NetworkValidationStatus) -> None:
+        """An Event when the east-west results name a new first culprit (`status.culprits`)."""
+        found = culprit(status.east_west)
+        if found is None:
+            self._localized[name] = ""
+            return
+        key, message = found
+        if self._localized.get(name) == key:
+            return
+        self._localized[name] = key
+        self.events.queue(name, "Warning", EventReason.CULPRIT_LOCALIZED, message)
 
     def _done(self, name: str, _: asyncio.Task[None]) -> None:
         self._inflight.pop(name, None)
