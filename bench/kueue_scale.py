@@ -472,10 +472,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                 return next(c["state"] for c in body["status"]["admissionChecks"]
                             if c["name"] == CHECK)  # fmt: skip
 
-        async def until(pred: Any, timeout: float, what: str) -> float:
+        async def until(pred: Any, limit: float, what: str) -> float:
             start = time.perf_counter()
             while not pred():
-                if time.perf_counter() - start > timeout:
+                if time.perf_counter() - start > limit:
                     raise SystemExit(f"timed out waiting for {what}")
                 await asyncio.sleep(0.005)
             return time.perf_counter() - start
