@@ -28,8 +28,10 @@ Figures:
 
 - `cache MiB`: memory the controller holds for the Workload events (tracemalloc, before the
   controller starts).
-- `steady CPU/s`: process CPU seconds per wall second over `--window` seconds once every
-  pending Workload is Ready (nothing changes in the cluster).
+- `steady CPU s/s`: process CPU seconds per wall second over `--window` seconds once every
+  pending Workload is Ready (nothing changes in the cluster); on a shared machine a busy
+  process gets only its share of a core, so also `loop blocked %`: the share of that window a
+  10 ms timer on the event loop ran late (100 %: the loop never idled).
 - `change ms` / `change CPU ms`: one node of a pending Workload's rack turns unhealthy (its
   failing report ingested, the verdict recorded again): wall time until that Workload's
   check is `Retry` in the API, and the process CPU spent in that time.
@@ -486,10 +488,23 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(2 * controller.interval)  # the writes' own events settle
         patches_before = controller.patches
 
-        # steady state: nothing changes
+        # steady state: nothing changes; a probe measures how late the loop runs it
+        late = 0.0
+
+        async def probe() -> None:
+            nonlocal late
+            while True:
+                t = time.perf_counter()
+                await asyncio.sleep(0.01)
+                late += max(0.0, time.perf_counter() - t - 0.01)
+
+        prober = asyncio.create_task(probe())
         wall, cpu = time.perf_counter(), time.process_time()
         await asyncio.sleep(args.window)
-        steady = (time.process_time() - cpu) / (time.perf_counter() - wall)
+        elapsed = time.perf_counter() - wall
+        steady = (time.process_time() - cpu) / elapsed
+        prober.cancel()
+        loop_blocked = min(1.0, late / elapsed)
         steady_patches = controller.patches - patches_before
 
         # one node of the first pending Workload's rack turns unhealthy
@@ -511,6 +526,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             "converge_s": converge_s,
             "steady_cpu_per_s": steady,
             "steady_patches": steady_patches,
+            "loop_blocked": loop_blocked,
             "change_ms": change_s * 1000,
             "change_cpu_ms": change_cpu * 1000,
             "webhook_p50_ms": percentile(latencies, 0.50) * 1000,
@@ -526,6 +542,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 FIGURES: Final = [
     ("cache MiB", "cache_mib", "{:.2f}"),
     ("steady CPU s/s", "steady_cpu_per_s", "{:.3f}"),
+    ("loop blocked %", "loop_blocked_pct", "{:.0f}"),
     ("change ms", "change_ms", "{:.0f}"),
     ("change CPU ms", "change_cpu_ms", "{:.1f}"),
     ("webhook p50 ms", "webhook_p50_ms", "{:.1f}"),
@@ -543,6 +560,7 @@ def run_side(src: Path, args: argparse.Namespace) -> dict[str, Any]:
             "--window", str(args.window)]  # fmt: skip
     out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    result["loop_blocked_pct"] = 100 * result["loop_blocked"]
     return result
 
 
