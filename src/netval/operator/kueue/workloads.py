@@ -54,6 +54,7 @@ class Workloads:
         self.checks = checks
         self.workloads: dict[Key, dict[str, Any]] = {}
         self.others: dict[Key, frozenset[str]] = {}
+        self._names: dict[frozenset[str], frozenset[str]] = {}  # one copy per set of names
         self.patches = 0
         self._changed = changed
 
@@ -72,7 +73,7 @@ class Workloads:
         if not self.names_ours(names):
             self.workloads.pop(key, None)
             if names:
-                self.others[key] = names
+                self.others[key] = self._names.setdefault(names, names)
             else:
                 self.others.pop(key, None)
             return
