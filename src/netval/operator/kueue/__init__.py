@@ -35,7 +35,12 @@ Modules, split as Kueue's own check controllers are:
   v1beta1 domains).
 - `admission_checks`: our AdmissionChecks as the watch delivers them, and their Active
   condition.
-- `workloads`: the Workloads as the watch delivers them (trimmed), and their check entries.
-- `controller`: `KueueController`, one loop reconciling both with the operator's runtime.
+- `workloads`: the Workloads naming one of our AdmissionChecks as the watch delivers them
+  (trimmed), and their check entries.
+- `assignments`: where each cached Workload is placed, the Workloads on each node, and the
+  node index (by hostname and topology level) placements are found in.
+- `controller`: `KueueController`, reconciling per Workload from a keyed work queue
+  (`netval.operator.kube.work_queue`) fed by watch events and by the verdict changes of the
+  nodes a Workload is placed on.
 - `handlers`: the Kopf handlers feeding it (importing the module registers them).
 """

@@ -46,13 +46,15 @@ class AdmissionCheck:
 
 
 class AdmissionChecks:
-    """The AdmissionChecks of our controller by name (fed by watch events; `wake` is called
-    when one changes), and the writer of their Active condition."""
+    """The AdmissionChecks of our controller by name (fed by watch events; `changed(name,
+    judging)` is called when one changes, `judging` True when the validation it judges by
+    changed, it became ours or stopped being ours), and the writer of their Active
+    condition."""
 
-    def __init__(self, wake: Callable[[], None]) -> None:
+    def __init__(self, changed: Callable[[str, bool], None]) -> None:
         self.checks: dict[str, AdmissionCheck] = {}
         self.patches = 0
-        self._wake = wake
+        self._changed = changed
         self._not_found_confirmed: dict[str, float] = {}
 
     def on_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
@@ -60,12 +62,14 @@ class AdmissionChecks:
         name = str(meta.get("name"))
         spec = body.get("spec") or {}
         if event_type == "DELETED" or spec.get("controllerName") != CONTROLLER_NAME:
-            self.checks.pop(name, None)
+            if self.checks.pop(name, None) is not None:
+                self._changed(name, True)
             return
         known = self.checks.get(name)
         if known is not None and rv_older(meta.get("resourceVersion"), known.resource_version):
             return
         validation, error = check_parameters(spec)
+        judging = known is None or (known.validation, known.error) != (validation, error)
         self.checks[name] = AdmissionCheck(
             name=name,
             api_version=str(body.get("apiVersion")),
@@ -75,7 +79,7 @@ class AdmissionChecks:
             validation=validation,
             error=error,
         )
-        self._wake()
+        self._changed(name, judging)
 
     async def sync(self, runtime: OperatorRuntime, check: AdmissionCheck) -> None:
         found = check.validation is not None and check.validation in runtime.specs

@@ -109,6 +109,11 @@ class Placement:
     def empty(self) -> bool:
         return not self.named and not self.domains
 
+    @property
+    def nodes(self) -> frozenset[str]:
+        """Every node it names or places it among."""
+        return frozenset({*self.named, *(n for d in self.domains for n in d.nodes)})
+
 
 def pods_per_node(workload: Mapping[str, Any]) -> dict[str, int]:
     """Per pod set name, the pods Kueue packs on one node, where the Workload says so: a
@@ -131,9 +136,38 @@ def pods_per_node(workload: Mapping[str, Any]) -> dict[str, int]:
     return out
 
 
+class NodeIndex:
+    """The nodes by the label values an assignment names: by `kubernetes.io/hostname` and
+    by (level, value) of every label kept (hostname and topology levels), built once per
+    change of the Nodes' labels, so a placement is found by lookups, not by scanning every
+    node per domain."""
+
+    __slots__ = ("by_label",)
+
+    def __init__(self, node_labels: Mapping[str, Mapping[str, str]]) -> None:
+        self.by_label: dict[tuple[str, str], list[str]] = {}
+        for node, labels in node_labels.items():
+            for item in labels.items():
+                found = self.by_label.get(item)
+                if found is None:
+                    self.by_label[item] = [node]
+                else:
+                    found.append(node)
+
+    def matching(self, selector: Sequence[tuple[str, str]]) -> list[str]:
+        """The nodes whose labels carry every (key, value) of `selector`."""
+        if not selector:
+            return []
+        sets = sorted((self.by_label.get(item, []) for item in selector), key=len)
+        if len(sets) == 1:
+            return list(sets[0])
+        rest = [set(s) for s in sets[1:]]
+        return [n for n in sets[0] if all(n in s for s in rest)]
+
+
 def placement(
     admission: Mapping[str, Any] | None,
-    node_labels: Mapping[str, Mapping[str, str]],
+    node_labels: Mapping[str, Mapping[str, str]] | NodeIndex,
     per_node: Mapping[str, int] | None = None,
 ) -> Placement:
     """Where a Workload's admission places it (Topology-Aware Scheduling); empty when it
@@ -143,7 +177,9 @@ def placement(
     hostname label, else the node of that name (Kueue takes the value as the node name). A
     domain of other levels only (a rack, a block) needs, of the nodes whose labels match all
     its levels, as many healthy ones as its pods take nodes (`per_node`, `pods_per_node`).
-    Domains without pods are skipped, as Kueue skips them."""
+    Domains without pods are skipped, as Kueue skips them. `node_labels`: the Nodes' kept
+    labels, or a `NodeIndex` of them (the controller keeps one)."""
+    index = node_labels if isinstance(node_labels, NodeIndex) else NodeIndex(node_labels)
     named: set[str] = set()
     needs: dict[tuple[tuple[str, str], ...], int] = {}
     for psa in (admission or {}).get("podSetAssignments") or []:
@@ -155,25 +191,12 @@ def placement(
             selector = dict(zip(levels, domain.values, strict=False))
             host = selector.get(LabelKey.HOSTNAME)
             if host is not None:
-                matched = [
-                    n for n, labels in node_labels.items() if labels.get(LabelKey.HOSTNAME) == host
-                ]
-                named.update(matched or [host])
+                named.update(index.by_label.get((LabelKey.HOSTNAME, host)) or [host])
             else:
                 key = tuple(sorted(selector.items()))
                 needs[key] = needs.get(key, 0) + -(-domain.count // pack)
     wanted = [
-        DomainNeed(
-            key,
-            tuple(
-                sorted(
-                    n
-                    for n, labels in node_labels.items()
-                    if all(labels.get(k) == v for k, v in key)
-                )
-            ),
-            needed,
-        )
+        DomainNeed(key, tuple(sorted(index.matching(key))), needed)
         for key, needed in sorted(needs.items())
     ]
     return Placement(tuple(sorted(named)), tuple(wanted))
@@ -183,8 +206,7 @@ def assigned_nodes(
     admission: Mapping[str, Any] | None, node_labels: Mapping[str, Mapping[str, str]]
 ) -> list[str]:
     """Every node a Workload's admission names or places it among (`placement`)."""
-    found = placement(admission, node_labels)
-    return sorted({*found.named, *(n for d in found.domains for n in d.nodes)})
+    return sorted(placement(admission, node_labels).nodes)
 
 
 def admission_pods(admission: Mapping[str, Any] | None) -> int:
