@@ -183,10 +183,15 @@ class KueueController:
                     self.queue.add(key)
 
     def _view_of(self, runtime: OperatorRuntime) -> Callable[[str], ValidationView | None]:
+        """Each validation's view as it is now, read once per reconcile. Not the tick's: a
+        Workload created right after a node's verdict changed (its label written) would be
+        judged on a view up to one tick older, and a `Retry` is not taken back."""
+        fresh: dict[str, ValidationView | None] = {}
+
         def view_of(name: str) -> ValidationView | None:
-            if name not in self.views:
-                self.views[name] = runtime.validation_view(name)
-            return self.views[name]
+            if name not in fresh:
+                fresh[name] = runtime.validation_view(name)
+            return fresh[name]
 
         return view_of
 
