@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from typing import Any, Final, Self
 
 import aiomqtt
+import paho.mqtt.client as paho
 from aiomqtt import MqttError, ProtocolVersion, Will
 from aiomqtt.exceptions import MqttConnectError
 
 from netval.infra.mqtt_settings import ENV_CA_FILE, MqttSettings
 
 __all__ = [
+    "CertificateRefused",
     "NetvalMqttClient",
     "PublishRefused",
     "ReconnectPolicy",
@@ -41,6 +43,19 @@ _warned_plaintext: set[str] = set()
 # (not authorized), MQTT 3.1.1 return codes 4 and 5
 V5_REFUSALS: Final = frozenset({0x86, 0x87})
 V3_REFUSALS: Final = frozenset({4, 5})
+# TLS alerts a broker sends when it does not accept this client's certificate (OpenSSL's
+# words, as an SSLError's message has them): expired, not signed by a CA it trusts, none
+# given, revoked. Not "certificate verify failed": that is this client refusing the broker's.
+CERTIFICATE_ALERTS: Final = (
+    "alert certificate expired",
+    "alert unknown ca",
+    "alert bad certificate",
+    "alert certificate required",
+    "alert certificate revoked",
+    "alert certificate unknown",
+    "alert unsupported certificate",
+    "alert access denied",
+)
 # The message id of the publish this task just handed to paho: aiomqtt does not return it.
 _last_mid: contextvars.ContextVar[int | None] = contextvars.ContextVar("mid", default=None)
 
@@ -55,12 +70,30 @@ class PublishRefused(MqttError):
         self.reason = reason
 
 
+class CertificateRefused(MqttError):
+    """The broker ended the TLS session with an alert about this client's certificate
+    (expired, unknown CA, none given): with a client-certificate identity, a refusal of the
+    credential, like a CONNACK 0x86."""
+
+
+def certificate_alert(error: str) -> str | None:
+    """The certificate alert `error` (an SSLError's text) reports, if any."""
+    lowered = error.lower()
+    return next((a for a in CERTIFICATE_ALERTS if a in lowered), None)
+
+
 def explain_connect_error(error: str, settings: MqttSettings) -> str:
     """A connect failure in words an operator can act on; `error` as aiomqtt gave it."""
     if not settings.tls:
         return error
     trust = f"{ENV_CA_FILE}={settings.ca_file}" if settings.ca_file else "the system trust store"
     lowered = error.lower()
+    alert = certificate_alert(error)
+    if alert is not None:
+        return (
+            f"TLS to {settings.url} refused: the broker does not accept this client's "
+            f"certificate ({alert.removeprefix('alert ')}): it enrolls again"
+        )
     if "hostname mismatch" in lowered or "ip address mismatch" in lowered:
         why = (
             f"the broker's certificate is not valid for {settings.host!r} (host names are "
@@ -97,6 +130,26 @@ class NetvalMqttClient(aiomqtt.Client):
             return info
 
         self._client.publish = publish  # type: ignore[method-assign]
+        self._last_error: str | None = None  # paho's last error log line (a TLS alert)
+        self._client.on_log = self._on_log
+
+    def _on_log(self, client: Any, userdata: Any, level: int, buf: str) -> None:
+        if level == paho.MQTT_LOG_ERR:
+            self._last_error = buf
+
+    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any,
+                       properties: Any = None) -> None:  # fmt: skip
+        """A connection lost before its CONNACK ends the connect at once (aiomqtt waits for
+        its timeout): with TLS 1.3 a broker refuses a client certificate after the client's
+        side of the handshake, with an alert read as the first bytes, which paho only logs."""
+        connected = self._connected
+        if not connected.done():
+            error = self._last_error or f"connection lost before CONNACK ({reason_code})"
+            alert = certificate_alert(error)
+            exc: MqttError = CertificateRefused(error) if alert else MqttError(error)
+            connected.set_exception(exc)
+            return
+        super()._on_disconnect(client, userdata, flags, reason_code, properties)
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any,
                     properties: Any) -> None:  # fmt: skip
@@ -123,6 +176,8 @@ class NetvalMqttClient(aiomqtt.Client):
             explained = explain_connect_error(str(exc), self._netval_settings)
             if explained == str(exc):
                 raise
+            if isinstance(exc, CertificateRefused) or certificate_alert(str(exc)):
+                raise CertificateRefused(explained) from None
             raise MqttError(explained) from None
 
 
@@ -155,7 +210,7 @@ def make_client(
         username=settings.username,
         password=settings.password,
         identifier=settings.client_id,
-        protocol=ProtocolVersion.V5,
+        protocol=ProtocolVersion.V5 if settings.protocol == "5" else ProtocolVersion.V311,
         will=will,
         keepalive=keepalive,
         timeout=timeout,
@@ -171,9 +226,12 @@ def backoff_delay(failures: int, *, base: float, cap: float, rng: random.Random)
 
 
 def credential_refused(exc: BaseException) -> bool:
-    """True when `exc` is a CONNACK refusing the user name/password or the client. Nothing
-    else (DNS, TCP refused, TLS, a timeout, a restarting broker, "server unavailable") says
-    anything about the credential."""
+    """True when `exc` is a CONNACK refusing the user name/password or the client, or a TLS
+    alert refusing the client's certificate. Nothing else (DNS, TCP refused, a broker
+    certificate this client does not trust, a timeout, a restarting broker, "server
+    unavailable") says anything about the credential."""
+    if isinstance(exc, CertificateRefused):
+        return True
     if not isinstance(exc, MqttConnectError):
         return False
     rc = exc.rc

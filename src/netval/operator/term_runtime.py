@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Final
 
@@ -128,8 +128,6 @@ class OperatorRuntime:
         self.metrics_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._targets_dirty = False
-        # the leader's identity service: which validations target each node (its MQTT role)
-        self.on_node_targets: Callable[[dict[str, frozenset[str]]], None] | None = None
         self._label_listing: asyncio.Task[None] | None = None
         self._label_listing_after = 0.0  # monotonic: no listing before (after a failure)
         self._started = False
@@ -244,16 +242,6 @@ class OperatorRuntime:
         self.ingest.set_retained(assignments(self.store, self.endpoints, now))
         for name, message in self.peer_ports.update(self.store):
             self.events.queue(name, "Warning", EventReason.PEER_PORT_CONFLICT, message)
-        if self.on_node_targets is not None:
-            self.on_node_targets(self.node_targets())
-
-    def node_targets(self) -> dict[str, frozenset[str]]:
-        """node -> the validations that target it."""
-        found: dict[str, set[str]] = {}
-        for name, state in self.store.states.items():
-            for node in state.targeted:
-                found.setdefault(node, set()).add(name)
-        return {node: frozenset(names) for node, names in found.items()}
 
     def _list_missing_labels(self) -> None:
         """Started as soon as a validation references a new key (from Kopf's handlers, on

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime
 from typing import Final
 
-from netval.model.status import EventReason
+from netval.model.status import EventReason, Reason
 from netval.operator.gating import decisions as gating
 from netval.operator.gating.conditions import GatingCondition, gating_condition
 from netval.operator.gating.facts import node_facts, policy
@@ -47,10 +48,13 @@ class NodeGating:
         self.breaker_tripped: dict[str, bool] = {}
         self.breaker_trips: Counter[str] = Counter()  # trips by onBreakerTripped action
         self.decisions: Decisions | None = None  # the last round's
-        self._said: dict[str, str | None] = {}  # validation -> Gating False message said
+        # validation -> the reason of the Gating False condition said (None: True)
+        self._said: dict[str, str | None] = {}
         # every Node write of the operator (topology labels too) takes a token of this bucket
         self.bucket = TokenBucket(settings.node_writes_per_second, settings.node_write_burst)
         self.queue = NodeWriteQueue(self._write, self.bucket, GATING_CONCURRENCY)
+        # a reason to hold every Node write (the broker ACL check, `operator.broker_check`)
+        self.hold: Callable[[], str | None] = lambda: None
 
     @property
     def writes(self) -> int:
@@ -96,6 +100,7 @@ class NodeGating:
             if (spec := store.specs.get(name)) is not None
         ]
         decisions = decide(inputs)
+        held = self.hold()
         for name, verdict in decisions.verdicts.items():
             state = store.states[name]
             before = state.verdict
@@ -104,17 +109,24 @@ class NodeGating:
                 before is None
                 or before.summary() != verdict.summary()
                 or before.nodes != verdict.nodes
+                or state.gating_hold != held
             ):
                 state.dirty = True
+            state.gating_hold = held
+            condition = gating_condition(verdict)
+            if held is not None:
+                condition = (False, Reason.BROKER_ACL_VIOLATED.value, held)
             self._record(
-                name, gating_condition(verdict), verdict.tripped,
-                verdict.policy.on_breaker_tripped.value,
+                name, condition, verdict.tripped, verdict.policy.on_breaker_tripped.value,
             )  # fmt: skip
         self.decisions = decisions
         return decisions
 
     async def apply(self, now: datetime) -> None:
         decisions = self.refresh(now)
+        if self.hold() is not None:
+            self.queue.reconcile({})  # nothing is written while held, queued wishes dropped
+            return
         if not await self.validations_loaded():
             return  # a half-loaded operator never strips what another validation owns
         changes = gating.plan_changes(self.store.node_fabric, decisions.labels, decisions.tainted)
@@ -148,6 +160,12 @@ class NodeGating:
         self.breaker_tripped[name] = tripped
         if tripped and not was:
             self.breaker_trips[action] += 1
-        if not condition[0] and (self._said.get(name) is None or (tripped and not was)):
-            self.events.queue(name, "Warning", EventReason.BREAKER_TRIPPED, condition[2])
-        self._said[name] = None if condition[0] else condition[2]
+        said = self._said.get(name)
+        if not condition[0] and (said is None or said != condition[1] or (tripped and not was)):
+            reason = (
+                EventReason.BROKER_ACL_VIOLATED
+                if condition[1] == Reason.BROKER_ACL_VIOLATED.value
+                else EventReason.BREAKER_TRIPPED
+            )
+            self.events.queue(name, "Warning", reason, condition[2])
+        self._said[name] = None if condition[0] else condition[1]

@@ -18,9 +18,11 @@ async def node_event(
     if type == "DELETED":
         if runtime is not None:
             runtime.store.on_node(name, None)
-        # A deleted Node's MQTT identity is revoked: its clients are disconnected at once.
+        # A deleted Node's pods enroll again only through a TokenReview of their own (its
+        # certificates expire; what they publish for a node no validation targets counts
+        # for nothing).
         identity = started_identity(memo)
         if identity is not None:
-            await identity.revoke_node(name)
+            identity.forget_node(name)
     elif runtime is not None:  # else: the initial listing is replayed once the runtime exists
         runtime.store.on_node(name, dict(labels), list(spec.get("taints") or []))

@@ -178,6 +178,8 @@ class ValidationState:
     # the node verdict of the last gating round (netval.operator.gating.verdict): what every
     # consumer reads, and the decision before of the next round
     verdict: ValidationVerdict | None = None
+    # gating held (the broker ACL check found a violation): the Gating condition's message
+    gating_hold: str | None = None
 
     @property
     def stale_after(self) -> timedelta:
