@@ -34,7 +34,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     setup_logging()
     try:
         settings = agent_settings_from_env(os.environ)
-        enroll_settings_from_env(os.environ, settings.node)  # checked before it starts
+        # checked before it starts
+        enroll_settings_from_env(os.environ, settings.node, settings.config.validation)
     except (AgentConfigError, ValueError) as exc:
         raise BadInput(str(exc)) from None
     asyncio.run(run_agent(settings))
