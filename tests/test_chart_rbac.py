@@ -105,9 +105,10 @@ def expected_rules(values: dict[str, Any]) -> dict[Rule, set[str]]:
     if values.get("kueue", {}).get("topologies", False):
         rules.update(copy.deepcopy(KUEUE_TOPOLOGY_RULES))
     mqtt = values.get("mqtt", {})
+    external = mqtt.get("external", {})
     if (
-        not mqtt.get("external", {}).get("enabled", False)
-        and mqtt.get("broker", {}).get("dynamicSecurity", {}).get("enabled", True)
+        (not external.get("enabled", False) or external.get("clientCertificates", False))
+        and mqtt.get("identity", {}).get("enabled", True)
         and values.get("webhook", {}).get("enabled", True)
     ):
         rules.update(copy.deepcopy(IDENTITY_RULES))
