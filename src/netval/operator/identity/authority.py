@@ -93,6 +93,17 @@ class IdentityAuthority:
         self.ca_cert = ca_cert
         self.ca_key = ca_key
         self.ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
+        # the CA's own key identifier when it has one (OpenSSL finds the issuer by it, and
+        # Go's, Helm's genCA, is not the RFC 5280 hash cryptography would compute)
+        try:
+            ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+            self._authority_key_id = x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(
+                ski
+            )
+        except x509.ExtensionNotFound:
+            self._authority_key_id = x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                ca_key.public_key()
+            )
         self.lifetime = lifetime
         self.clock = clock
         self.issued = 0
@@ -145,10 +156,7 @@ class IdentityAuthority:
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(_key_usage(isinstance(key, rsa.RSAPublicKey)), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.ca_key.public_key()),
-                critical=False,
-            )
+            .add_extension(self._authority_key_id, critical=False)
         )
         if dns_name is not None and len(dns_name) <= 253:
             builder = builder.add_extension(
