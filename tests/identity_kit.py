@@ -58,11 +58,13 @@ class Mqtt:
     def __init__(
         self,
         port: int,
-        username: str,
-        password: str,
+        username: str | None,
+        password: str | None,
         *,
         client_id: str = "",
         will: tuple[str, bytes] | None = None,
+        tls: Any = None,
+        host: str = "127.0.0.1",
     ) -> None:
         import paho.mqtt.client as paho
 
@@ -73,22 +75,37 @@ class Mqtt:
         self.client = paho.Client(
             paho.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv311
         )
-        self.client.username_pw_set(username, password)
+        if username is not None:
+            self.client.username_pw_set(username, password)
+        if tls is not None:  # an ssl.SSLContext (a client certificate in it: per-node identity)
+            self.client.tls_set_context(tls)
         if will is not None:
             self.client.will_set(will[0], will[1], qos=1, retain=True)
         self.client.on_connect = lambda c, u, f, reason, p: self.connacks.append(reason)
         self.client.on_disconnect = lambda c, u, f, reason, p: self.disconnects.append(reason)
         self.client.on_message = self._on_message
         self.port = port
+        self.host = host
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
         with self.lock:
             self.messages.append((message.topic, bytes(message.payload)))
 
     def connect(self) -> Any:
-        self.client.connect("127.0.0.1", self.port, keepalive=30)
+        self.client.connect(self.host, self.port, keepalive=30)
         self.client.loop_start()
         return wait_for(lambda: self.connacks[-1] if self.connacks else None, 10, what="CONNACK")
+
+    def connect_fails(self, timeout: float = 10.0) -> bool:
+        """A connect the broker refuses: a failure CONNACK, or (a certificate it does not
+        accept) a connection lost before any CONNACK."""
+        try:
+            self.client.connect(self.host, self.port, keepalive=30)
+        except OSError:
+            return True
+        self.client.loop_start()
+        wait_for(lambda: self.connacks or self.disconnects, timeout, what="CONNACK or close")
+        return not self.connacks or self.connacks[-1].is_failure
 
     @property
     def accepted(self) -> bool:
