@@ -23,7 +23,8 @@ from one client to one subscriber means a fence received without the probe messa
 it is a drop. The fence is also the positive control: an identity whose own topics do not
 get through proves nothing (`unconfirmed`). Without an observer (`netval doctor` with a
 node's login only) the acknowledgements are all there is, and an acknowledged publish counts
-as accepted, as a broker that drops silently cannot be told apart.
+as accepted, as a broker that drops silently cannot be told apart; reads and the will are
+judged only with an observer.
 
 `AclProbe.verdict` is the one reading of a probe: `netval doctor` (broker.acl) and the
 operator's start check (`operator.broker_check`) both report it. Blocking (paho's network
@@ -386,9 +387,9 @@ def _read(run: _Run, watcher: _Link | None, result: AclProbe) -> str | None:
                     return error
         if not granted:
             return None
-        if watcher is None:  # nobody to publish: a granted subscription is the answer
-            for kind in granted:
-                result.outcomes[f"read {kind}"] = Outcome.ACCEPTED
+        if watcher is None:
+            # nobody to publish, and a granted subscription proves nothing (Mosquitto grants
+            # it and filters at delivery): not judged
             return None
         fence_topic = run.own_topic("assignment")
         fence = run.payload("read fence")

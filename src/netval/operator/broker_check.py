@@ -12,7 +12,9 @@ While the verdict is `violated`, any agent can speak for any node: a forged fail
 would taint a healthy node, a forged passing one would hide a failing node. So gating is
 held (`AclHold`): no Node label or taint is written, every validation's `Gating` condition
 is False `BrokerAclViolated`, a Warning Event says so, `netval_operator_gating_held` is 1;
-status and admission go on from the reports. `NETVAL_GATING_ON_ACL_VIOLATION=proceed` (the
+status and admission go on from the reports. Until a term's check has an answer (seconds;
+at most `PENDING_AT_MOST`) Node writes wait too, so a violation found a few seconds into a
+term finds nothing written on forged reports. `NETVAL_GATING_ON_ACL_VIOLATION=proceed` (the
 chart's `operator.brokerAcl.onViolation`) turns the hold off (logged, still counted). The
 check runs once per term, in the background, and never stops the operator.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final
@@ -42,6 +45,7 @@ log = logging.getLogger(__name__)
 METRIC: Final = "netval_broker_acl_violations"
 TASK_MEMO_KEY: Final = "broker_acl_check"  # Kopf memo: the term's check task
 HOLD_MEMO_KEY: Final = "broker_acl_hold"  # Kopf memo: the term's AclHold
+PENDING_AT_MOST: Final = 90.0  # seconds Node writes wait for a check that has not answered
 
 
 @dataclass
@@ -50,6 +54,20 @@ class AclHold:
 
     enabled: bool = True  # False: NETVAL_GATING_ON_ACL_VIOLATION=proceed
     probe: AclProbe | None = field(default=None, repr=False)
+    pending_until: float = 0.0  # monotonic: a check runs and has not answered until then
+
+    def expect(self) -> None:
+        """A check starts now: Node writes wait for its answer (bounded)."""
+        if self.enabled and self.probe is None:
+            self.pending_until = time.monotonic() + PENDING_AT_MOST
+
+    def answered(self, probe: AclProbe) -> None:
+        self.probe = probe
+        self.pending_until = 0.0
+
+    def writes_wait(self) -> bool:
+        """No Node write now: violated, or a check's answer still pending."""
+        return self.held or time.monotonic() < self.pending_until
 
     def reason(self) -> str | None:
         probe = self.probe
@@ -105,7 +123,7 @@ class BrokerAclCheck(Collector):
             ),
         )
         self.result = result
-        self.hold.probe = result
+        self.hold.answered(result)
         verdict = result.verdict
         if verdict is AclVerdict.UNCHECKED:
             log.warning("broker ACL check could not run: %s", result.error)
@@ -180,6 +198,7 @@ def start_acl_check(
         memo[TASK_MEMO_KEY] = False
         return
     check = BrokerAclCheck(probe, observer=observer, hold=hold)
+    hold.expect()
     registry = memo.get("metrics_registry")
     if isinstance(registry, CollectorRegistry):
         registry.register(check)

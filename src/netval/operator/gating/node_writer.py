@@ -53,8 +53,10 @@ class NodeGating:
         # every Node write of the operator (topology labels too) takes a token of this bucket
         self.bucket = TokenBucket(settings.node_writes_per_second, settings.node_write_burst)
         self.queue = NodeWriteQueue(self._write, self.bucket, GATING_CONCURRENCY)
-        # a reason to hold every Node write (the broker ACL check, `operator.broker_check`)
+        # a reason to hold every Node write (the broker ACL check, `operator.broker_check`),
+        # shown in the Gating condition; and whether writes wait (that check not answered yet)
         self.hold: Callable[[], str | None] = lambda: None
+        self.writes_wait: Callable[[], bool] = lambda: False
 
     @property
     def writes(self) -> int:
@@ -124,7 +126,7 @@ class NodeGating:
 
     async def apply(self, now: datetime) -> None:
         decisions = self.refresh(now)
-        if self.hold() is not None:
+        if self.hold() is not None or self.writes_wait():
             self.queue.reconcile({})  # nothing is written while held, queued wishes dropped
             return
         if not await self.validations_loaded():

@@ -34,6 +34,7 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     runtime = started_runtime(memo)
     if runtime is not None:
         runtime.gating.hold = hold.reason
+        runtime.gating.writes_wait = hold.writes_wait
     await start_identity(memo, ours, hold)  # agent enrollment, if configured
     if started_identity(memo) is None:  # (else the identity service checks the ACL)
         start_acl_check(memo, ours.acl_probe, ours.mqtt, hold)

@@ -159,6 +159,8 @@ class IdentityService:
         if self.leading:
             return
         self.leading = True
+        if hold is not None:
+            hold.expect()
         self._once(self.check_broker_acl(registry, hold), "netval-broker-acl-check")
 
     def _once(self, work: Coroutine[Any, Any, Any], name: str) -> None:
