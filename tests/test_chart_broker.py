@@ -173,7 +173,11 @@ def plaintext_listener(conf: str) -> str:
 
 @contextlib.contextmanager
 def run_chart_broker(
-    tmp_path: Path, edit: Callable[[str], str] | None = None, variant: str = "default"
+    tmp_path: Path,
+    edit: Callable[[str], str] | None = None,
+    variant: str = "default",
+    *,
+    by_address: bool = False,
 ) -> Iterator[tuple[int, dict[str, str]]]:
     """A variant's broker in a real Mosquitto: the ACL and mosquitto.conf with only its file
     paths and listener pointed here (and `edit` applied to the configuration, for controls);
@@ -213,6 +217,17 @@ def run_chart_broker(
         extra = {"passwd": (auth / "passwd").read_text()}
     (tmp_path / "acl").write_text(acl)
     _broker_tls(tmp_path / "tls")
+    if by_address:
+        # a server certificate for 127.0.0.1 too (yielded: `broker_ca`), for processes that
+        # cannot resolve the chart's Service name (agents run as subprocesses)
+        import tls_certs
+
+        ca = tls_certs.make_ca(tmp_path / "tls", "broker-test-ca")
+        leaf = tls_certs.issue(ca, tmp_path / "tls", "broker-by-address",
+                               dns_names=(BROKER_HOST,), ip_addresses=("127.0.0.1",))  # fmt: skip
+        (tmp_path / "tls" / "tls.crt").write_bytes(leaf.cert_file.read_bytes())
+        (tmp_path / "tls" / "tls.key").write_bytes(leaf.key_file.read_bytes())
+        extra["broker_ca"] = str(ca.cert_file)
     port = _free_port()
     replacements = {
         "listener 8883\n": f"listener {port} 127.0.0.1\n",
