@@ -420,7 +420,10 @@ def _identity_ca_files(
     """The identity CA Secret the chart renders, written where the operator reads it."""
     if operator_settings.ENV_IDENTITY_CA_FILE not in env:
         return
-    for name in (operator_settings.ENV_IDENTITY_CA_FILE, operator_settings.ENV_IDENTITY_CA_KEY_FILE):
+    for name in (
+        operator_settings.ENV_IDENTITY_CA_FILE,
+        operator_settings.ENV_IDENTITY_CA_KEY_FILE,
+    ):
         assert env[name].startswith(mounts["identity-ca"] + "/")
     secrets = find(variant, "Secret", "netval-mqtt-identity-ca")
     if secrets:

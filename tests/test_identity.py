@@ -25,7 +25,12 @@ from hypothesis import strategies as st
 from identity_kit import LoopThread, Mqtt
 from netval.infra.broker_acl import AclVerdict, Outcome, probe_broker_acl
 from netval.infra.mqtt_settings import MqttSettings, PemIdentity
-from netval.model.identity import OPERATOR_IDENTITY, amqp_identity, node_identity
+from netval.model.identity import (
+    OBSERVER_IDENTITY,
+    OPERATOR_IDENTITY,
+    amqp_identity,
+    node_identity,
+)
 from netval.operator.identity.authority import IdentityAuthority
 from netval.operator.identity.review import EnrollmentDenied, PodRef, agent_node_of, pod_ref_of
 from test_chart_broker import BROKER_HOST, rendered_ca, run_chart_broker
@@ -222,7 +227,7 @@ def test_the_acl_probe_finds_the_chart_broker_enforcing(identity: Identity) -> N
     topics get through (the fences)."""
     own = ("_netval-acl-probe", "_netval-acl-prober")
     probe = identity.settings(identity.pem(node_identity(*own)), node_identity(*own))
-    observer = identity.settings(identity.pem(OPERATOR_IDENTITY), "observer")
+    observer = identity.settings(identity.pem(OBSERVER_IDENTITY), OBSERVER_IDENTITY)
     result = probe_broker_acl(probe, probe.ssl_context(), observer=observer,
                               observer_tls=observer.ssl_context(), own=own,
                               exact_client_id=True, timeout=10)  # fmt: skip

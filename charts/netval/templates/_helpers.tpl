@@ -375,6 +375,14 @@ user {{ ternary "netval-operator" $b.operatorUsername (not (empty (include "netv
 topic readwrite netval/#
 {{- if include "netval.brokerIdentity" . }}
 
+# The operator's ACL check observes with its own identity (one session per identity: the
+# operator's would end the ingest's); it reads netval's topics (so can an admin with its
+# certificate) and writes only the reserved probe validation's assignment and plan.
+user netval-observer
+topic read netval/#
+topic write netval/v1/_netval-acl-probe/+/assignment
+topic write netval/v1/_netval-acl-probe/+/loadplan
+
 # Every agent: its own node's topics of its own validation (user name <validation>/<node>).
 pattern write netval/v1/%u/report
 pattern write netval/v1/%u/beat

@@ -279,7 +279,14 @@ def probe_broker_acl(
     run = _Run(probe, tls_context, observer, observer_tls, own, victim, timeout, client_id)
     watcher: _Link | None = None
     if observer is not None:
-        watcher = _Link(observer, observer_tls, f"{observer.client_id or 'netval'}-acl-observer")
+        # a login's session: a client id of its own (never the ingest's); a certificate
+        # identity's: its own (the broker binds it anyway)
+        watcher_id = (
+            observer.client_id or "netval"
+            if observer.identity is not None
+            else f"{observer.client_id or 'netval'}-acl-observer"
+        )
+        watcher = _Link(observer, observer_tls, watcher_id)
         error = watcher.open(timeout)
         if error is not None:
             result.error = f"the observer: {error}"

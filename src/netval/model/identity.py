@@ -11,7 +11,12 @@ matches topic permissions, so the certificate also carries `<validation>.<node>`
 subject alternative name, which RabbitMQ reads with `ssl_cert_login_from =
 subject_alternative_name`.
 
-The operator's own identity has no `/`: no node identity can take its name.
+The operator's own identity has no `/`: no node identity can take its name. Brokers bind
+the client id to the identity (Mosquitto `use_username_as_clientid`), so two sessions of one
+identity on one broker end each other: the operator holds one session per broker
+(`OPERATOR_IDENTITY`); its broker ACL check observes with `OBSERVER_IDENTITY`, which reads
+netval's topics and writes only the reserved probe validation's (the chart's ACL), and is
+also the identity for a read-only look at the broker (`mosquitto_sub`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Final
 from netval.model.topics import check_topic_level
 
 OPERATOR_IDENTITY: Final = "netval-operator"
+OBSERVER_IDENTITY: Final = "netval-observer"
 SEPARATOR: Final = "/"
 
 

@@ -32,7 +32,7 @@ from netval.infra.broker_acl import PROBE_VALIDATION, PROBER_NODE
 from netval.infra.metrics_server import parse_host_port
 from netval.infra.mqtt_settings import MqttSettings
 from netval.infra.task_stop import cancel_and_wait
-from netval.model.identity import node_identity
+from netval.model.identity import OBSERVER_IDENTITY, node_identity
 from netval.model.keys import MANAGED_BY_OPERATOR, LabelKey
 from netval.model.shards import shard_of
 from netval.operator.agents.manifests import AGENT_APP_NAME
@@ -182,7 +182,9 @@ class IdentityService:
     def check(self, hold: AclHold | None = None) -> BrokerAclCheck:
         """The ACL check: a certificate for a reserved node, probing a reserved neighbour of
         the same validation (the identity's own topics are the fences), observed by the
-        operator's own session, on the shard the reserved node's topics live on."""
+        observer identity (not the operator's own: the broker binds the client id to the
+        identity, and a second session would end the ingest's), on the shard the reserved
+        node's topics live on."""
         own = (PROBE_VALIDATION, PROBER_NODE)
         base = self.shards[shard_of(PROBER_NODE, len(self.shards))] if self.shards else self.mqtt
         identity = node_identity(*own)
@@ -190,7 +192,11 @@ class IdentityService:
             base, username=None, password=None, cert_file=None, key_file=None,
             identity=probe_identity(self.authority), client_id=identity,
         )  # fmt: skip
-        return BrokerAclCheck(probe, observer=base, own=own, own_client_id=True, hold=hold)
+        observer = dataclasses.replace(
+            probe, identity=MintedIdentity(self.authority, OBSERVER_IDENTITY),
+            client_id=OBSERVER_IDENTITY,
+        )  # fmt: skip
+        return BrokerAclCheck(probe, observer=observer, own=own, own_client_id=True, hold=hold)
 
     async def check_broker_acl(
         self, registry: CollectorRegistry | None, hold: AclHold | None = None
