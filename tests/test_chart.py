@@ -30,12 +30,12 @@ from typing import Any
 import certifi
 import helm_python as helm
 import pytest
-import tls_certs
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+import tls_certs
 from chart_kit import (
     CHART,
     NAMESPACE,

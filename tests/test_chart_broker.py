@@ -655,7 +655,6 @@ def test_netval_clients_reach_the_chart_broker_over_verified_tls(tmp_path: Path)
 
     from chart_kit import env_of as chart_env
     from chart_kit import operator_container
-    from netval.infra.mqtt_settings import mqtt_settings_from_env
 
     env = chart_env(operator_container("default"))
     assert env["NETVAL_MQTT_URL"] == f"mqtts://{BROKER_HOST}:8883"

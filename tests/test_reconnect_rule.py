@@ -155,15 +155,14 @@ def test_a_cancelled_loop_stops_at_once() -> None:
 
 
 def test_every_mqtt_connection_reconnects_by_the_one_rule() -> None:
-    """The agent's publisher, the ingest and the dynsec admin run `reconnect_loop` and keep no
-    backoff of their own (`backoff_delay` is the rule's; enrollment's HTTP retries aside)."""
+    """The agent's publisher and the ingest run `reconnect_loop` and keep no backoff of
+    their own (`backoff_delay` is the rule's; enrollment's HTTP retries aside)."""
     import inspect
 
     from netval.agent import publish
-    from netval.operator.identity import dynsec
     from netval.operator.ingest import subscriber
 
-    for module in (publish, subscriber, dynsec):
+    for module in (publish, subscriber):
         source = inspect.getsource(module)
         assert "reconnect_loop(" in source and "ReconnectRule(" in source, module.__name__
         assert "backoff_delay" not in source and "asyncio.sleep(backoff" not in source
