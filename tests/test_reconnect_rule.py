@@ -166,3 +166,22 @@ def test_every_mqtt_connection_reconnects_by_the_one_rule() -> None:
         source = inspect.getsource(module)
         assert "reconnect_loop(" in source and "ReconnectRule(" in source, module.__name__
         assert "backoff_delay" not in source and "asyncio.sleep(backoff" not in source
+
+
+def test_the_operator_tries_at_once_then_backs_off_briefly() -> None:
+    """The operator is one client, not the fleet: its first attempt after losing the broker
+    goes at once, the next ones wait at most 2 s (the agents' ceiling stays 30 s)."""
+    import random
+
+    from netval.infra.mqtt_client import OPERATOR_RECONNECT, ReconnectPolicy, ReconnectRule
+
+    now = [0.0]
+    rule = ReconnectRule(OPERATOR_RECONNECT, rng=random.Random(3), clock=lambda: now[0])
+    rule.connected()
+    now[0] = 100.0  # a session that held: the count starts over
+    delays = [rule.ended(ConnectionError("lost")).delay for _ in range(12)]
+    assert delays[0] == 0.0
+    assert all(0 <= d <= OPERATOR_RECONNECT.cap for d in delays[1:])
+    assert max(delays) <= 2.0 and sum(delays) < 20.0
+    fleet = ReconnectRule(ReconnectPolicy(), rng=random.Random(3), clock=lambda: now[0])
+    assert fleet.ended(ConnectionError("lost")).delay > 0  # jittered, never "at once"

@@ -29,6 +29,7 @@ __all__ = [
     "PublishRefused",
     "ReconnectPolicy",
     "ReconnectRule",
+    "OPERATOR_RECONNECT",
     "SessionEnd",
     "backoff_delay",
     "credential_refused",
@@ -246,15 +247,27 @@ class ReconnectPolicy:
     """Delays before the next connect: full jitter up to `base * 2**(failures-1)`, at most
     `cap`; a session that stayed up `stable_after` seconds starts the count over (a broker
     restart after a quiet week is retried at once, a broker that accepts and then drops the
-    client at once, e.g. a client-id takeover fight, is not hammered at the base delay)."""
+    client at once, e.g. a client-id takeover fight, is not hammered at the base delay).
+
+    The default is the fleet's: thousands of agents that lost the broker together spread
+    their returns over up to 30 s. `immediate`: the first attempt after a session ended goes
+    at once (no jitter): what one client (the operator) wants, which must be back before
+    the fleet it listens to (`OPERATOR_RECONNECT`)."""
 
     base: float = 0.5
     cap: float = 30.0
     stable_after: float = 10.0
+    immediate: bool = False
 
     def __post_init__(self) -> None:
         if self.base <= 0 or self.cap < self.base or self.stable_after < 0:
             raise ValueError("need 0 < base <= cap and stable_after >= 0")
+
+
+# The operator's sessions (ingest, one per shard): at once, then 0.25 s doubling to 2 s. One
+# client, not thousands: no herd to spread, and every second it is away its nodes' silence
+# grows; behind the fleet's 30 s ceiling it would come back after the agents it waits for.
+OPERATOR_RECONNECT: Final = ReconnectPolicy(base=0.25, cap=2.0, immediate=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,13 +313,22 @@ class ReconnectRule:
             self.failures = 0
         self.failures += 1
         p = self.policy
+        if p.immediate:
+            # at once, then the backoff (its first step is the base): one attempt early
+            delay = (
+                0.0
+                if self.failures == 1
+                else backoff_delay(self.failures - 1, base=p.base, cap=p.cap, rng=self.rng)
+            )
+        else:
+            delay = backoff_delay(self.failures, base=p.base, cap=p.cap, rng=self.rng)
         return SessionEnd(
             error=error,
             connected=up is not None,
             refused=error is not None and self.refused(error),
             reset=reset,
             failures=self.failures,
-            delay=backoff_delay(self.failures, base=p.base, cap=p.cap, rng=self.rng),
+            delay=delay,
         )
 
 
