@@ -24,12 +24,12 @@ from aiomqtt.exceptions import MqttConnectError
 from netval.infra.mqtt_settings import ENV_CA_FILE, MqttSettings
 
 __all__ = [
+    "OPERATOR_RECONNECT",
     "CertificateRefused",
     "NetvalMqttClient",
     "PublishRefused",
     "ReconnectPolicy",
     "ReconnectRule",
-    "OPERATOR_RECONNECT",
     "SessionEnd",
     "backoff_delay",
     "credential_refused",

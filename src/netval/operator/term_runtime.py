@@ -38,6 +38,11 @@ from netval.model.status import EventReason
 from netval.operator.gating.node_writer import NodeGating
 from netval.operator.ingest.assignments import assignments, leftover_topics
 from netval.operator.ingest.decode import EndpointAnnounce
+from netval.operator.ingest.endpoint_check import (
+    EndpointCheck,
+    VerifiedEndpoints,
+    fabric_networks,
+)
 from netval.operator.ingest.peer_sets import EndpointTable, epoch_of
 from netval.operator.ingest.shards import ShardedIngest
 from netval.operator.ingest.subscriber import ReportIngest
@@ -98,7 +103,7 @@ class OperatorRuntime:
             self.store,
             lambda group, desired: self.ingest.set_retained(desired, group=group),
             max_rate_ceiling_mbps=settings.loadtest_max_rate_mbps,
-            endpoints=lambda validation: self.endpoints.of(validation),
+            endpoints=lambda validation: self.verified_endpoints.of(validation),
         )
         # one session per broker shard when mqtt.shards > 1 (ingest.shards)
         ingest_kwargs: dict[str, Any] = {
@@ -124,6 +129,11 @@ class OperatorRuntime:
         )
         self.peer_ports = PeerPortCheck()
         self.endpoints = EndpointTable()
+        # announced endpoints count only at the node's own address (ingest.endpoint_check)
+        self.endpoint_check = EndpointCheck()
+        self.verified_endpoints = VerifiedEndpoints(
+            self.endpoints, self.endpoint_check, self._fabric_networks
+        )
         self._peer_epochs: dict[str, int] = {}
         self.metrics_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -190,6 +200,15 @@ class OperatorRuntime:
         if self.endpoints.update(announce.validation, announce.node, announce.payload):
             self.targets_changed()
 
+    def on_node_addresses(self, node: str, addresses: frozenset[str] | None) -> None:
+        """A Node's status.addresses (None: deleted): endpoints are judged against them."""
+        if self.endpoint_check.note_node(node, addresses):
+            self.targets_changed()
+
+    def _fabric_networks(self, validation: str) -> tuple[Any, ...]:
+        spec = self.store.specs.get(validation)
+        return fabric_networks(spec.checks.peers.fabric_cidrs) if spec is not None else ()
+
     # -- what Kopf tells us -----------------------------------------------------------------
 
     async def invalid_spec(
@@ -206,6 +225,7 @@ class OperatorRuntime:
         self.status.forget(name)
         nodes = self.store.remove_validation(name)
         self.endpoints.forget(name)
+        self.endpoint_check.forget(name)
         self.ingest.clear_retained(leftover_topics(name, nodes))
 
     # -- targets ----------------------------------------------------------------------------
@@ -239,7 +259,14 @@ class OperatorRuntime:
         if not self._targets_dirty:
             return
         self._targets_dirty = False
-        self.ingest.set_retained(assignments(self.store, self.endpoints, now))
+        self.ingest.set_retained(assignments(self.store, self.verified_endpoints, now))
+        for validation, node, (address, port) in self.endpoint_check.news():
+            self.events.queue(
+                validation, "Warning", EventReason.ENDPOINT_REFUSED,
+                f"node {node} announced the east-west endpoint {address}:{port}, which is "
+                "neither one of its Node's addresses nor in spec.checks.peers.fabricCidrs: "
+                "refused (its peers do not probe it)",
+            )  # fmt: skip
         for name, message in self.peer_ports.update(self.store):
             self.events.queue(name, "Warning", EventReason.PEER_PORT_CONFLICT, message)
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from pydantic import ValidationError
 
@@ -69,6 +69,12 @@ def window_size(samples: int, domains: int) -> int:
     if domains and domains * w > MAX_ASSIGNED_PEERS // 2:
         w = max(1, (MAX_ASSIGNED_PEERS // 2) // domains)
     return w
+
+
+class Endpoints(Protocol):
+    """What the peer sets read: validation -> node -> (address, port)."""
+
+    def of(self, validation: str) -> Mapping[str, Address]: ...
 
 
 class EndpointTable:
