@@ -173,8 +173,12 @@ class Child:
 
     @classmethod
     async def spawn(cls, role: str, cfg: dict[str, Any]) -> Child:
+        # in a file: 10,000 tokens are more than a command line holds
+        fd, path = tempfile.mkstemp(prefix=f"netval-bench-{role}-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(cfg, f)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--role", role, "--child-config", json.dumps(cfg),
+            sys.executable, __file__, "--role", role, "--child-config", path,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=64 << 20,
         )  # fmt: skip
         return cls(proc)
@@ -779,7 +783,8 @@ def main() -> None:
         _tree(str(ROOT / "src"))
         asyncio.run(main_async(args))
         return
-    cfg = json.loads(args.child_config)
+    cfg = json.loads(Path(args.child_config).read_text())
+    Path(args.child_config).unlink()
     _tree(cfg.get("src", str(ROOT / "src")))
     if args.role == "kube":
         asyncio.run(kube_main(cfg))
