@@ -104,8 +104,8 @@ def spine_blocks(
 
     # A leaf's uplinks all go to its block's spines: what a leaf agrees on is one block.
     agreed = leaf_spines(seen, leaves)
-    for spines in agreed.values():
-        first, *rest = sorted(spines)
+    for leaf_block in agreed.values():
+        first, *rest = sorted(leaf_block)
         for spine in rest:
             parent[root(spine)] = root(first)
         root(first)
@@ -113,12 +113,9 @@ def spine_blocks(
     for spine in parent:
         members.setdefault(root(spine), set()).add(spine)
     nodes: dict[str, list[str]] = {}
-    for node, spines in seen.items():
+    for node, saw in seen.items():
         leaf = leaves.get(node)
-        if leaf is not None:
-            own = sorted(agreed.get(leaf, ()))
-        else:
-            own = sorted(s for s in spines if s in parent)
+        own = sorted(agreed.get(leaf, ()) if leaf is not None else (s for s in saw if s in parent))
         if own:
             nodes.setdefault(root(own[0]), []).append(node)
     out: dict[str, str] = {}
