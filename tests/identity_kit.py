@@ -1,5 +1,5 @@
 """Shared parts of the per-node identity tests (test_identity.py, test_enrollment.py) and of
-bench/enrollment.py: an asyncio loop in a thread (the operator's async parts, driven from a
+bench/identity_scale.py: an asyncio loop in a thread (the operator's async parts, driven from a
 sync test), and a paho MQTT client that records what it receives and how its connection
 ended.
 """

@@ -329,7 +329,7 @@ def test_per_node_identity_without_the_webhook_or_tls_does_not_render() -> None:
 
 
 def test_broker_configuration_works_in_a_real_mosquitto(tmp_path: Path) -> None:
-    """The shared agent login's rules (the chart without dynamic security)."""
+    """The shared agent login's rules (the chart without per-node identity)."""
     with run_chart_broker(tmp_path, variant="broker-shared-login") as chart_broker:
         _shared_login_rules(*chart_broker)
 

@@ -76,7 +76,7 @@ WEBHOOK_RULES: dict[Rule, set[str]] = {
     ): {"get", "patch"},
     ("cluster", "", "pods", None): {"get", "list", "patch"},
 }
-# Per-node MQTT identity (bundled broker with the dynamic security plugin, webhook on): who an
+# Per-node MQTT identity (client certificates from the operator's enrollment, webhook on): who an
 # enrolling agent's token belongs to (operator/identity/review.py; the Pod read is the
 # webhook's pods get).
 IDENTITY_RULES: dict[Rule, set[str]] = {

@@ -80,7 +80,7 @@ def test_refusals_are_counted_once_per_node_and_address_and_unknown_nodes_wait()
             st.integers(0, 128),
         ),
         max_size=4,
-    ),  # fmt: skip
+    ),
 )
 def test_any_announcement_is_the_nodes_or_refused(
     address: str, own: frozenset[str], cidrs: list[str]

@@ -1,8 +1,8 @@
 """The enrollment server under load and faults, over its real interfaces (HTTPS, the test
-API's TokenReview, the chart's Mosquitto with dynamic security; tests/test_enrollment.py's
-fixture): what it answers before spending a TokenReview, its bounded queue, the reviews it
-reuses, the credentials it hands back instead of rotating them, and a request whose client
-went away. The token pre-check itself is fuzzed with hypothesis.
+API's TokenReview; tests/test_enrollment.py's fixture): what it answers before spending a
+TokenReview, its bounded queue, the reviews it reuses, and a request whose client went away.
+The token pre-check and the certificate requests (hostile but well-shaped CSRs) are fuzzed
+with hypothesis.
 """
 
 from __future__ import annotations

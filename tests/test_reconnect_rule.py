@@ -1,6 +1,6 @@
 """The one reconnect rule of netval's MQTT connections (`netval.infra.mqtt_client`:
-`ReconnectRule`, `reconnect_loop`), used by the agent's publisher, the operator's ingest and
-the dynamic-security admin. Pure and deterministic: a fake clock, a seeded RNG, sessions
+`ReconnectRule`, `reconnect_loop`), used by the agent's publisher and the operator's ingest
+(each with its policy). Pure and deterministic: a fake clock, a seeded RNG, sessions
 and pauses that are plain coroutines. The connections themselves go through a real broker
 in test_broker_restart.py, test_agent_faults.py, test_ingest_faults.py and
 test_enrollment_storms.py."""

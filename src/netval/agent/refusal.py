@@ -31,10 +31,10 @@ class PublishRefusals:
     Every refusal is counted (`refusals`). Not authorized (0x87) or a bad user name or
     password (0x86) counts as a credential refusal, and `asks(login)` says so, only after
     `grace` seconds (default 5 min) of such refusals without a publish taken, and once until
-    one is taken: with per-node identity a node's role follows the validations that target
-    it, so a new validation's first reports are refused until the leader updated the role
-    (seconds; minutes for a whole fleet), which a new password would not change. What a new
-    credential does fix (a client changed by hand) waits the grace.
+    one is taken: with certificates the broker's pattern ACL follows the identity itself, so
+    a refused publish means a broker whose ACLs do not match netval's (an external broker
+    being reconfigured), which a new certificate of the same identity does not change; the
+    grace keeps a misconfigured broker from turning into an enrollment storm.
     """
 
     def __init__(

@@ -284,7 +284,7 @@ class SessionEnd:
 
 class ReconnectRule:
     """The reconnect rule of every MQTT connection of netval (agent publisher, operator
-    ingest, dynamic-security admin). Pure: the session calls `connected()` once up, and
+    ingest, the broker ACL check's sessions). Pure: the session calls `connected()` once up, and
     `ended(error)` says what the end means and how long to wait; `clock` and `rng` are
     injected (tests use a fake clock and a seeded RNG)."""
 
