@@ -50,10 +50,12 @@ class RabbitNode:
     dist_port: int = field(default_factory=_free_port)
     proc: subprocess.Popen[bytes] | None = None
 
-    def env(self, home: Path) -> dict[str, str]:
+    def env(self, home: Path, epmd_port: int) -> dict[str, str]:
         return {
             **{k: v for k, v in os.environ.items() if not k.startswith("RABBITMQ_")},
             "HOME": str(home),  # the Erlang cookie, shared by the cluster's nodes and the CLI
+            # an epmd of the test's own (a system RabbitMQ's stays untouched), ended at close
+            "ERL_EPMD_PORT": str(epmd_port),
             "RABBITMQ_NODENAME": self.name,
             "RABBITMQ_NODE_PORT": str(self.amqp_port),
             "RABBITMQ_DIST_PORT": str(self.dist_port),
@@ -83,6 +85,7 @@ class RabbitCluster:
         self.home = workdir / "home"
         self.home.mkdir(parents=True, exist_ok=True)
         self.start_timeout = start_timeout
+        self.epmd_port = _free_port()
         tag = f"netval{os.getpid()}x{time.monotonic_ns() % 100000}"
         self.nodes = [RabbitNode(f"{tag}{i}@localhost", workdir / f"node{i}") for i in range(size)]
         cert, key = server_cert
@@ -117,7 +120,7 @@ class RabbitCluster:
     def ctl(self, index: int, *args: str, timeout: float = 60.0) -> str:
         node = self.nodes[index]
         done = subprocess.run(
-            [str(CTL), "-n", node.name, "-q", *args], env=node.env(self.home),
+            [str(CTL), "-n", node.name, "-q", *args], env=node.env(self.home, self.epmd_port),
             capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
         if done.returncode != 0:
@@ -128,8 +131,8 @@ class RabbitCluster:
         node = self.nodes[index]
         log = (node.workdir / "server.out").open("ab")
         node.proc = subprocess.Popen(
-            [str(SERVER)], env=node.env(self.home), stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            [str(SERVER)], env=node.env(self.home, self.epmd_port), stdout=log,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         self._await(index)
 
@@ -176,3 +179,15 @@ class RabbitCluster:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
+        self._stop_epmd()
+
+    def _stop_epmd(self) -> None:
+        """The epmd the first node started on this test's port (a daemon: not in the node's
+        process group)."""
+        epmd = shutil.which("epmd") or next(
+            (str(p) for p in Path("/usr/lib/erlang").glob("erts-*/bin/epmd")), None
+        )
+        if epmd is not None:
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run([epmd, "-port", str(self.epmd_port), "-kill"],
+                               capture_output=True, timeout=10, check=False)  # fmt: skip
