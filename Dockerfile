@@ -15,7 +15,9 @@
 # Runs as uid/gid 65532 ("nonroot"), which is also what the chart and the agent DaemonSet set
 # (runAsUser 65532, readOnlyRootFilesystem). Nothing needs root: the agent's reads (sysfs, the
 # ethtool stats ioctl, DCB netlink GET) are unprivileged; LLDP frames need CAP_NET_RAW, which
-# only the capability interpreter below has. No secrets at build time or in the
+# only the capability interpreter below has; perftest's memory registration needs
+# CAP_IPC_LOCK, which only the perftest copies under /opt/netval/rdma-bin have. The load-test
+# engines come from Debian: iperf3 and perftest (docs/loadtest.md, "Engines"). No secrets at build time or in the
 # image: MQTT credentials arrive as mounted files at run time (NETVAL_MQTT_PASSWORD_FILE).
 # No HEALTHCHECK: Kubernetes probes the operator (--liveness) and the agent (/healthz).
 
@@ -44,6 +46,13 @@ LABEL org.opencontainers.image.title="netval" \
       org.opencontainers.image.version="0.1.0" \
       org.opencontainers.image.licenses="Apache-2.0"
 
+# The load-test engines (docs/loadtest.md, "Engines"): iperf3 for TCP, perftest (with its
+# libibverbs and rdma-core providers) for RoCE and InfiniBand. iperf3's debconf question
+# (run a system daemon?) keeps its default, no.
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends iperf3 perftest \
+ && rm -rf /var/lib/apt/lists/*
+
 # A named account for uid 65532, so tools that look the user up (getpass, ~) find one.
 RUN groupadd --system --gid 65532 nonroot \
  && useradd --system --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home \
@@ -59,6 +68,16 @@ COPY --from=builder /opt/netval /opt/netval
 # no capability. Set here, not in the builder: COPY does not reliably carry xattrs.
 RUN cp "$(readlink -f /opt/netval/bin/python)" /opt/netval/bin/python-netraw \
  && /opt/netval/bin/python -m netval.infra.file_caps /opt/netval/bin/python-netraw
+
+# perftest for RDMA load tests (docs/loadtest.md, "Privileges"): copies of its binaries
+# with cap_ipc_lock+ep (memory registration pins buffers beyond RLIMIT_MEMLOCK). Only the
+# agents of validations with RDMA load tests look here first (NETVAL_ENGINE_PATH) and have
+# IPC_LOCK in their bounding set; /usr/bin's copies have no capability.
+RUN mkdir -p /opt/netval/rdma-bin \
+ && for engine in ib_write_bw ib_write_lat ib_send_lat; do \
+      cp /usr/bin/$engine /opt/netval/rdma-bin/$engine \
+      && /opt/netval/bin/python -m netval.infra.file_caps --cap ipc_lock /opt/netval/rdma-bin/$engine; \
+    done
 
 ENV PATH="/opt/netval/bin:${PATH}" \
     PYTHONDONTWRITEBYTECODE=1 \

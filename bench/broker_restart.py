@@ -73,6 +73,15 @@ class RecordingKube:
         # the Nodes' metadata listing that fills in the keys the validation references
         return {name: {k: v for k, v in LABELS.items() if k in keys} for name in self.nodes}
 
+    async def list_loadtest_specs(self) -> dict[str, dict[str, Any]]:
+        return {}  # no NetworkLoadTest: no agent gets RDMA privileges
+
+    async def nodes_with_taint(self, key: str) -> dict[str, str]:
+        return {}  # no load test reserved a node (each term sweeps once at its start)
+
+    async def set_node_taint(self, node: str, key: str, value: str | None) -> bool:
+        return True
+
     def close(self) -> None:
         pass  # nothing to release: the runtime calls it at the end of its term
 

@@ -477,6 +477,19 @@ class RecordingKube:
         labels = {k: v for k, v in [POOL_LABEL] if k in keys}
         return {node_name(i): dict(labels) for i in range(self.probe.nodes)}
 
+    async def list_loadtest_specs(self) -> dict[str, dict[str, Any]]:
+        self.probe.other_kube_calls["list_loadtest_specs"] += 1
+        return {}  # no NetworkLoadTest: no agent gets RDMA privileges
+
+    async def nodes_with_taint(self, key: str) -> dict[str, str]:
+        # each term sweeps the load-test reservation taints once at its start: none here
+        self.probe.other_kube_calls["nodes_with_taint"] += 1
+        return {}
+
+    async def set_node_taint(self, node: str, key: str, value: str | None) -> bool:
+        self.probe.node_writes[f"{key}={value}"] += 1
+        return True
+
     async def apply_configmap(self, body: dict[str, Any]) -> None:
         self.probe.other_kube_calls["apply_configmap"] += 1
 

@@ -8,7 +8,7 @@ busy (skipped), the spec is the default (`crossDomain` pairs, both phases, one s
 endpoint, duration 20s). For each size, medians of RUNS runs (pure CPU, one process):
 
 1. plan: `plan_run` (participants and every stage's timing) - time and tracemalloc peak.
-2. publish one stage: `RunPlan.plans(stage)` for a cross round (one `LoadPlan` per node,
+2. publish one stage: `build_plans(plan, stage)` for a cross round (one `LoadPlan` per node,
    validated) and their JSON - time, peak, bytes per message and per stage.
 3. fold one stage: decode every node's result message of that round (`decode_result`, as
    the subscriber will) and fold it (`Aggregator.add`) - time per stage and per message.
@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 import tracemalloc
+from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,11 +41,13 @@ from netval.model.loadplan import (
     StorageResult,
     decode_result,
     encode,
+    latency_bucket,
 )
 from netval.model.loadtest import Expectations, NetworkLoadTestStatus
 from netval.model.spec import NetworkValidationSpec
 from netval.operator.loadtest.aggregate import Aggregator, Received
 from netval.operator.loadtest.plan import Candidate, RunPlan, Stage, WindowKind, plan_run
+from netval.operator.loadtest.tasks import build_plans
 from netval.operator.loadtest.validate import RunSettings, settle
 
 NOW = datetime(2026, 3, 1, 2, 0, tzinfo=UTC)
@@ -92,35 +95,42 @@ def results(plan: RunPlan, stage: Stage) -> Iterator[Received]:
     flows: dict[str, list[FlowResult]] = {}
     lat: dict[str, list[LatencyResult]] = {}
     reads: dict[str, list[StorageResult]] = {}
-    samples = [0.05 + 0.001 * i for i in range(50)]
+    # every round trip in 1%-wide buckets, as agents send them: ~50 buckets
+    samples = sorted(Counter(latency_bucket(0.05 * 1.01**i) for i in range(50)).items())
     for w in plan.windows_of(stage):
         for a, b in w.flows:
             if w.kind is WindowKind.IDLE:
                 lat.setdefault(a, []).append(
-                    LatencyResult.model_construct(window=w.id, peer=b, loaded=False, sent=30,
-                                                  received=30, samples_ms=samples)
+                    LatencyResult.model_construct(window=w.id, peer=b, loaded=False, sent=60,
+                                                  received=60, histogram=samples, error=None)
                 )  # fmt: skip
             elif w.kind in (WindowKind.INTRA, WindowKind.CROSS):
                 flows.setdefault(a, []).append(
-                    FlowResult.model_construct(window=w.id, peer=b, bytes=10**11,
-                                               start=w.measure_start, end=w.end, error=None)
+                    FlowResult.model_construct(window=w.id, peer=b, rail=0, bytes=10**11,
+                                               start=w.measure_start, end=w.end, error=None,
+                                               streams=4, port_mbps=400_000.0, cpu_percent=40.0,
+                                               remote_cpu_percent=30.0, cpu_demand_percent=45.0,
+                                               retransmits=12)
                 )  # fmt: skip
                 lat.setdefault(a, []).append(
                     LatencyResult.model_construct(window=w.id, peer=b, loaded=True, sent=200,
-                                                  received=199, samples_ms=samples)
+                                                  received=199, histogram=samples, error=None)
                 )  # fmt: skip
             else:
                 reads.setdefault(a, []).append(
                     StorageResult.model_construct(window=w.id, endpoint=b, bytes=10**10,
-                                                  start=w.measure_start, end=w.end, error=None)
+                                                  start=w.measure_start, end=w.end, error=None,
+                                                  own_object=False, range_first=None,
+                                                  range_last=None)
                 )  # fmt: skip
     for node in flows.keys() | lat.keys() | reads.keys():
         yield Received(
             LoadResult.model_construct(
-                schema_version=1, run=plan.run_id, stage=stage.index,
+                schema_version=2, run=plan.run_id, stage=stage.index,
                 validation=plan.settings.validation, node=node, sent_at=stage.deadline,
-                flows=flows.get(node, []), latency=lat.get(node, []),
-                storage=reads.get(node, []), error=None,
+                engines={"iperf3": "3.12"}, flows=flows.get(node, []), serves=[],
+                latency=lat.get(node, []), storage=reads.get(node, []), unavailable=None,
+                error=None,
             ),
             stage.deadline,
         )  # fmt: skip
@@ -176,7 +186,7 @@ def bench(nodes: int, per_leaf: int, runs: int, whole_runs: int) -> None:
     )
 
     def publish() -> int:
-        return sum(len(encode(p)) for p in plan.plans(cross).values())
+        return sum(len(encode(p)) for p in build_plans(plan, cross, term=1).values())
 
     pub = [timed(publish) for _ in range(runs)]
     size = pub[0][0]

@@ -5,12 +5,12 @@ Run from the repository root (mosquitto must be installed):
     python bench/loadtest_publish.py [--runs 3] [--nodes 1000 10000]
 
 The operator publishes a stage's plans (one retained QoS 1 message per node) when the
-stage's `issuedAt` comes, `stage_lead_seconds` (5 s up to 10,000 nodes) before the stage
+stage's `issuedAt` comes, `stage_lead_seconds` (5 s up to 5,000 nodes, 1 ms per node above) before the stage
 starts: they must all be on the broker by then. What runs, per N: a real Mosquitto with the chart's limits
 (tests/mosquitto.py CHART_LIMITS), the operator's `ReportIngest` (its aiomqtt connection,
 subscribed as in production) holding N agents' assignments (retained, published first),
 and, per run, what the coordinator does at a stage's issue time (`runner._advance`):
-`RunPlan.plans(stage, endpoints)`, each plan encoded, `set_retained(..., group=run)`; then
+`build_plans(plan, stage, ...)`, each plan encoded, `set_retained(..., group=run)`; then
 the ingest's connection task publishes them. Timed per run (medians over --runs, a cross
 round of leaves of 32, every node announced an endpoint):
 
@@ -60,6 +60,7 @@ async def bench(n: int, runs: int, window: int, workdir: Path) -> dict[str, Any]
 
     publish_window.publish_all.__defaults__ = (window,)  # what the ingest's passes use
     from netval.operator.loadtest.plan import RunPlan, WindowKind, plan_run, stage_lead_seconds
+    from netval.operator.loadtest.tasks import build_plans
 
     broker = mosquitto.MosquittoBroker(workdir, extra_config=mosquitto.CHART_LIMITS)
     broker.start()
@@ -90,7 +91,7 @@ async def bench(n: int, runs: int, window: int, workdir: Path) -> dict[str, Any]
             started = time.perf_counter()
             retained = {
                 topic(VALIDATION, node, TopicKind.LOAD_PLAN): encode(p)
-                for node, p in plan.plans(stage, endpoints).items()
+                for node, p in build_plans(plan, stage, term=1, endpoints=endpoints).items()
             }
             ingest.set_retained(retained, group=f"loadtest/{plan.run_id}")
             figures["build"].append(time.perf_counter() - started)

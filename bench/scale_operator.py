@@ -74,6 +74,16 @@ class CountingKube:
         labels = {k: v for k, v in POOL.items() if k in keys}
         return {node_name(i): dict(labels) for i in range(self.nodes)}
 
+    async def list_loadtest_specs(self) -> dict[str, dict[str, Any]]:
+        return {}  # no NetworkLoadTest: no agent gets RDMA privileges
+
+    async def nodes_with_taint(self, key: str) -> dict[str, str]:
+        return {}  # no load test reserved a node (each term sweeps once at its start)
+
+    async def set_node_taint(self, node: str, key: str, value: str | None) -> bool:
+        self.writes.append((time.time(), "node"))
+        return True
+
     async def apply_configmap(self, body: dict[str, Any]) -> None:
         self.writes.append((time.time(), "configmap"))
 

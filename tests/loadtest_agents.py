@@ -45,7 +45,7 @@ def answer_plans(fabric: Fabric, plans: dict[str, LoadPlan]) -> list[LoadResult]
     readers: dict[str, int] = {}
     for node, plan in plans.items():
         for task in plan.tasks:
-            if isinstance(task, FlowTask):
+            if isinstance(task, FlowTask) and task.rail == 0:  # each plane alike
                 by_window.setdefault(task.window, []).append((node, task.peer))
             elif isinstance(task, StorageTask):
                 readers[task.window] = readers.get(task.window, 0) + 1
@@ -59,19 +59,20 @@ def answer_plans(fabric: Fabric, plans: dict[str, LoadPlan]) -> list[LoadResult]
             if isinstance(task, FlowTask):
                 mbps = rates[task.window][(node, task.peer)]
                 begin = task.start + _seconds(task.warmup_seconds)
-                flows.append(FlowResult(window=task.window, peer=task.peer,
+                flows.append(FlowResult(window=task.window, peer=task.peer, rail=task.rail,
                                         bytes=int(mbps * 1e6 / 8 * task.seconds),
-                                        start=begin, end=task.end))  # fmt: skip
+                                        start=begin, end=task.end,
+                                        port_mbps=fabric.port_mbps))  # fmt: skip
             elif isinstance(task, LatencyTask):
                 if task.loaded:
                     mbps = rates[task.window][(node, task.peer)]
                     ms = IDLE_MS * (1 + 10 * mbps / fabric.port_mbps)
                     latency.append(LatencyResult(window=task.window, peer=task.peer, loaded=True,
-                                                 sent=100, received=99, samples_ms=_samples(ms)))  # fmt: skip
+                                                 sent=100, received=99, histogram=_samples(ms, 99)))  # fmt: skip
                 else:
                     latency.append(LatencyResult(window=task.window, peer=task.peer, loaded=False,
-                                                 sent=30, received=30, samples_ms=_samples(IDLE_MS)))  # fmt: skip
-            else:
+                                                 sent=30, received=30, histogram=_samples(IDLE_MS, 30)))  # fmt: skip
+            elif isinstance(task, StorageTask):
                 mbps = min(fabric.port_mbps, fabric.storage_mbps / readers[task.window])
                 storage.append(StorageResult(window=task.window, endpoint=task.endpoint,
                                              bytes=int(mbps * 1e6 / 8 * task.seconds),

@@ -12,14 +12,40 @@ Used by tests/test_loadtest_*.py and bench/loadtest_plan.py.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from netval.model.loadplan import FlowResult, LatencyResult, LoadResult, StorageResult
+from netval.model.loadplan import (
+    FlowResult,
+    LatencyResult,
+    LoadResult,
+    ServeResult,
+    StorageResult,
+    latency_bucket,
+)
+from netval.model.spec import NetworkValidationSpec
 from netval.operator.loadtest.aggregate import Received
-from netval.operator.loadtest.plan import Candidate, RunPlan, Window, WindowKind
+from netval.operator.loadtest.plan import Candidate, RunPlan, Window, WindowKind, plan_run
+from netval.operator.loadtest.rails import common_rails
+from netval.operator.loadtest.validate import RunSettings, settle
 
 IDLE_MS = 0.05
+NOW = datetime(2026, 3, 1, 2, 0, tzinfo=UTC)
+# peers and one readable store: every phase can run
+VALIDATION = NetworkValidationSpec.model_validate(
+    {
+        "checks": {
+            "peers": {"enabled": True},
+            "storage": {
+                "endpoints": [
+                    {"name": "datasets", "protocol": "http", "host": "s.local", "path": "/d"}
+                ]
+            },
+        }
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -69,8 +95,10 @@ def leaf_spine(leaves: int, per_leaf: int, **kwargs: float) -> Fabric:
     )
 
 
-def _samples(ms: float, n: int = 20) -> list[float]:
-    return [round(ms * (1 + i / (10 * n)), 6) for i in range(n)]
+def _samples(ms: float, n: int = 20) -> list[tuple[int, int]]:
+    """`n` round trips around `ms` as a latency histogram (what agents send)."""
+    buckets = Counter(latency_bucket(ms * (1 + i / (10 * n))) for i in range(n))
+    return sorted(buckets.items())
 
 
 def answer(
@@ -79,13 +107,24 @@ def answer(
     *,
     clock_offset: dict[str, float] | None = None,
     transit_seconds: float = 0.05,
+    cpu_demand: float | None = None,
+    dropped: Callable[[Window, str, str], bool] = lambda _w, _a, _b: False,
+    failed_readers: Callable[[Window, str], bool] = lambda _w, _n: False,
+    silent: frozenset[str] = frozenset(),
+    port_report: float | None = None,
 ) -> list[Received]:
-    """Every participant's result for every stage, as the fabric would make them."""
+    """Every participant's result for every stage, as the fabric would make them.
+    `cpu_demand`: each engine's CPU demand on both ends (None: no evidence); `dropped`:
+    flows (window, sender, receiver) the fabric does not carry (they fail); `failed_readers`:
+    reads that fail (503); `silent`: nodes that send nothing; `port_report`: the port rate
+    the rails report (default the fabric's: a veth reports 10000 it never reaches)."""
     offset = clock_offset or {}
+    port = port_report if port_report is not None else fabric.port_mbps
     received: list[Received] = []
     for stage in plan.stages:
         windows = plan.windows_of(stage)
         flows: dict[str, list[FlowResult]] = {}
+        serves: dict[str, list[ServeResult]] = {}
         latency: dict[str, list[LatencyResult]] = {}
         storage: dict[str, list[StorageResult]] = {}
         load = {
@@ -99,48 +138,71 @@ def answer(
                 for a, b in w.flows:
                     latency.setdefault(a, []).append(
                         LatencyResult(window=w.id, peer=b, loaded=False, sent=30, received=30,
-                                      samples_ms=_samples(IDLE_MS))
+                                      histogram=_samples(IDLE_MS, 30))
                     )  # fmt: skip
             elif w.kind in (WindowKind.INTRA, WindowKind.CROSS):
                 rates = load[w.id]
                 for a, b in w.flows:
                     skew = timedelta(seconds=offset.get(a, 0.0))
                     mbps = rates[(a, b)]
-                    flows.setdefault(a, []).append(
-                        FlowResult(
-                            window=w.id, peer=b,
-                            bytes=int(mbps * 1e6 / 8 * w.measured_seconds),
-                            start=w.measure_start + skew, end=w.end + skew,
-                        )
-                    )  # fmt: skip
+                    # every rail plane is a copy of the fabric: the same rate on each
+                    for rail in common_rails(plan.rails_of(a), plan.rails_of(b)):
+                        lost = dropped(w, a, b)
+                        flows.setdefault(a, []).append(
+                            FlowResult(
+                                window=w.id, peer=b, rail=rail,
+                                bytes=0 if lost else int(mbps * 1e6 / 8 * w.measured_seconds),
+                                start=w.measure_start + skew, end=w.end + skew,
+                                port_mbps=port, cpu_demand_percent=cpu_demand,
+                                error="iperf3: unable to connect to server" if lost else None,
+                            )
+                        )  # fmt: skip
+                        serves.setdefault(b, []).append(
+                            ServeResult(window=w.id, peer=a, rail=rail, port_mbps=port,
+                                        cpu_demand_percent=cpu_demand)
+                        )  # fmt: skip
                     # queueing: the fuller the pair's bottleneck, the longer the echo waits
                     ms = IDLE_MS * (1 + 10 * mbps / fabric.port_mbps)
                     latency.setdefault(a, []).append(
                         LatencyResult(window=w.id, peer=b, loaded=True, sent=100, received=99,
-                                      samples_ms=_samples(ms))
+                                      histogram=_samples(ms, 99))
                     )  # fmt: skip
             else:
                 readers = len(w.flows)
                 mbps = min(fabric.port_mbps, fabric.storage_mbps / readers)
                 for node, endpoint in w.flows:
                     skew = timedelta(seconds=offset.get(node, 0.0))
+                    fails = failed_readers(w, node)
                     storage.setdefault(node, []).append(
                         StorageResult(
                             window=w.id, endpoint=endpoint,
-                            bytes=int(mbps * 1e6 / 8 * w.measured_seconds),
+                            bytes=0 if fails else int(mbps * 1e6 / 8 * w.measured_seconds),
                             start=w.measure_start + skew, end=w.end + skew,
+                            error="GET /d answered 503 Service Unavailable" if fails else None,
                         )
                     )  # fmt: skip
         for node in sorted(flows.keys() | latency.keys() | storage.keys()):
+            if node in silent:
+                continue
             sent_at: datetime = stage.deadline + timedelta(seconds=offset.get(node, 0.0))
             received.append(
                 Received(
                     LoadResult(
                         run=plan.run_id, stage=stage.index, validation=plan.settings.validation,
                         node=node, sent_at=sent_at, flows=flows.get(node, []),
-                        latency=latency.get(node, []), storage=storage.get(node, []),
+                        serves=serves.get(node, []), latency=latency.get(node, []),
+                        storage=storage.get(node, []),
                     ),
                     received_at=stage.deadline + timedelta(seconds=transit_seconds),
                 )
             )  # fmt: skip
     return received
+
+
+def make_plan(fabric: Fabric, spec: dict[str, Any] | None = None, **kw: Any) -> RunPlan:
+    """The run a test `spec` (over a 10 s default duration) plans on `fabric` at `NOW`."""
+    s = settle({"validation": "pool", "duration": "10s", **(spec or {})}, VALIDATION)
+    assert isinstance(s, RunSettings)
+    plan = plan_run(s, fabric.candidates(), run_id="run-1", now=NOW, **{"seed": 1, **kw})
+    assert isinstance(plan, RunPlan)
+    return plan

@@ -19,6 +19,7 @@ CALLERS = [
     "src/netval/operator/gating/node_writer.py",
     "src/netval/operator/term_runtime.py",
     "src/netval/operator/metrics.py",
+    "src/netval/operator/loadtest/reserve.py",
 ]
 
 

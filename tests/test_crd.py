@@ -104,6 +104,7 @@ MODEL_VALIDATORS: dict[tuple[type[BaseModel], str], dict[str, dict[str, Any]]] =
 # Unique priorities of 0..7: a set, so at most 8 entries.
 FIELD_VALIDATORS: dict[Callable[..., Any], dict[str, Any]] = {
     spec_module._unique_priorities: {"x-kubernetes-list-type": "set", "maxItems": 8},
+    spec_module._unique_names: {"x-kubernetes-list-type": "set"},
     # key names and count; the CRD says maxProperties (not compared: no model keyword maps)
     spec_fleet._fact_map: {},
     # a network in CIDR notation: the operator parses it (the CRD bounds the length only)

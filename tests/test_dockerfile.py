@@ -89,10 +89,15 @@ def test_multi_stage(instructions: list[Instruction]) -> None:
     final = all_stages[-1]
     copies = [i for i in final if i.keyword == "COPY"]
     assert any(i.args.startswith("--from=") and "/opt/netval" in i.args for i in copies)
-    # Nothing is built or installed in the final stage: it only receives the virtualenv.
+    # Nothing is built in the final stage: it receives the virtualenv, and installs only the
+    # load-test engines from Debian (their package lists removed in the same layer).
     for ins in final:
         if ins.keyword == "RUN":
-            assert not re.search(r"\bpip\b|apt-get|\bcurl\b|\bwget\b", ins.args), ins
+            assert not re.search(r"\bpip\b|\bcurl\b|\bwget\b", ins.args), ins
+            if "apt-get" in ins.args:
+                packages = shlex.split(ins.args.split("--no-install-recommends", 1)[1])
+                assert packages[:2] == ["iperf3", "perftest"], ins
+                assert "rm -rf /var/lib/apt/lists/*" in ins.args, ins
         if ins.keyword == "COPY":
             assert ins.args.startswith("--from="), (
                 f"line {ins.line}: the final stage copies only from the builder"
@@ -191,3 +196,21 @@ def test_dockerignore_keeps_the_context_small() -> None:
         for part in ins.args.split()[:-1]
     }
     assert copied <= allowed, copied - allowed
+
+
+def test_the_load_test_engines_are_debian_s_and_only_the_rdma_copies_hold_ipc_lock(
+    instructions: list[Instruction],
+) -> None:
+    from netval.operator.agents.agent_pod import ENGINE_PATH, RDMA_ENGINE_DIR
+
+    runs = [i.args for i in stages(instructions)[-1] if i.keyword == "RUN"]
+    installs = [r for r in runs if "apt-get install" in r]
+    assert len(installs) == 1 and {"iperf3", "perftest"} <= set(shlex.split(installs[0]))
+    caps = [r for r in runs if "--cap ipc_lock" in r]
+    assert len(caps) == 1 and f"{RDMA_ENGINE_DIR}/$engine" in caps[0]
+    for engine in ("ib_write_bw", "ib_write_lat"):
+        assert engine in caps[0]
+    # the agent finds them first only on the engine path of RDMA load tests' pods
+    assert ENGINE_PATH.split(":")[0] == RDMA_ENGINE_DIR
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "iperf3 perftest" in ci  # CI installs the same engines

@@ -20,7 +20,9 @@ the fabric's byte counters and the retained plan topics:
     the validation's status.topology.domainPairs;
 (c) a 30 s run deleted mid-window: the retained plans become LoadAborts and the nodes'
     fabric ports go quiet within 2 s of the DELETE (the window is the first stage's,
-    intra-leaf: the ports carry it, the uplink does not).
+    intra-leaf: the ports carry it, the uplink does not);
+(d) a node that starts a GPU job mid-run gets a LoadAbort and is left out of the next
+    stage.
 """
 
 from __future__ import annotations
@@ -40,16 +42,16 @@ import pytest
 
 import mosquitto
 from kube import KubeCluster, wait_for
+from loadtest_netns import LEAF, LEAVES, NODES, PORT, RATE_MBIT, build_fabric, start_agent
 from netns import Namespace
 from netval.model.keys import LabelKey
 from netval.model.loadplan import LoadAbort, decode_plan
 from netval.operator.agents.manifests import AGENT_CONFIG_KEY
 from operator_env import NS, NV, add_node, condition, status_of
 from operator_processes import OperatorProc
-from test_loadtest_netns import LEAF, LEAVES, NODES, PORT, RATE_MBIT, build_fabric, start_agent
 from test_peers_netns import UnixToTcp, ip, mgmt_broker, start_broker, stop_process
 
-pytestmark = [pytest.mark.netns, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.netns, pytest.mark.timeout(400)]
 
 VALIDATION = "fabric-e2e"
 POOL = "netval.test/pool"
@@ -69,6 +71,7 @@ class EndToEnd:
     login: Any  # host, port, username, password of the broker, from this namespace
     leaves: dict[str, Namespace]
     diagnostics: Callable[[], str]
+    logs: dict[str, Path]
 
     def fabric_tx_bytes(self) -> int:
         """Bytes all six nodes sent on their fabric ports (every load flow leaves by one),
@@ -76,7 +79,7 @@ class EndToEnd:
         total = 0
         for leaf_ns in self.leaves.values():
             for link in json.loads(ip(leaf_ns, "-s", "-j", "link", "show")):
-                if link["ifname"] in NODES:
+                if link["ifname"] in {f"{n}-0" for n in NODES}:  # the leaf's end of f0
                     total += int(link["stats64"]["rx"]["bytes"])
         return total
 
@@ -196,7 +199,7 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EndToEnd]:
             return r is not None and r["status"] == "True" and status["nodes"]["reporting"] == 6
 
         waiting(ready, 60, "Ready, six agents reporting", diagnostics)
-        yield EndToEnd(kube, operator, login, leaves, diagnostics)
+        yield EndToEnd(kube, operator, login, leaves, diagnostics, logs)
         for path in logs.values():
             assert "Traceback" not in path.read_text(errors="replace"), diagnostics()
         assert "Traceback" not in operator.log(), diagnostics()
@@ -227,12 +230,12 @@ def test_b_a_run_measures_3_across_1_inside_breaches_and_feeds_domain_pairs(
         s = netload(kube, "under-load")
         return s if cond(s, "Complete").get("reason") not in (None, "Running", "Waiting") else None
 
-    # two stages of duration + 9 s each after a 5 s lead, then the results
+    # two stages of duration + 15 s each after a 5 s lead, then the results
     status = waiting(finished, 90, "the run finished", e2e.diagnostics)
     run = status["lastRun"]
     assert status["phase"] == "Failed", status
     assert cond(status, "Passed")["reason"] == "ExpectationsBreached", status
-    assert run["nodes"] == 6 and run.get("refusedFlows", 0) == 0, run
+    assert run["nodes"] == 6 and run.get("refusedFlows", 0) == 0, (run, e2e.diagnostics())
     cells = {(c["a"], c["b"]): c for c in run["eastWest"]["cells"]}
     for key, c in sorted(cells.items()):
         print(f"\n(e2e) {key}: {c}")
@@ -318,3 +321,40 @@ def test_c_deleting_a_test_mid_window_aborts_it_and_the_fabric_goes_quiet(
     assert set(plans) == set(NODES), plans
     for node, payload in plans.items():
         assert isinstance(decode_plan(payload), LoadAbort), (node, payload[:200])
+
+
+def test_d_a_node_turning_busy_mid_run_is_aborted_and_leaves_the_next_stage(
+    e2e: EndToEnd,
+) -> None:
+    """A GPU job lands on la1 during the intra stage: the operator (no agent has API access)
+    sees it at its next check, sends la1's agent a LoadAbort of its term, and plans the
+    cross stage without la1, which skippedNodes names with the stage."""
+    kube = e2e.kube
+    kube.create(loadtest("busy-midway"))
+
+    def first_stage_out() -> dict[str, Any] | None:
+        s = netload(kube, "busy-midway")
+        run = s.get("lastRun") or {}
+        log = (e2e.logs["la1"]).read_text(errors="replace")
+        return s if run.get("id") and f"load plan {run['id']} stage 0" in log else None
+
+    running = waiting(first_stage_out, 40, "the first stage running on la1", e2e.diagnostics)
+    run_id = running["lastRun"]["id"]
+    container = {"name": "train", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "8"}}}
+    kube.create({"apiVersion": "v1", "kind": "Pod",
+                 "metadata": {"name": "training", "namespace": NS},
+                 "spec": {"nodeName": "la1", "containers": [container]}})  # fmt: skip
+
+    def finished() -> dict[str, Any] | None:
+        s = netload(kube, "busy-midway")
+        return s if s.get("lastRun", {}).get("finishedAt") else None
+
+    done = waiting(finished, 90, "the run finished", e2e.diagnostics)
+    skipped = {(s["node"], s["reason"], s.get("stage")) for s in done["lastRun"]["skippedNodes"]}
+    assert ("la1", "Busy", 1) in skipped, done["lastRun"]
+    log = e2e.logs["la1"].read_text(errors="replace")
+    assert f"load plan {run_id} stage 0 stopped" in log  # its agent stopped at once
+    assert f"load plan {run_id} stage 1" not in log  # and got no plan of the next stage
+    others = e2e.logs["la2"].read_text(errors="replace")
+    assert f"load plan {run_id} stage 1" in others
+    kube.delete("v1", "pods", "training", NS)

@@ -29,6 +29,8 @@ from netval.model.spec import NetworkValidationSpec
 from netval.model.topics import MAX_REPORT_PACKET_BYTES, TopicKind, parse_topic, topic
 from netval.operator.loadtest.aggregate import Received, aggregate
 from netval.operator.loadtest.plan import RunPlan, plan_run
+from netval.operator.loadtest.rails import NodeRails
+from netval.operator.loadtest.tasks import build_plans
 from netval.operator.loadtest.validate import RunSettings, settle
 
 NOW = datetime(2026, 3, 1, 2, 0, tzinfo=UTC)
@@ -48,19 +50,47 @@ VALIDATION = NetworkValidationSpec.model_validate(
 )
 
 
+FABRIC = leaf_spine(2, 2)
+# two rails per node, the first an RDMA port: with engine auto, perftest on rail 0 (its
+# latency probe too) and iperf3 on rail 1; every task kind appears in a node's plan
+TWO_RAILS = NodeRails(mask=0b11, rdma=0b01)
+
+
 def _plan() -> RunPlan:
     s = settle({"validation": "pool", "duration": "5s"}, VALIDATION)
     assert isinstance(s, RunSettings)
-    plan = plan_run(s, leaf_spine(2, 2).candidates(), run_id="run-1", now=NOW, seed=2)
+    nodes = [c.node for c in FABRIC.candidates()]
+    plan = plan_run(s, FABRIC.candidates(), run_id="run-1", now=NOW, seed=2,
+                    rails=dict.fromkeys(nodes, TWO_RAILS))  # fmt: skip
     assert isinstance(plan, RunPlan)
     return plan
 
 
 PLAN = _plan()
-FABRIC = leaf_spine(2, 2)
 RESULTS = answer(FABRIC, PLAN)
-RESULT_DOC: dict[str, Any] = json.loads(encode(RESULTS[3].result))
-PLAN_DOC: dict[str, Any] = json.loads(encode(PLAN.plans(PLAN.stages[1])["node-0-00"]))
+ENDPOINTS = {n: (f"10.0.0.{i + 1}", 7471) for i, n in enumerate(PLAN.domain_of)}
+ANNOUNCED = {
+    n: (((f"r0-{i}", f"10.1.0.{i + 1}", True), (f"r1-{i}", f"10.2.0.{i + 1}", False)), ())
+    for i, n in enumerate(PLAN.domain_of)
+}
+PLANS = build_plans(PLAN, PLAN.stages[1], term=7, endpoints=ENDPOINTS, announced=ANNOUNCED)
+PLAN_DOC: dict[str, Any] = json.loads(encode(PLANS["node-0-00"]))
+
+
+def _result_doc() -> dict[str, Any]:
+    """A result with every field an agent may send (evidence, servers, engines, ranges)."""
+    doc: dict[str, Any] = json.loads(encode(RESULTS[3].result))
+    flow = doc["flows"][0]
+    flow.update(cpuPercent=55.5, remoteCpuPercent=41.2, cpuDemandPercent=96.0, retransmits=11,
+                streams=4)  # fmt: skip
+    doc["serves"] = [{"window": flow["window"], "peer": flow["peer"], "rail": 0,
+                      "portMbps": 10000.0, "cpuDemandPercent": 85.0}]  # fmt: skip
+    doc["engines"] = {"iperf3": "3.12", "perftest": "6.06"}
+    doc["unavailable"] = None
+    return doc
+
+
+RESULT_DOC = _result_doc()
 
 hostile = st.one_of(
     st.sampled_from(
@@ -187,10 +217,17 @@ def test_garbage_is_refused_clearly(payload: bytes) -> None:
             "flows.0.start: Input should have timezone info",
         ),
         (
-            ("latency", 0, "samplesMs", 0),
-            float("inf"),
-            "latency.0.samplesMs.0: Input should be a finite",
+            ("latency", 0, "histogram", 0, 0),
+            10**6,
+            "latency.0.histogram.0.0: Input should be less than or equal to 1105",
         ),
+        (
+            ("latency", 0, "histogram", 0, 1),
+            10**6,
+            "latency.0: Value error, histogram holds 1000",
+        ),
+        (("flows", 0, "rail"), 16, "flows.0.rail: Input should be less than 16"),
+        (("serves", 0, "cpuDemandPercent"), float("inf"), "serves.0.cpuDemandPercent: Input"),
         (
             ("latency", 0, "received"),
             10**6,

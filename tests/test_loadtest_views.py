@@ -116,17 +116,19 @@ def test_detail(api: KubeCluster, capsys: pytest.CaptureFixture[str]) -> None:
     assert "  phase    Failed" in out and "Passed   False   ExpectationsBreached" in out
     assert "9 node(s), 0 skipped, 0 flow(s) refused, max oversubscription 3.0:1" in out
     matrix = out[out.index("oversubscription per domain pair") :].splitlines()
-    heads = matrix[2].split()
+    heads = matrix[4].split()  # after the legend's four lines
     assert heads == ["leaf-0", "leaf-1", "leaf-2"]
-    rows = {line.split()[0]: line.split()[1:] for line in matrix[3:6]}
+    rows = {line.split()[0]: line.split()[1:] for line in matrix[5:8]}
     assert rows["leaf-0"] == ["ref", "3.0:1", "!", "3.0:1", "!"]
     assert rows["leaf-1"][:3] == ["3.0:1", "!", "ref"]
     latency = next(line for line in out.splitlines() if "leaf-0 <-> leaf-1" in line).split()
-    assert latency[3:6] == ["6", "66667", "400000"]  # flows, per node, aggregate (Mbit/s)
-    assert "latency idle vs loaded" in out and "INFLATION" in out
+    # rail, flows counted/planned, per node, aggregate (Mbit/s)
+    assert latency[3:7] == ["0", "6/6", "66667", "400000"]
+    assert "per domain pair and rail" in out and "INFLATION" in out
+    assert "counted 44 of 44 planned flows and reads (100 %)" in out
     storage = next(line for line in out.splitlines() if line.strip().startswith("datasets"))
     # 9 nodes share a 100 Gbit/s link: 12500 MB/s in all, about 1389 each, 12500 alone
-    assert storage.split()[:3] == ["datasets", "9", "12500"]
+    assert storage.split()[:3] == ["datasets", "9/9", "12500"]
     assert storage.split()[-1] == "1.00"
     assert "maxOversubscription leaf-0/leaf-1: 3 (expected <= 1.5)" in out
     history = out[out.index("history (newest first)") :]
@@ -345,3 +347,47 @@ def test_the_largest_status_keeps_its_width() -> None:
     page = Page(render_html({"metadata": {"name": "v"}}, now=NOW, loadtests=[obj]))
     check_self_contained(page)
     assert page.text.count(">999:1") == 2 * (MAX_LOAD_CELLS - 16)  # both halves, heatmap only
+
+
+def test_verdicts_without_a_figure_say_why_per_rail_and_an_inconclusive_run_exits_1(
+    tmp_path: Path,
+) -> None:
+    """Sender-limited cells (two rail planes), a partitioned one, a partial one: the matrix
+    says so instead of a ratio, the pair table names rail, counts and the numbers, and an
+    Inconclusive test counts as not passed for the exit code."""
+    from loadtest_fabric import Fabric, answer
+    from netval.cli.loadtest_format import is_failed
+    from netval.operator.loadtest.rails import NodeRails
+
+    fabric = leaf_spine(2, 3, port_mbps=3_000, uplink_mbps=3_000)
+    plan = make_plan(fabric, {"phases": ["eastWest"]})
+    two = dict.fromkeys(fabric.leaf_of, NodeRails(0b11, 0))
+    from netval.operator.loadtest.plan import RunPlan, plan_run
+
+    planned = plan_run(plan.settings, fabric.candidates(), run_id="r",
+                       now=plan.stages[0].issued_at, seed=1, rails=two)  # fmt: skip
+    assert isinstance(planned, RunPlan)
+    received = answer(fabric, planned, cpu_demand=99.0, port_report=10_000)
+    run = aggregate(planned, received, expect=Expectations(), finished_at=NOW)
+    status = lt_status.finished(run, generation=1, now=NOW, previous=None, history_limit=3)
+    obj = {"metadata": {"name": "lab", "generation": 1}, "spec": {"validation": "v"},
+           "status": status.to_patch()}  # fmt: skip
+    out = render_loadtest(obj, NOW)
+    assert "phase    Inconclusive" in out and "Passed   Unknown Inconclusive" in out
+    assert "sender-lim" in out and "CPU-bound engines: 3/3 senders" in out
+    assert "leaf-0/leaf-1 rail 1: SenderLimited" in out
+    assert is_failed(obj)  # exit 1: not passed
+    assert "Inconclusive" in render_loadtest_list([obj], NOW)
+    # a partial cell is a lower bound with "~", kept out of the maximum
+    uneven = Fabric(leaves={"big": [f"b{i}" for i in range(6)], "small": ["s0", "s1"]},
+                    port_mbps=100, uplink_mbps=10_000)  # fmt: skip
+    plan2 = make_plan(uneven, {"phases": ["eastWest"]})
+    run2 = aggregate(plan2, answer(uneven, plan2), expect=Expectations(), finished_at=NOW)
+    status2 = lt_status.finished(run2, generation=1, now=NOW, previous=None, history_limit=3)
+    obj2 = {"metadata": {"name": "uneven", "generation": 1}, "spec": {"validation": "v"},
+            "status": status2.to_patch()}  # fmt: skip
+    out2 = render_loadtest(obj2, NOW)
+    assert "~3.0:1" in out2 and "Partial - unequal domains" in out2
+    page = Page(render_html({"metadata": {"name": "v"}}, now=NOW, loadtests=[obj, obj2]))
+    check_self_contained(page)
+    assert "SenderLimited" in page.text and "partial:" in page.text

@@ -18,7 +18,9 @@ from netval.agent.config import AgentConfig, AgentSettings
 from netval.agent.config_watch import ConfigWatcher
 from netval.agent.enroll import enroller_from_env
 from netval.agent.loadtest.executor import LoadExecutor
+from netval.agent.loadtest.rails import announced as announced_rails
 from netval.agent.metrics import AgentMetrics, serve_agent_metrics
+from netval.agent.peers.endpoints import interface_address
 from netval.agent.peers.service import PeerService
 from netval.agent.publish import ReportPublisher
 from netval.agent.runner import ProbeRunner
@@ -141,6 +143,12 @@ async def run_agent(
         if load is not None:
             runner.paused = load.busy
             load.spec = lambda: runner.config.spec  # a reload's endpoints count at once
+            taken = sampler  # the newest sample (None before the first): rails, port rates
+            load.sample = lambda: taken.latest
+            if peers is not None:
+                peers.announce_rails = lambda: announced_rails(
+                    taken.latest, runner.config.spec.checks, interface_address
+                )
         metrics.attach_sampler(sampler)
         # Before the baseline: the watcher learns the judged netdevs from it, so a carrier
         # change right after start is an event (not only after the first regular cycle).
@@ -211,5 +219,4 @@ def _load_executor(
     )
     if peers is not None:
         peers.paused = load.busy
-        peers.load_gate = load.admit_flow
     return load

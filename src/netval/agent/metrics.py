@@ -139,15 +139,17 @@ class _LoadCollector(Collector):
             ("netval_agent_loadtest_plans_run", s.plans_run, "Load-test plans started"),
             ("netval_agent_loadtest_plans_aborted", s.plans_aborted,
              "Load-test plans stopped by an abort (or a cleared plan) before their end"),
-            ("netval_agent_loadtest_bytes_sent", s.bytes_sent,
-             "Bytes load-test flows handed to the kernel, warm-up included"),
+            ("netval_agent_loadtest_engine_runs", s.engine_runs,
+             "Engine processes started for load-test plans (flows, servers, latency probes)"),
+            ("netval_agent_loadtest_engines_unavailable", s.engines_unavailable,
+             "Load-test plans that needed an engine this node lacks (EngineUnavailable)"),
             ("netval_agent_loadtest_results_published", s.results_published,
              "Load-test results queued for the operator (one per plan)"),
         ):  # fmt: skip
             yield CounterMetricFamily(name, doc, value=value)
         refused = CounterMetricFamily(
             "netval_agent_loadtest_plans_refused",
-            "Load-plan messages not run, by reason (invalid, not_mine, expired, repeated)",
+            "Load-plan messages not run, by reason (invalid, not_mine, expired, repeated, old_term)",
             labels=["reason"],
         )
         for reason, n in sorted(e.intake.refused.items()):

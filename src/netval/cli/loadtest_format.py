@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from netval.cli.status_view import printable
 from netval.model.loadtest import (
+    CellReason,
     LoadCell,
     LoadConditionType,
     LoadRun,
@@ -36,6 +37,11 @@ def figure(value: float | None, fmt: Callable[[float], str] = lambda v: f"{v:.1f
     if not -1e6 < value < 1e9:
         return f"{value:.2e}".replace("e+", "e")
     return fmt(value)
+
+
+def count(value: int) -> str:
+    """A count of flows or readers in at most 7 characters."""
+    return str(value) if 0 <= value < 10**6 else f"{value:.1e}".replace("e+", "e")
 
 
 def ratio(value: float | None) -> str:
@@ -99,8 +105,11 @@ def passed(status: NetworkLoadTestStatus | None) -> str:
 
 
 def is_failed(obj: Mapping[str, Any]) -> bool:
+    """Failed, or Inconclusive (not passed either: the hosts limited what it measured)."""
     status, problem = parse_loadtest(obj)
-    return problem is not None or (status is not None and status.phase == RunPhase.FAILED)
+    return problem is not None or (
+        status is not None and status.phase in (RunPhase.FAILED, RunPhase.INCONCLUSIVE)
+    )
 
 
 def aware(moment: datetime) -> datetime:
@@ -135,13 +144,46 @@ def domains_of(cells: Iterable[LoadCell]) -> list[str]:
     return sorted({c.a for c in cells} | {c.b for c in cells})
 
 
+def _notable(c: LoadCell) -> tuple[int, float]:
+    """How much a cell says about its pair: nothing measured, then host-limited, then the
+    most oversubscribed (a partial figure after a full one)."""
+    order = {CellReason.NOT_MEASURED: 0, CellReason.SENDER_LIMITED: 1, None: 2,
+             CellReason.PARTIAL: 3}  # fmt: skip
+    over = c.oversubscription if c.oversubscription is not None else 0.0
+    return order[c.reason], -over if math.isfinite(over) else 0.0
+
+
 def cell_map(cells: Iterable[LoadCell]) -> dict[tuple[str, str], LoadCell]:
-    """Both orders of each unordered pair; the first cell of a pair wins (worst first)."""
+    """Both orders of each unordered pair; of its rail planes the most notable (`_notable`)."""
     out: dict[tuple[str, str], LoadCell] = {}
     for c in cells:
-        out.setdefault((c.a, c.b), c)
-        out.setdefault((c.b, c.a), c)
+        for key in ((c.a, c.b), (c.b, c.a)):
+            have = out.get(key)
+            if have is None or _notable(c) < _notable(have):
+                out[key] = c
     return out
+
+
+REASON_MARK: Final = {
+    CellReason.SENDER_LIMITED: "sender-lim",
+    CellReason.NOT_MEASURED: "not-meas",
+    CellReason.PARTIAL: "~",
+}
+
+
+def cell_text(c: LoadCell) -> str:
+    """A cross cell's oversubscription as a matrix shows it: its reason when it has no ratio,
+    "~" before a partial one (a lower bound, kept out of the maximum)."""
+    if c.reason is CellReason.PARTIAL:
+        return "~" + ratio(c.oversubscription)
+    if c.reason is not None:
+        return REASON_MARK[c.reason]
+    return ratio(c.oversubscription)
+
+
+def pair_name(c: LoadCell) -> str:
+    base = f"{c.a}/{c.b}"
+    return base if c.rail == 0 else f"{base} rail {c.rail}"
 
 
 def breached_subjects(run: LoadRun) -> set[str]:

@@ -24,12 +24,15 @@ from netval.cli.loadtest_format import (
     breach_line,
     breached_subjects,
     cell_map,
+    cell_text,
+    count,
     domains_of,
     figure,
     inflation,
     latest_run_time,
     millis,
     name_of,
+    pair_name,
     parse_loadtest,
     passed,
     rate,
@@ -95,7 +98,9 @@ def _matrix(run: LoadRun) -> list[str]:
     breached = breached_subjects(run)
     lines = [
         "  oversubscription per domain pair: median per-node intra rate / per-node rate across,",
-        "  every node sending at once (ref: the intra-domain reference, !: breached, .: not measured)",
+        "  every node sending at once, the worst rail plane (ref: the intra-domain reference,",
+        "  !: breached, .: not planned, not-meas: planned but nothing counted, sender-lim: the",
+        "  hosts limited the flows, ~: partial, a lower bound kept out of the maximum)",
     ]
     chunks = [domains[i : i + MATRIX_COLUMNS] for i in range(0, len(domains), MATRIX_COLUMNS)]
     for k, columns in enumerate(chunks):
@@ -111,10 +116,10 @@ def _matrix(run: LoadRun) -> list[str]:
                 if c is None:
                     texts.append(".")
                 elif c.a == c.b:
-                    texts.append(_REF)
+                    texts.append(_REF if c.reason is None else cell_text(c))
                 else:
-                    mark = " !" if f"{c.a}/{c.b}" in breached else ""
-                    texts.append(ratio(c.oversubscription) + mark)
+                    mark = " !" if pair_name(c) in breached else ""
+                    texts.append(cell_text(c) + mark)
             if all(t == "." for t in texts):
                 continue
             cells_text = "".join(f"  {t:>{_CELL_WIDTH}}" for t in texts)
@@ -130,10 +135,11 @@ def _cells(run: LoadRun) -> list[str]:
         (
             printable(c.a, _ROW_WIDTH)
             + (" (intra)" if c.a == c.b else f" <-> {printable(c.b, _ROW_WIDTH)}"),
-            str(c.flows),
+            str(c.rail),
+            f"{count(c.flows)}/{count(c.planned)}",
             rate(c.per_node_mbps),
             rate(c.aggregate_mbps),
-            _REF if c.a == c.b else ratio(c.oversubscription),
+            (_REF if c.reason is None else cell_text(c)) if c.a == c.b else cell_text(c),
             millis(c.idle_latency_p99_ms),
             millis(c.loaded_latency_p99_ms),
             figure(inflation(c), lambda v: f"{v:.1f}x"),
@@ -141,15 +147,22 @@ def _cells(run: LoadRun) -> list[str]:
         )
         for c in cells[:MAX_CELL_ROWS]
     ]
-    header = ("PAIR", "FLOWS", "PER-NODE Mbit/s", "AGGREGATE", "OVERSUB", "IDLE p99 ms",
+    header = ("PAIR", "RAIL", "FLOWS", "PER-NODE Mbit/s", "AGGREGATE", "OVERSUB", "IDLE p99 ms",
               "LOADED p99 ms", "INFLATION", "LOSS %")  # fmt: skip
     lines = [
-        "  latency idle vs loaded (p99 round trip of the pairs' echoes before and during the load):"
+        "  per domain pair and rail (flows counted/planned; latency: p99 round trip of every "
+        "echo before and during the load):"
     ]
     lines += _table(header, rows, indent="    ")
     more = len(cells) - MAX_CELL_ROWS
     if more > 0:
         lines.append(f"    ... {more} more pair(s) (netval report shows every one)")
+    notes = [c for c in cells[:MAX_CELL_ROWS] if c.note]
+    for c in notes:
+        lines.append(
+            f"    {printable(pair_name(c), 2 * _ROW_WIDTH)}: {c.reason.value if c.reason else ''}"
+            f" - {printable(c.note, 200)}"
+        )
     return lines
 
 
@@ -159,7 +172,7 @@ def _storage(run: LoadRun) -> list[str]:
     rows = [
         (
             printable(s.endpoint, _NAME_WIDTH),
-            str(s.nodes),
+            f"{count(s.nodes)}/{count(s.readers)}",
             rate(s.aggregate_m_bps),
             rate(s.per_node_m_bps_min),
             rate(s.per_node_m_bps_median),
@@ -168,9 +181,12 @@ def _storage(run: LoadRun) -> list[str]:
         )
         for s in run.storage
     ]
-    header = ("ENDPOINT", "NODES", "AGGREGATE", "PER-NODE MIN", "MEDIAN", "SINGLE NODE",
+    header = ("ENDPOINT", "READ/READERS", "AGGREGATE", "PER-NODE MIN", "MEDIAN", "SINGLE NODE",
               "FAIRNESS")  # fmt: skip
-    lines = ["  storage, MB/s (every node reading at once; single node: one node alone):"]
+    lines = [
+        "  storage, MB/s (every node reading at once, a reader that read nothing counts as 0;",
+        "  single node: one node alone):",
+    ]
     return lines + _table(header, rows, indent="    ")
 
 
@@ -180,7 +196,11 @@ def _run_lines(run: LoadRun, now: datetime) -> list[str]:
         f"  last run {printable(run.id, _NAME_WIDTH)}: started {when(run.started_at, now)}"
         f"{finished}, {run.nodes} node(s), {run.skipped_count} skipped, "
         f"{run.refused_flows} flow(s) refused, max oversubscription "
-        f"{ratio(run.max_oversubscription)}"
+        f"{ratio(run.max_oversubscription)}",
+        f"  counted {run.counted_flows} of {run.planned_flows} planned flows and reads "
+        f"({figure(run.coverage_percent, lambda v: f'{v:.0f}')} %); engines: "
+        f"{printable(', '.join(run.engines) or 'none reported', 120)}"
+        + (f"; {run.reserved_nodes} node(s) reserved" if run.reserved_nodes else ""),
     ]
     if run.skipped_nodes:
         reasons = Counter(s.reason.value for s in run.skipped_nodes)

@@ -28,12 +28,14 @@ from netval.cli.loadtest_format import (
     breach_line,
     breached_subjects,
     cell_map,
+    cell_text,
     domains_of,
     figure,
     inflation,
     latest_run_time,
     millis,
     name_of,
+    pair_name,
     parse_loadtest,
     passed,
     rate,
@@ -49,7 +51,7 @@ from netval.cli.report_html_format import (
     scale_colour,
     when_html,
 )
-from netval.model.loadtest import LoadRun, LoadStorage, NetworkLoadTestStatus
+from netval.model.loadtest import CellReason, LoadRun, LoadStorage, NetworkLoadTestStatus
 
 OVERSUB_OCTAVES: Final = 3  # the colour scale spans 1:1 .. 2**3 = 8:1
 CSS: Final = """
@@ -93,24 +95,30 @@ def _heatmap(run: LoadRun, index: int) -> str:
         for col in domains:
             c = by_pair.get((row, col))
             if c is None:
-                tds.append('<td class="none">not measured</td>')
+                tds.append('<td class="none">not planned</td>')
+            elif c.reason in (CellReason.NOT_MEASURED, CellReason.SENDER_LIMITED):
+                tds.append(
+                    f'<td class="none flagged"><span class="v">{escape(c.reason.value)}'
+                    f'</span><span class="s">{escape(c.note)}</span></td>'
+                )
             elif c.a == c.b:
                 tds.append(
                     f'<td class="none"><span class="v">reference</span><span class="s">'
                     f"{escape(_safe_rate(c.per_node_mbps))} per node</span></td>"
                 )
             else:
-                bad = f"{c.a}/{c.b}" in breached
+                bad = pair_name(c) in breached
                 style = cell_style(
                     scale_colour(oversub_position(c.oversubscription), LATENCY_SCALE)
                 )
                 flagged = ' class="flagged"' if bad else ""
                 tds.append(
                     f'<td style="{style}"{flagged}>'
-                    f'<span class="v">{escape(ratio(c.oversubscription))}</span>'
+                    f'<span class="v">{escape(cell_text(c))}</span>'
                     f'<span class="s">{escape(_safe_rate(c.per_node_mbps))} per node · '
                     f"{c.flows} flows</span>"
                     + ('<span class="s bad">breached</span>' if bad else "")
+                    + (f'<span class="s">partial: {escape(c.note)}</span>' if c.reason else "")
                     + "</td>"
                 )
         rows.append(f"<tr><th scope='row'>{escape(row)}</th>{''.join(tds)}</tr>")
@@ -118,8 +126,9 @@ def _heatmap(run: LoadRun, index: int) -> str:
     return (
         legend("oversubscription", LATENCY_SCALE, ticks, "8:1 and above: darkest")
         + f'<div class="scroll"><table class="heat" id="loadtest-{index}-oversubscription">'
-        "<caption>Oversubscription per domain pair: median per-node intra-domain rate / "
-        "per-node rate across, every node sending at once</caption>"
+        "<caption>Oversubscription per domain pair (its worst rail plane): median per-node "
+        "intra-domain rate / per-node rate across, every node sending at once; ~: partial, a "
+        "lower bound kept out of the maximum</caption>"
         f"<thead><tr><th></th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
     )
 
@@ -130,6 +139,8 @@ def _latency(run: LoadRun, index: int) -> str:
         return ""
     rows = "".join(
         f"<tr><td>{escape(c.a)}{' (intra)' if c.a == c.b else ' ↔ ' + escape(c.b)}</td>"
+        f"<td class='num'>{c.rail}</td><td class='num'>{c.flows}/{c.planned}</td>"
+        f"<td>{escape(c.reason.value + ': ' + c.note if c.reason else '')}</td>"
         f"<td class='num'>{escape(millis(c.idle_latency_p99_ms))}</td>"
         f"<td class='num'>{escape(millis(c.loaded_latency_p99_ms))}</td>"
         f"<td class='num'>{escape(figure(inflation(c), lambda v: f'{v:.1f}x'))}</td>"
@@ -140,7 +151,9 @@ def _latency(run: LoadRun, index: int) -> str:
     return (
         f'<div class="scroll"><table id="loadtest-{index}-latency"><caption>Latency idle vs '
         "loaded: p99 round trip of the pairs' echoes before and during the load</caption>"
-        "<thead><tr><th scope='col'>domain pair</th><th scope='col'>idle p99 ms</th>"
+        "<thead><tr><th scope='col'>domain pair</th><th scope='col'>rail</th>"
+        "<th scope='col'>flows counted/planned</th><th scope='col'>why no figure</th>"
+        "<th scope='col'>idle p99 ms</th>"
         "<th scope='col'>loaded p99 ms</th><th scope='col'>inflation</th>"
         "<th scope='col'>loss % under load</th><th scope='col'>aggregate rate</th></tr>"
         f"</thead><tbody>{rows}</tbody></table></div>"
@@ -162,7 +175,8 @@ def _storage_one(s: LoadStorage) -> str:
     figures = (s.single_node_m_bps, s.per_node_m_bps_median, s.per_node_m_bps_min)
     top = max((v for v in figures if v is not None and math.isfinite(v)), default=0.0)
     return (
-        f"<p><strong>{escape(s.endpoint)}</strong>: {s.nodes} node(s) reading at once, aggregate "
+        f"<p><strong>{escape(s.endpoint)}</strong>: {s.nodes} of {s.readers} reader(s) read at "
+        "once (the others count as 0 MB/s), aggregate "
         f"<strong>{escape(rate(s.aggregate_m_bps))} MB/s</strong>, fairness (Jain) "
         f"{escape(figure(s.fairness, lambda v: f'{v:.2f}'))}</p><div class='bars'>"
         + _bar("one node alone", s.single_node_m_bps, top)
@@ -232,7 +246,9 @@ def _one(obj: Mapping[str, Any], index: int, now: datetime) -> str:
         + f" · {run.nodes} node(s) · {run.skipped_count} skipped"
         + (f" ({detail})" if detail else "")
         + f" · {run.refused_flows} flow(s) refused · max oversubscription "
-        f"<strong>{escape(ratio(run.max_oversubscription))}</strong></p>"
+        f"<strong>{escape(ratio(run.max_oversubscription))}</strong> · counted "
+        f"{run.counted_flows} of {run.planned_flows} planned flows and reads · engines "
+        f"{escape(', '.join(run.engines) or 'none reported')}</p>"
     )
     omitted = run.east_west.omitted_cells if run.east_west else 0
     more = (

@@ -31,6 +31,9 @@ class AnnotationKey(StrEnum):
 
 class TaintKey(StrEnum):
     FABRIC_UNHEALTHY = "netval.io/fabric-unhealthy"
+    # NoSchedule on a NetworkLoadTest's participants for its run (spec.reserveNodes); the
+    # value is the run id
+    LOAD_TEST = "netval.io/load-test"
 
 
 class SchedulingGate(StrEnum):

@@ -30,6 +30,13 @@ MAX_SKIPPED: Final = 100  # skippedNodes entries kept (the count is always exact
 MAX_LOAD_CELLS: Final = 136  # every pair of 16 domains, as status.eastWest
 MAX_BREACHES: Final = 32
 MAX_MESSAGE: Final = 32768
+MAX_RAILS: Final = 16  # fabric interfaces of a node loaded at once (8 on a rail-optimised node)
+MAX_STREAMS: Final = 16  # iperf3 parallel streams / perftest QPs per flow
+MAX_ENGINES: Final = 8  # engine versions named in a run's status
+MAX_NOTE: Final = 256
+DEFAULT_ENGINE_PORT: Final = 7490
+# A receiver's servers of one window use ports base .. base + MAX_FANOUT - 1 on each rail.
+MAX_FANOUT: Final = 16
 
 # Five cron fields (minute hour day-of-month month day-of-week) of numbers, `*`, ranges,
 # lists and steps; no names or @macros (a shape the API server can check with a pattern; the
@@ -90,6 +97,17 @@ class PairScope(StrEnum):
     ALL = "all"
 
 
+class LoadEngine(StrEnum):
+    """What moves the east-west bytes (docs/loadtest.md, "Engines")."""
+
+    AUTO = "auto"  # perftest on RDMA ports (RoCE, InfiniBand), iperf3 on other rails
+    IPERF3 = "iperf3"  # TCP on every rail: the reference without RDMA privileges
+    PERFTEST = "perftest"  # RDMA writes on every rail (a rail without an RDMA port fails)
+
+
+IfName = Annotated[str, Field(min_length=1, max_length=15, pattern=r"^[A-Za-z0-9_.:@-]+$")]
+
+
 class _Spec(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
@@ -102,6 +120,19 @@ class _Spec(BaseModel):
 
 class EastWestLoad(_Spec):
     pairs: PairScope = PairScope.CROSS_DOMAIN
+    engine: LoadEngine = LoadEngine.AUTO
+    streams: Annotated[int, Field(ge=1, le=MAX_STREAMS)] = 4  # per flow: iperf3 -P, perftest -q
+    # rails: these interfaces of every node, rail i to rail i of the peer; empty: the
+    # validation's checks.peers.interfaces, else each node's RDMA netdevs
+    interfaces: Annotated[list[IfName], Field(max_length=MAX_RAILS), AfterValidator(_unique)] = (
+        Field(default_factory=list)
+    )
+    # the class to load: iperf3 --dscp, perftest --tclass (DSCP << 2); null: iperf3 the
+    # default class, perftest the RDMA port's default_roce_tos (the class RDMA CM gives jobs)
+    dscp: Annotated[int | None, Field(ge=0, le=63)] = None
+    # engine servers listen on port .. port + 31 of each rail address, during their window
+    # (bandwidth servers from port, latency servers from port + 16)
+    port: Annotated[int, Field(ge=1024, le=65535 - 2 * MAX_FANOUT)] = DEFAULT_ENGINE_PORT
 
 
 EndpointName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9._-]+$")]
@@ -141,6 +172,13 @@ class NetworkLoadTestSpec(_Spec):
     storage: StorageLoad = Field(default_factory=StorageLoad)
     max_rate_mbps: Annotated[float, Field(ge=0)] = 0.0  # per-flow cap; 0: none
     skip_busy_nodes: bool = True
+    # taint the participants NoSchedule for the run (netval.io/load-test), always removed
+    reserve_nodes: bool = False
+    # the intra-domain reference below this share of the port rate, with the hosts' CPU the
+    # bottleneck: the run measured its senders, not the fabric (Inconclusive)
+    sender_limited_percent: Annotated[float, Field(gt=0, le=100)] = 60.0
+    # a run that counted fewer of its planned flows and reads: Failed, InsufficientData
+    min_coverage_percent: Annotated[float, Field(ge=0, le=100)] = 80.0
     expect: Expectations = Field(default_factory=Expectations)
 
     @property
@@ -156,6 +194,8 @@ class RunPhase(StrEnum):
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"  # ran but breached an expectation, or could not run
+    # ran, breached nothing, but the hosts limited the reference flows: no verdict
+    INCONCLUSIVE = "Inconclusive"
 
 
 class LoadConditionType(StrEnum):
@@ -173,6 +213,8 @@ class LoadReason(StrEnum):
     RUNNING = "Running"
     WAITING = "Waiting"  # for its schedule, or for another run on the same validation
     RUN_FINISHED = "RunFinished"
+    INSUFFICIENT_DATA = "InsufficientData"  # counted under minCoveragePercent of its flows
+    INCONCLUSIVE = "Inconclusive"  # sender-limited cells: the tool, not the fabric, measured
 
 
 class SkipReason(StrEnum):
@@ -183,6 +225,15 @@ class SkipReason(StrEnum):
     GATED = "Gated"  # failing: being gated, so never loaded
     CLOCK_OFFSET = "ClockOffset"  # its clock is off by more than the tolerance: not counted
     NO_RESULT = "NoResult"  # planned, but sent no (valid) result before the deadline
+    ENGINE_UNAVAILABLE = "EngineUnavailable"  # its engine could not run (its result says why)
+
+
+class CellReason(StrEnum):
+    """Why a cell carries no oversubscription (or is kept out of the maximum)."""
+
+    SENDER_LIMITED = "SenderLimited"  # the hosts, not the fabric, limited the reference
+    NOT_MEASURED = "NotMeasured"  # planned, but no flow counted
+    PARTIAL = "Partial"  # unequal domains: the larger side was not fully loaded
 
 
 class _Status(BaseModel):
@@ -206,14 +257,24 @@ class LoadCondition(_Status):
 class SkippedNode(_Status):
     node: str
     reason: SkipReason
+    stage: Annotated[int, Field(ge=0)] | None = None  # left out from this stage on (mid-run)
 
 
 class LoadCell(_Status):
-    """One unordered domain pair (a <= b; a == b: the intra-domain reference)."""
+    """One unordered domain pair on one rail plane (a <= b; a == b: the intra-domain
+    reference of that plane)."""
 
     a: str
     b: str
+    rail: Annotated[int, Field(ge=0, le=MAX_RAILS - 1)] = 0
     flows: Annotated[int, Field(ge=0)]  # flows counted (windows that overlapped)
+    planned: Annotated[int, Field(ge=0)] = 0  # flows planned
+    # no ratio (SenderLimited, NotMeasured) or kept out of maxOversubscription (Partial)
+    reason: CellReason | None = None
+    note: Annotated[str, Field(max_length=MAX_NOTE)] = ""  # the numbers behind `reason`
+    port_mbps: float | None = None  # the slowest port rate its flows reported
+    cpu_bound_percent: float | None = None  # share of flows whose engine the CPU limited
+    retransmits: Annotated[int, Field(ge=0)] | None = None  # TCP, summed over its flows
     per_node_mbps: float | None = None  # median over the phase's senders
     aggregate_mbps: float | None = None  # sum over the senders
     oversubscription: float | None = None  # median intra per-node / median cross per-node
@@ -229,7 +290,8 @@ class LoadEastWest(_Status):
 
 class LoadStorage(_Status):
     endpoint: str
-    nodes: Annotated[int, Field(ge=0)]  # nodes counted in the all-at-once read
+    nodes: Annotated[int, Field(ge=0)]  # readers counted in the all-at-once read
+    readers: Annotated[int, Field(ge=0)] = 0  # readers planned (the failed count as 0 MB/s)
     aggregate_m_bps: Annotated[float | None, Field(alias="aggregateMBps")] = None
     per_node_m_bps_min: Annotated[float | None, Field(alias="perNodeMBpsMin")] = None
     per_node_m_bps_median: Annotated[float | None, Field(alias="perNodeMBpsMedian")] = None
@@ -254,6 +316,13 @@ class LoadRun(_Status):
     )
     skipped_count: Annotated[int, Field(ge=0)] = 0  # exact, also beyond MAX_SKIPPED
     refused_flows: Annotated[int, Field(ge=0)] = 0  # results outside their window
+    planned_flows: Annotated[int, Field(ge=0)] = 0  # flows and reads planned
+    counted_flows: Annotated[int, Field(ge=0)] = 0  # of them, counted
+    coverage_percent: float | None = None  # counted / planned
+    engines: Annotated[list[str], Field(max_length=MAX_ENGINES)] = Field(
+        default_factory=list
+    )  # "iperf3 3.12"
+    reserved_nodes: Annotated[int, Field(ge=0)] = 0  # tainted NoSchedule for the run
     max_oversubscription: float | None = None  # the worst cross cell (a printer column)
     east_west: LoadEastWest | None = None
     storage: Annotated[list[LoadStorage], Field(max_length=MAX_ENDPOINTS)] = Field(

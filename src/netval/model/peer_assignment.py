@@ -31,6 +31,11 @@ NodeName = Annotated[str, Field(min_length=1, max_length=253)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 
+# A load-test rail as announced: [interface name, address, has an RDMA port].
+RailEndpoint = tuple[Annotated[str, Field(min_length=1, max_length=15)], IPvAnyAddress, bool]
+MAX_ANNOUNCED_RAILS: Final = 16
+
+
 class EndpointPayload(BaseModel):
     """What an agent announces. Unknown keys are ignored so newer agents can add some."""
 
@@ -39,6 +44,14 @@ class EndpointPayload(BaseModel):
     address: IPvAnyAddress
     port: Port
     domain: LabelValue = None
+    # its load-test rails in order, and other interfaces a load test may name
+    # (netval.agent.loadtest.rails); bounded: 16 of each
+    rails: Annotated[list[RailEndpoint], Field(max_length=MAX_ANNOUNCED_RAILS)] = Field(
+        default_factory=list
+    )
+    interfaces: Annotated[list[RailEndpoint], Field(max_length=MAX_ANNOUNCED_RAILS)] = Field(
+        default_factory=list
+    )
 
 
 class AssignmentPayload(BaseModel):

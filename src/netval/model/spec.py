@@ -36,6 +36,12 @@ def _unique_priorities(values: list[int]) -> list[int]:
 Priorities = Annotated[list[Priority], AfterValidator(_unique_priorities)]
 
 
+def _unique_names(values: list[str]) -> list[str]:
+    if len(set(values)) != len(values):
+        raise ValueError(f"interfaces must be unique, got {values}")
+    return values
+
+
 class LinkLayer(StrEnum):
     ETHERNET = "Ethernet"
     INFINIBAND = "InfiniBand"
@@ -349,9 +355,14 @@ class PeerChecks(_Spec):
     enabled: bool = False
     interface: IfName | None = None
     # the networks an announced east-west endpoint may be in besides the Node's own
-    # addresses (status.addresses): the fabric NICs' subnets (docs/checks.md "East-west")
+    # addresses (status.addresses): the fabric NICs' subnets (docs/checks.md "The endpoint check")
     fabric_cidrs: Annotated[list[Cidr], Field(max_length=MAX_FABRIC_CIDRS)] = Field(
         default_factory=list
+    )
+    # the node's fabric rails, in order (a NetworkLoadTest loads each, rail i to rail i of
+    # a peer); the first is the probes' interface when `interface` is not set
+    interfaces: Annotated[list[IfName], Field(max_length=16), AfterValidator(_unique_names)] = (
+        Field(default_factory=list)
     )
     port: Annotated[int, Field(ge=1, le=65535)] = 7471
     # null: the lowest level of spec.topology (declared, else auto-detected), else
@@ -361,6 +372,12 @@ class PeerChecks(_Spec):
     max_latency_ms: Annotated[float, Field(gt=0)] = 1.0
     max_loss_percent: Annotated[float, Field(ge=0, le=100)] = 0.1
     min_throughput_ratio: Annotated[float, Field(gt=0, le=1)] = 0.5
+
+    @property
+    def primary_interface(self) -> str | None:
+        """Where the responder listens: `interface`, else the first rail, else None (the
+        first RDMA netdev)."""
+        return self.interface or (self.interfaces[0] if self.interfaces else None)
 
 
 class Checks(_Spec):
@@ -383,7 +400,9 @@ class Checks(_Spec):
     @property
     def named_interfaces(self) -> list[str]:
         """Interfaces the user asked to judge in addition to the RDMA netdevs."""
-        return list(dict.fromkeys([*self.link.interfaces, *self.mtu.interfaces]))
+        return list(
+            dict.fromkeys([*self.link.interfaces, *self.mtu.interfaces, *self.peers.interfaces])
+        )
 
 
 class Gating(_Spec):

@@ -255,7 +255,7 @@ def _loadtest_metrics(rt: OperatorRuntime) -> Iterator[CounterMetricFamily | Gau
     runs = CounterMetricFamily(
         "netval_loadtest_runs", "Load-test runs ended (this term), by phase", labels=["phase"]
     )
-    for phase in (RunPhase.SUCCEEDED, RunPhase.FAILED):
+    for phase in (RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.INCONCLUSIVE):
         runs.add_metric([phase.value], lt.runs_finished.get(phase.value, 0))
     yield runs
     yield GaugeMetricFamily(
@@ -285,6 +285,11 @@ def _loadtest_metrics(rt: OperatorRuntime) -> Iterator[CounterMetricFamily | Gau
     breaches = GaugeMetricFamily(
         "netval_loadtest_breaches", "Expectations the last run breached, per test", labels=["test"]
     )
+    coverage = GaugeMetricFamily(
+        "netval_loadtest_coverage_percent",
+        "The last run's counted share of its planned flows and reads, per test",
+        labels=["test"],
+    )
     storage = GaugeMetricFamily(
         "netval_loadtest_storage_per_node_mbytes_per_second",
         "The last run's per-node storage read rate under concurrent load (10^6 B/s), per test"
@@ -296,12 +301,14 @@ def _loadtest_metrics(rt: OperatorRuntime) -> Iterator[CounterMetricFamily | Gau
             over.add_metric([test], run.max_oversubscription)
         refused.add_metric([test], run.refused_flows)
         breaches.add_metric([test], len(run.breaches))
+        if run.coverage_percent is not None:
+            coverage.add_metric([test], run.coverage_percent)
         for s in run.storage:
             if s.per_node_m_bps_min is not None:
                 storage.add_metric([test, s.endpoint, "min"], s.per_node_m_bps_min)
             if s.per_node_m_bps_median is not None:
                 storage.add_metric([test, s.endpoint, "median"], s.per_node_m_bps_median)
-    yield from (over, refused, breaches, storage)
+    yield from (over, refused, breaches, coverage, storage)
 
 
 def operator_registry(runtime: OperatorRuntime) -> CollectorRegistry:

@@ -48,6 +48,7 @@ ENV_AGENT_RESOURCES: Final = "NETVAL_AGENT_RESOURCES"
 ENV_AGENT_TOLERATIONS: Final = "NETVAL_AGENT_TOLERATIONS"
 ENV_KUEUE_ENABLED: Final = "NETVAL_KUEUE_ENABLED"
 ENV_LOADTEST_MAX_RATE: Final = "NETVAL_LOADTEST_MAX_RATE_MBPS"  # chart: loadTests.maxRateMbps
+ENV_AGENT_RDMA_RESOURCE: Final = "NETVAL_AGENT_RDMA_RESOURCE"  # chart: loadTests.rdmaResource
 ENV_AGENT_NAMESPACE: Final = "NETVAL_AGENT_NAMESPACE"
 ENV_AGENT_IMAGE_PULL_SECRETS: Final = "NETVAL_AGENT_IMAGE_PULL_SECRETS"
 ENV_AGENT_PRIORITY_CLASS_NAME: Final = "NETVAL_AGENT_PRIORITY_CLASS_NAME"
@@ -121,6 +122,9 @@ class OperatorSettings:
     # NetworkLoadTest: the cluster's per-flow ceiling, Mbit/s (0: none). A spec above it is
     # refused (InvalidSpec, spec.maxRateMbps); a spec without a cap of its own gets it.
     loadtest_max_rate_mbps: float = 0.0
+    # RDMA load tests: the device plugin resource that gives agents the RDMA devices (None:
+    # /dev/infiniband from the host; docs/loadtest.md "Privileges")
+    agent_rdma_resource: str | None = None
     # Sharded brokers (mqtt.shards > 1): the operator's connection to each shard, by index
     # (empty: one broker, `mqtt`), and the agents' URL pattern ({shard}); `mqtt` is shard 0's.
     mqtt_shards: tuple[MqttSettings, ...] = ()
@@ -207,6 +211,7 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
         hold_gating_on_acl_violation=_on_acl_violation(env),
         identity_ca=authority,
         loadtest_max_rate_mbps=_number_env(env, ENV_LOADTEST_MAX_RATE, 0, 0, MAX_MBPS),
+        agent_rdma_resource=env.get(ENV_AGENT_RDMA_RESOURCE, "").strip() or None,
         mqtt_shards=shards,
         agent_mqtt_url_pattern=agent_pattern,
         node_writes_per_second=_number_env(

@@ -35,6 +35,7 @@ from netval.infra.task_stop import cancel_and_wait
 from netval.model.results import Report
 from netval.model.spec import NetworkValidationSpec
 from netval.model.status import EventReason
+from netval.operator.agents.rollout import apply_agents
 from netval.operator.gating.node_writer import NodeGating
 from netval.operator.ingest.assignments import assignments, leftover_topics
 from netval.operator.ingest.decode import EndpointAnnounce
@@ -47,6 +48,7 @@ from netval.operator.ingest.peer_sets import EndpointTable, epoch_of
 from netval.operator.ingest.shards import ShardedIngest
 from netval.operator.ingest.subscriber import ReportIngest
 from netval.operator.kube.api import KubeApi, error_text
+from netval.operator.loadtest.privileges import RdmaLoadTests
 from netval.operator.loadtest.runner import LoadTests
 from netval.operator.settings import OperatorSettings
 from netval.operator.state.peer_ports import PeerPortCheck
@@ -103,7 +105,11 @@ class OperatorRuntime:
             self.store,
             lambda group, desired: self.ingest.set_retained(desired, group=group),
             max_rate_ceiling_mbps=settings.loadtest_max_rate_mbps,
+            # announcements count only at the node's own addresses (ingest.endpoint_check)
             endpoints=lambda validation: self.verified_endpoints.of(validation),
+            rails=lambda validation: self.verified_endpoints.rails_of(validation),
+            # the term's fencing token for load plans: this leader's clock (ms) at its start
+            term=time.time_ns() // 1_000_000,
         )
         # one session per broker shard when mqtt.shards > 1 (ingest.shards)
         ingest_kwargs: dict[str, Any] = {
@@ -134,6 +140,8 @@ class OperatorRuntime:
         self.verified_endpoints = VerifiedEndpoints(
             self.endpoints, self.endpoint_check, self._fabric_networks
         )
+        self.rdma_tests = RdmaLoadTests()
+        self._rdma_listed = False
         self._peer_epochs: dict[str, int] = {}
         self.metrics_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -261,11 +269,15 @@ class OperatorRuntime:
         self._targets_dirty = False
         self.ingest.set_retained(assignments(self.store, self.verified_endpoints, now))
         for validation, node, (address, port) in self.endpoint_check.news():
+            what, effect = (
+                (f"the east-west endpoint {address}:{port}", "its peers do not probe it")
+                if port
+                else (f"the load-test rail address {address}", "no load test uses its rails")
+            )
             self.events.queue(
                 validation, "Warning", EventReason.ENDPOINT_REFUSED,
-                f"node {node} announced the east-west endpoint {address}:{port}, which is "
-                "neither one of its Node's addresses nor in spec.checks.peers.fabricCidrs: "
-                "refused (its peers do not probe it)",
+                f"node {node} announced {what}, which is neither one of its Node's addresses "
+                f"nor in spec.checks.peers.fabricCidrs: refused ({effect})",
             )  # fmt: skip
         for name, message in self.peer_ports.update(self.store):
             self.events.queue(name, "Warning", EventReason.PEER_PORT_CONFLICT, message)
@@ -316,3 +328,38 @@ class OperatorRuntime:
 
     async def validations_loaded(self) -> bool:
         return await self.gating.validations_loaded()
+
+    # -- RDMA load tests: which agents get perftest's privileges ----------------------------
+
+    async def rdma_load(self, validation: str) -> bool:
+        """Whether `validation` has an RDMA load test (its agents get perftest's
+        privileges). The tests are listed once per term before the first answer, so a
+        validation rendered at start-up, before the load tests' handlers ran, keeps what its
+        tests ask (no roll there and back); ApiException if that list fails."""
+        if not self._rdma_listed:
+            for name, spec in (await self.kube.list_loadtest_specs()).items():
+                self.rdma_tests.note(name, spec)
+            self._rdma_listed = True
+        return validation in self.rdma_tests.validations(self.store.specs)
+
+    async def loadtest_seen(self, name: str, spec: Mapping[str, Any] | None) -> None:
+        """A load test changed or went (None): the agents of a validation that gains or
+        loses its last RDMA load test are rendered again."""
+        before = self.rdma_tests.validations(self.store.specs)
+        if spec is None:
+            self.rdma_tests.forget(name)
+        else:
+            self.rdma_tests.note(name, spec)
+        if not self._rdma_listed:
+            return  # the first validation rendered lists them all
+        after = self.rdma_tests.validations(self.store.specs)
+        for validation in sorted(before ^ after):
+            body = self.store.bodies.get(validation)
+            spec_of = self.store.specs.get(validation)
+            if body is None or spec_of is None:
+                continue
+            generation = int((body.get("metadata") or {}).get("generation") or 1)
+            log.info("agents of %s %s perftest's privileges (RDMA load tests)", validation,
+                     "get" if validation in after else "lose")  # fmt: skip
+            await apply_agents(self.kube, self.settings, body, generation, spec_of,
+                               rdma=validation in after)  # fmt: skip

@@ -2,10 +2,14 @@
 
 Every payload is untrusted. A plan is run only if it decodes (`netval.model.loadplan`:
 bounded, extra fields refused), speaks for this validation and node, its deadline has not
-passed, and its (run, stage) was not taken before: the plan is retained, so a reconnect
-delivers it again and it must not run twice. A `LoadAbort` or an empty payload (the
-operator cleared the retained plan) stops what runs. Everything refused is counted by
-reason, never raised.
+passed, its (run, stage) was not taken before (the plan is retained, so a reconnect
+delivers it again and it must not run twice), and its leader's term is not older than the
+newest term seen in a plan or abort: a paused old leader's plan that lands after the new
+leader's abort is dropped. The newest term is forgotten after `TERM_MEMORY_SECONDS`
+without a message of it (an operator clock set back, or a recreated Lease, must not lock
+this agent out for longer than a plan can live). A `LoadAbort` (of any term: stopping is
+always safe) or an empty payload (the operator cleared the retained plan) stops what runs.
+Everything refused is counted by reason, never raised.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Final
 
-from netval.model.loadplan import LoadAbort, LoadPlan, decode_plan
+from netval.model.loadplan import MAX_PLAN_SECONDS, LoadAbort, LoadPlan, decode_plan
 
 MAX_REMEMBERED: Final = 1024  # (run, stage) pairs taken; a run has at most a few hundred
+TERM_MEMORY_SECONDS: Final = MAX_PLAN_SECONDS
 
 
 class Refusal(StrEnum):
@@ -26,6 +31,7 @@ class Refusal(StrEnum):
     NOT_MINE = "not_mine"  # another validation or node
     EXPIRED = "expired"  # its deadline has passed
     REPEATED = "repeated"  # (run, stage) already taken
+    OLD_TERM = "old_term"  # issued by an older leader than one already heard
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +60,8 @@ class PlanIntake:
         self.node = node
         self.refused: Counter[Refusal] = Counter()
         self._taken: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self.term = 0  # the newest leader term seen
+        self._term_at: datetime | None = None  # when a message of it last came
 
     def decide(self, payload: bytes, now: datetime) -> Decision:
         """What to do with one message on this node's loadplan topic; never raises."""
@@ -64,11 +72,18 @@ class PlanIntake:
         except ValueError as exc:
             return self._refuse(Refusal.INVALID, str(exc)[:300])
         if isinstance(message, LoadAbort):
+            self._heard(message.term, now)
             return Stop(message.run, message.reason or "aborted by the operator")
         if message.validation != self.validation or message.node != self.node:
             return self._refuse(
                 Refusal.NOT_MINE, f"plan for {message.validation}/{message.node}"[:300]
             )
+        if message.term < self.term and not self._forgotten(now):
+            return self._refuse(
+                Refusal.OLD_TERM,
+                f"{message.run} stage {message.stage} of term {message.term} (seen {self.term})",
+            )
+        self._heard(message.term, now)
         key = (message.run, message.stage)
         if key in self._taken:
             return self._refuse(Refusal.REPEATED, f"{message.run} stage {message.stage}")
@@ -77,6 +92,15 @@ class PlanIntake:
             return self._refuse(Refusal.EXPIRED, f"{message.run} stage {message.stage}")
         self._remember(key)
         return Run(message)
+
+    def _forgotten(self, now: datetime) -> bool:
+        at = self._term_at
+        return at is None or (now - at).total_seconds() > TERM_MEMORY_SECONDS
+
+    def _heard(self, term: int, now: datetime) -> None:
+        if term >= self.term or self._forgotten(now):
+            self.term = term
+            self._term_at = now
 
     def _remember(self, key: tuple[str, int]) -> None:
         self._taken[key] = None

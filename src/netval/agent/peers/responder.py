@@ -12,10 +12,8 @@ wildcard address, so it is not offered on the management network. Everything is 
 - TCP: at most `max_connections` concurrent streams and `max_connections_per_source` per
   source, per-source connection rate limit, a header deadline, an idle timeout, a hard
   per-stream duration and byte cap; data is read into one shared buffer and discarded.
-- Planned load flows (`NetworkLoadTest`, header magic ``NVL1``): taken only when `load_gate`
-  (the node's load executor) says this node runs the flow's (run, window) now and the source
-  is an announced peer; such a flow may last the window's rest (no byte cap: its bound is
-  time), at most `max_load_flows` at once. Without a gate every load flow is refused.
+  It serves the continuous throughput samples only: a `NetworkLoadTest` runs its own
+  engines (iperf3, perftest), whose servers the node's plan starts for their window.
 
 The wire format is in `netval.agent.peers.wire`.
 """
@@ -29,7 +27,6 @@ import logging
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -38,7 +35,6 @@ from netval.agent.peers.wire import (
     KIND_MTU_ACK,
     KIND_PING,
     KIND_PONG,
-    LOAD_MAGIC,
     SO_TIMESTAMPNS,
     TCP_HEADER,
     TCP_HELLO,
@@ -73,7 +69,6 @@ class ResponderLimits:
     idle_timeout: float = 3.0
     max_stream_seconds: float = 10.0
     max_stream_bytes: int = 4 << 30
-    max_load_flows: int = 4  # a node receives one flow per load window (docs/loadtest.md)
 
 
 @dataclass(slots=True)
@@ -86,12 +81,6 @@ class ResponderStats:
     tcp_refused: int = 0
     tcp_aborted: int = 0
     tcp_bytes: int = 0
-    tcp_load_streams: int = 0
-    tcp_load_refused: int = 0
-
-
-# (source address, token of the header) -> seconds the load flow may last, or None: refused
-LoadGate = Callable[[str, int], float | None]
 
 
 class _Bucket:
@@ -145,7 +134,6 @@ class PeerResponder:
         self.port = port
         self.limits = limits or ResponderLimits()
         self.stats = ResponderStats()
-        self.load_gate: LoadGate | None = None
         self._udp: socket.socket | None = None
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -298,7 +286,6 @@ class _SinkState:
         self.stats = responder.stats
         self.buffer = bytearray(1 << 18)
         self.active: set[_SinkProtocol] = set()
-        self.load_flows = 0
         self.per_source: dict[str, int] = {}
         self.rate = _RateLimiter(
             self.limits.connections_per_source_per_minute / 60.0,
@@ -321,20 +308,7 @@ class _SinkState:
         self.per_source[source] = self.per_source.get(source, 0) + 1
         return True
 
-    def admit_load(self, source: str, token: int) -> float | None:
-        gate = self.responder.load_gate
-        allowed = gate(source, token) if gate is not None else None
-        if allowed is None or allowed <= 0 or self.load_flows >= self.limits.max_load_flows:
-            self.stats.tcp_load_refused += 1
-            return None
-        self.load_flows += 1
-        self.stats.tcp_load_streams += 1
-        return allowed
-
     def release(self, proto: _SinkProtocol, source: str) -> None:
-        if proto.load:
-            proto.load = False
-            self.load_flows -= 1
         if proto in self.active:
             self.active.discard(proto)
             left = self.per_source.get(source, 1) - 1
@@ -359,7 +333,6 @@ class _SinkProtocol(asyncio.BufferedProtocol):
         self.first_ns = 0
         self.last_ns = 0
         self.admitted = False
-        self.load = False
         self.done = False
         self._timer: asyncio.TimerHandle | None = None
         self._hard: asyncio.TimerHandle | None = None
@@ -395,31 +368,16 @@ class _SinkProtocol(asyncio.BufferedProtocol):
             if len(self.header) < TCP_HEADER.size:
                 return
             magic, self.token, _res = TCP_HEADER.unpack(self.header)
-            if magic == LOAD_MAGIC:
-                if not self._admit_load():
-                    return
-            elif magic != TCP_MAGIC:
+            if magic != TCP_MAGIC:
                 self.abort("bad header")
                 return
             self.first_ns = now
         self.received += len(data)
         self.last_ns = now
-        if self.received > self.state.limits.max_stream_bytes and not self.load:
+        if self.received > self.state.limits.max_stream_bytes:
             self.abort("byte cap reached")
             return
         self._rearm()
-
-    def _admit_load(self) -> bool:
-        allowed = self.state.admit_load(self.source, self.token)
-        if allowed is None:
-            self.abort("unplanned load flow")
-            return False
-        self.load = True
-        if self._hard is not None:
-            self._hard.cancel()
-        loop = asyncio.get_running_loop()
-        self._hard = loop.call_later(allowed, self.abort, "load window over")
-        return True
 
     def _rearm(self) -> None:
         if self._timer is not None:
@@ -457,8 +415,5 @@ class _SinkProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
-        if self.load and not self.done:
-            # load flows end with a reset (the sender drops its unsent buffer at once)
-            self.state.stats.tcp_bytes += self.received
         if self.admitted:
             self.state.release(self, self.source)

@@ -43,7 +43,7 @@ from netval.agent.peers.endpoints import (
     first_rdma_netdev,
     interface_address,
 )
-from netval.agent.peers.responder import LoadGate, PeerResponder, ResponderLimits
+from netval.agent.peers.responder import PeerResponder, ResponderLimits
 from netval.agent.peers.target import PeerTarget, ProbeSettings
 from netval.agent.peers.throughput import measure_throughput
 from netval.model.ids import CheckId, Status
@@ -131,7 +131,8 @@ class PeerService:
         self.throughput_samples = 0
         # True while a load-test plan runs (netval.agent.loadtest): no samples of our own
         self.paused: Callable[[], bool] = lambda: False
-        self.load_gate: LoadGate | None = None  # the sink's gate for planned load flows
+        # this node's load-test rails for the endpoint (netval.agent.loadtest.rails)
+        self.announce_rails: Callable[[], dict[str, JsonValue]] = dict
 
     # -- MQTT in ----------------------------------------------------------------------------
 
@@ -221,9 +222,10 @@ class PeerService:
 
     async def _ensure_ready(self) -> bool:
         if self.responder is not None:
+            self._announce()  # the rails may have changed (an address came or went)
             return True
         peers = self.spec.checks.peers
-        ifname = peers.interface
+        ifname = peers.primary_interface
         if ifname is None and self._collector is not None:
             try:
                 ifname = first_rdma_netdev(self._collector.sample(), self.spec.checks)
@@ -243,7 +245,6 @@ class PeerService:
             )
             return False
         responder = PeerResponder(address, peers.port, limits=self.responder_limits)
-        responder.load_gate = self.load_gate
         try:
             await responder.start()
         except OSError as exc:
@@ -264,7 +265,12 @@ class PeerService:
         if self._publish is None or self.address is None or self.responder is None:
             return
         payload = json.dumps(
-            {"address": self.address, "port": self.responder.udp_port, "domain": self.domain},
+            {
+                "address": self.address,
+                "port": self.responder.udp_port,
+                "domain": self.domain,
+                **self.announce_rails(),
+            },
             separators=(",", ":"),
         ).encode()
         if payload != self._announced:
@@ -297,7 +303,7 @@ class PeerService:
         """The cycle's peer.* results (see the module docstring)."""
         if spec is not None:
             if spec.checks.peers.port != self.spec.checks.peers.port or (
-                spec.checks.peers.interface != self.spec.checks.peers.interface
+                spec.checks.peers.primary_interface != self.spec.checks.peers.primary_interface
             ):
                 log.warning("peers.port/peers.interface changes take effect on agent restart")
             self.spec = spec

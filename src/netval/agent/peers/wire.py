@@ -8,23 +8,18 @@ UDP request and reply alike (network byte order)::
 TCP: the sink greets first with ``TCP_HELLO`` (the client streams nothing to a port that is
 not a netval sink: an announced endpoint is untrusted); the client sends ``"NVT1" | token u64
 | reserved u32`` then data, then half-closes; the sink answers ``"NVT1" | token u64 | bytes u64 (after the header) | elapsed_ns u64`` (first
-byte to EOF, measured at the receiver) and closes.
-
-A planned load flow (`netval.agent.loadtest`) sends ``"NVL1" | load_token(run, window) |
-reserved u32`` instead: the sink takes it only while its own node runs the same window
-(`netval.agent.loadtest.executor.LoadExecutor.admit_flow`), for at most the window's rest.
+byte to EOF, measured at the receiver) and closes. Any other magic is refused: load tests
+bring their own engines (`netval.agent.loadtest`), never this sink.
 """
 
 from __future__ import annotations
 
-import hashlib
 import socket
 import struct
 from typing import Final
 
 UDP_MAGIC: Final = b"NVP1"
 TCP_MAGIC: Final = b"NVT1"
-LOAD_MAGIC: Final = b"NVL1"
 KIND_PING: Final = 1
 KIND_PONG: Final = 2
 KIND_MTU: Final = 3
@@ -33,12 +28,6 @@ UDP_HEADER: Final = struct.Struct("!4sBBHIQIQ")  # 32 bytes
 TCP_HEADER: Final = struct.Struct("!4sQI")  # 16 bytes
 TCP_RESULT: Final = struct.Struct("!4sQQQ")  # 28 bytes
 TCP_HELLO: Final = TCP_HEADER.pack(TCP_MAGIC, 0, 1)  # the sink's greeting, 16 bytes
-
-
-def load_token(run: str, window: str) -> int:
-    """The u64 a load flow's header carries for its (run, window)."""
-    digest = hashlib.blake2b(f"{run}/{window}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
 
 
 # Linux socket options the stdlib does not name (uapi asm-generic/socket.h, linux/in.h).

@@ -44,13 +44,19 @@ def config_hash(doc: Mapping[str, Any]) -> str:
 def restart_document(name: str, spec: NetworkValidationSpec) -> dict[str, Any]:
     """What a running agent cannot take from a reloaded config: its validation (its MQTT
     identity; `ConfigWatcher` refuses a new one) and the peer responder it starts once (it
-    exists only with `peers.enabled` and binds `peers.port` on `peers.interface`'s address).
+    exists only with `peers.enabled` and binds `peers.port` on `peers.interface`'s address,
+    else the first of `peers.interfaces`).
     Everything else in the spec applies live, so it stays out: a threshold edit must not
     restart 10,000 agents."""
     peers = spec.checks.peers
     return {
         "validation": name,
-        "peers": {"enabled": peers.enabled, "port": peers.port, "interface": peers.interface},
+        # the responder's interface: peers.interface, else the first of peers.interfaces
+        "peers": {
+            "enabled": peers.enabled,
+            "port": peers.port,
+            "interface": peers.primary_interface,
+        },
     }
 
 

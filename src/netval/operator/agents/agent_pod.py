@@ -63,12 +63,22 @@ MEMORY_LIMIT: Final = "256Mi"  # no CPU limit: throttling would skew latency pro
 TMP_SIZE_LIMIT: Final = "16Mi"
 MAX_UNAVAILABLE: Final = "10%"
 
+# RDMA load tests (docs/loadtest.md, "Privileges"): perftest opens the RDMA devices and
+# registers (pins) memory. Its binaries in the image under RDMA_ENGINE_DIR hold the file
+# capability cap_ipc_lock+ep (pinning beyond RLIMIT_MEMLOCK); the agent looks there first
+# when ENV_ENGINE_PATH says so, which only the pods of validations with RDMA load tests do.
+RDMA_ENGINE_DIR: Final = "/opt/netval/rdma-bin"
+ENV_ENGINE_PATH: Final = "NETVAL_ENGINE_PATH"
+ENGINE_PATH: Final = f"{RDMA_ENGINE_DIR}:/usr/local/bin:/usr/bin:/bin"
+INFINIBAND_DEV: Final = "/dev/infiniband"
+
 # Volume names.
 VOLUME_CONFIG: Final = "config"
 VOLUME_SYS: Final = "sys"
 VOLUME_MQTT: Final = "mqtt"
 VOLUME_TMP: Final = "tmp"
 VOLUME_ENROLL: Final = "enroll"
+VOLUME_INFINIBAND: Final = "infiniband"
 
 # Per-node MQTT identity (netval.agent.enroll): the pod's projected ServiceAccount token
 # (audience netval, bound to the pod; the kubelet renews it) and the enrollment server's CA.
@@ -132,6 +142,9 @@ class AgentPodOptions:
 
     image_pull_secrets: tuple[str, ...] = ()
     priority_class_name: str | None = None
+    # RDMA load tests: the device plugin resource that gives the pod the RDMA devices
+    # ("rdma/rdma_shared_device_a"); None: /dev/infiniband from the host (hostPath)
+    rdma_resource: str | None = None
     traces_sampler: str | None = None
     traces_sampler_arg: str | None = None
     otel_headers_secret: str | None = None
@@ -200,7 +213,9 @@ def pod_env(
     return env
 
 
-def pod_volumes(validation: str, mqtt: AgentMqttWiring) -> list[dict[str, Any]]:
+def pod_volumes(
+    validation: str, mqtt: AgentMqttWiring, *, rdma: bool = False, rdma_resource: str | None = None
+) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = [
         {
             "name": VOLUME_CONFIG,
@@ -229,10 +244,17 @@ def pod_volumes(validation: str, mqtt: AgentMqttWiring) -> list[dict[str, Any]]:
         volumes.append(
             {"name": VOLUME_ENROLL, "projected": {"sources": enroll, "defaultMode": 0o440}}
         )
+    if rdma and rdma_resource is None:  # a device plugin brings the devices itself
+        volumes.append(
+            {"name": VOLUME_INFINIBAND,
+             "hostPath": {"path": INFINIBAND_DEV, "type": "Directory"}}
+        )  # fmt: skip
     return volumes
 
 
-def container_mounts(mqtt: AgentMqttWiring) -> list[dict[str, Any]]:
+def container_mounts(
+    mqtt: AgentMqttWiring, *, rdma: bool = False, rdma_resource: str | None = None
+) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [
         {"name": VOLUME_CONFIG, "mountPath": AGENT_CONFIG_DIR, "readOnly": True},
         # The host's /sys over the container's own, at the same path: the collector reads the
@@ -256,6 +278,9 @@ def container_mounts(mqtt: AgentMqttWiring) -> list[dict[str, Any]]:
         mounts.append({"name": VOLUME_MQTT, "mountPath": MQTT_SECRET_DIR, "readOnly": True})
     if mqtt.enroll_url:
         mounts.append({"name": VOLUME_ENROLL, "mountPath": ENROLL_DIR, "readOnly": True})
+    if rdma and rdma_resource is None:
+        # not read-only: perftest opens the verbs devices for writing (commands go to them)
+        mounts.append({"name": VOLUME_INFINIBAND, "mountPath": INFINIBAND_DEV})
     return mounts
 
 
@@ -316,19 +341,22 @@ def metrics_port_for(validation: str) -> int:
     return METRICS_PORT + zlib.crc32(validation.encode()) % METRICS_PORT_SPAN
 
 
-def container_security(spec: NetworkValidationSpec) -> dict[str, Any]:
+def container_security(spec: NetworkValidationSpec, *, rdma: bool = False) -> dict[str, Any]:
     """Non-root, read-only, every capability dropped; with `topology.lldp`, NET_RAW in the
     bounding set and privilege escalation allowed: the capability interpreter's file
     capability is ignored under no_new_privs (what allowPrivilegeEscalation: false sets),
-    and the bounding set caps what it can gain at NET_RAW."""
+    and the bounding set caps what it can gain at NET_RAW. With an RDMA load test
+    (`rdma`), IPC_LOCK likewise, for the perftest binaries that hold it as a file
+    capability: memory registration pins buffers beyond RLIMIT_MEMLOCK."""
     lldp = spec.topology.lldp
     capabilities: dict[str, Any] = {"drop": ["ALL"]}
-    if lldp:
-        capabilities["add"] = ["NET_RAW"]
+    added = [*(["NET_RAW"] if lldp else []), *(["IPC_LOCK"] if rdma else [])]
+    if added:
+        capabilities["add"] = added
     return {
         "runAsNonRoot": True,
         "runAsUser": AGENT_UID,
-        "allowPrivilegeEscalation": lldp,
+        "allowPrivilegeEscalation": lldp or rdma,
         "readOnlyRootFilesystem": True,
         "capabilities": capabilities,
         "seccompProfile": {"type": "RuntimeDefault"},

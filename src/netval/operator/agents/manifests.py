@@ -51,8 +51,10 @@ from netval.operator.agents.agent_pod import (
     AGENT_SERVICE_ACCOUNT,
     AGENT_UID,
     DEFAULT_PASSWORD_KEY,
+    ENGINE_PATH,
     ENROLL_DIR,
     ENV_CONFIG,
+    ENV_ENGINE_PATH,
     ENV_HOST_IP,
     ENV_METRICS_ADDR,
     ENV_NODE,
@@ -117,8 +119,14 @@ def render_daemonset(
     resources: Mapping[str, Any] | None = None,
     extra_tolerations: Sequence[Mapping[str, Any]] = (),
     pod: AgentPodOptions = NO_POD_OPTIONS,
+    rdma: bool = False,
 ) -> dict[str, Any]:
     """The agent DaemonSet of validation `name`.
+
+    `rdma`: the validation has an RDMA load test (`netval.operator.loadtest.privileges`):
+    its pods get the RDMA devices (a device plugin resource, else /dev/infiniband from the
+    host), IPC_LOCK in the bounding set for perftest's file capability, and the engine path
+    that finds those binaries first (`agent_pod`, docs/loadtest.md "Privileges").
 
     `restart_hash` is `restart_hash(name, spec)`; it goes on the pod template so that a
     change the agents cannot reload rolls them (and nothing else does). `metrics_port` is a
@@ -146,22 +154,23 @@ def render_daemonset(
                 "image": image,
                 "imagePullPolicy": "IfNotPresent",
                 "command": agent_command(spec),
-                "env": pod_env(name, spec, mqtt, metrics_port, pod),
+                "env": [
+                    *pod_env(name, spec, mqtt, metrics_port, pod),
+                    *([{"name": ENV_ENGINE_PATH, "value": ENGINE_PATH}] if rdma else []),
+                ],
                 "ports": container_ports(spec, metrics_port),
-                "volumeMounts": container_mounts(mqtt),
-                "resources": json.loads(json.dumps(resources))
-                if resources is not None
-                else default_agent_resources(),
+                "volumeMounts": container_mounts(mqtt, rdma=rdma, rdma_resource=pod.rdma_resource),
+                "resources": _resources(resources, pod.rdma_resource if rdma else None),
                 "livenessProbe": {
                     "httpGet": {"path": HEALTH_PATH, "port": METRICS_PORT_NAME},
                     "periodSeconds": 10,
                     "timeoutSeconds": 2,
                     "failureThreshold": 3,
                 },
-                "securityContext": container_security(spec),
+                "securityContext": container_security(spec, rdma=rdma),
             }
         ],
-        "volumes": pod_volumes(name, mqtt),
+        "volumes": pod_volumes(name, mqtt, rdma=rdma, rdma_resource=pod.rdma_resource),
     }
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
@@ -192,3 +201,15 @@ def render_daemonset(
             },
         },
     }
+
+
+def _resources(resources: Mapping[str, Any] | None, rdma_resource: str | None) -> dict[str, Any]:
+    """The agent's resources (a JSON copy), with one unit of the RDMA device plugin's
+    resource when it brings the devices."""
+    out: dict[str, Any] = (
+        json.loads(json.dumps(resources)) if resources is not None else default_agent_resources()
+    )
+    if rdma_resource:
+        for kind in ("requests", "limits"):
+            out.setdefault(kind, {})[rdma_resource] = "1"
+    return out

@@ -17,8 +17,11 @@ def render_agents(
     owner: Mapping[str, Any],
     generation: int,
     spec: NetworkValidationSpec,
+    *,
+    rdma: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(ConfigMap, DaemonSet) of the validation `owner` (its object, as Kopf gives it)."""
+    """(ConfigMap, DaemonSet) of the validation `owner` (its object, as Kopf gives it);
+    `rdma`: it has an RDMA load test (its agents get perftest's privileges)."""
     name = owner["metadata"]["name"]
     configmap = manifests.render_configmap(
         name, generation, spec, namespace=settings.agent_namespace, owner=owner
@@ -53,7 +56,9 @@ def render_agents(
             traces_sampler=settings.agent_traces_sampler,
             traces_sampler_arg=settings.agent_traces_sampler_arg,
             otel_headers_secret=settings.agent_otel_headers_secret,
+            rdma_resource=settings.agent_rdma_resource,
         ),
+        rdma=rdma,
     )
     return configmap, daemonset
 
@@ -64,8 +69,10 @@ async def apply_agents(
     owner: Mapping[str, Any],
     generation: int,
     spec: NetworkValidationSpec,
+    *,
+    rdma: bool = False,
 ) -> None:
-    configmap, daemonset = render_agents(settings, owner, generation, spec)
+    configmap, daemonset = render_agents(settings, owner, generation, spec, rdma=rdma)
     await kube.apply_configmap(configmap)
     await kube.apply_daemonset(daemonset)
 

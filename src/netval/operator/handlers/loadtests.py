@@ -41,6 +41,7 @@ async def netload_apply(
         raw=dict(spec),
         status=dict(status) if status else None,
     )
+    await runtime.loadtest_seen(name, dict(spec))
     if isinstance(outcome, SpecProblem):
         await runtime.loadtests.write_now(name)
         raise kopf.PermanentError(f"{outcome.reason.value}: {outcome.message}")
@@ -57,3 +58,4 @@ async def netload_delete(type: str | None, name: str, memo: kopf.Memo, **_: Any)
     runtime = started_runtime(memo)
     if runtime is not None:
         await runtime.loadtests.delete(name)
+        await runtime.loadtest_seen(name, None)

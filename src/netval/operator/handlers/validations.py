@@ -38,7 +38,11 @@ async def networkvalidation_apply(
     # as its replacement, and the Event says which value was used.
     for message in deprecated_fields_set(parsed):
         runtime.events.queue(name, "Warning", EventReason.DEPRECATED_FIELD, message)
-    await apply_agents(runtime.kube, runtime.settings, body, generation, parsed)
+    try:
+        rdma = await runtime.rdma_load(name)
+    except Exception as exc:  # the load tests' list: try again (a wrong guess would roll)
+        raise kopf.TemporaryError(f"cannot list NetworkLoadTests: {exc}", delay=5) from None
+    await apply_agents(runtime.kube, runtime.settings, body, generation, parsed, rdma=rdma)
     runtime.store.agents_applied(name)
 
 

@@ -10,7 +10,9 @@ node's say-so) or inside one of the validation's declared fabric networks
 know). Anything else is refused: not used in any peer set, counted
 (`netval_operator_endpoints_refused_total{reason}`) and, once per node and address, a
 Warning Event on the validation. An announcement whose Node's addresses are not known yet
-(the Node watch has not delivered it) waits, unused, and is judged when they come.
+(the Node watch has not delivered it) waits, unused, and is judged when they come. The
+load-test rails a node announces with its endpoint are judged the same way, all or none
+(`verified_rails`).
 
 A fabric network shared by many nodes does not tell them apart: with `fabricCidrs` a node
 can still claim another node's address inside that network. Declare them only for
@@ -24,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from enum import StrEnum
 
-from netval.operator.ingest.peer_sets import Address, EndpointTable
+from netval.operator.ingest.peer_sets import Address, AnnouncedRails, EndpointTable
 
 
 class Refusal(StrEnum):
@@ -80,6 +82,7 @@ class EndpointCheck:
         self.refusals: Counter[Refusal] = Counter()
         self._refused: dict[tuple[str, str], Address] = {}  # (validation, node) -> refused
         self._news: list[tuple[str, str, Address]] = []
+        self._refused_rails: set[tuple[str, str, str]] = set()  # (validation, node, address)
 
     def note_node(self, node: str, addresses: frozenset[str] | None) -> bool:
         """A Node's addresses (None: deleted); True when they changed."""
@@ -110,6 +113,37 @@ class EndpointCheck:
                 self._news.append((validation, node, endpoint))
         return out
 
+    def verified_rails(
+        self, validation: str, rails: Mapping[str, AnnouncedRails], fabric: Iterable[IpNetwork]
+    ) -> dict[str, AnnouncedRails]:
+        """The announced load-test rails of `validation` that may be used: a node's rails
+        only when every address among them is the node's (a rail dropped from the middle
+        would shift the rails facing each other, so one foreign address drops them all and
+        the node counts as not having announced any). Refusals counted once per node and
+        address, like endpoints."""
+        networks = tuple(fabric)
+        out: dict[str, AnnouncedRails] = {}
+        for node, announced in rails.items():
+            known = self.addresses.get(node)
+            if known is None:
+                continue  # waits, unused, like an endpoint
+            bad = [
+                (address, why)
+                for group in announced
+                for _, address, _ in group
+                if (why := judge(address, known, networks)) is not None
+            ]
+            if not bad:
+                out[node] = announced
+                continue
+            for address, why in bad:
+                key = (validation, node, address)
+                if key not in self._refused_rails:
+                    self._refused_rails.add(key)
+                    self.refusals[why] += 1
+                    self._news.append((validation, node, (address, 0)))
+        return out
+
     def news(self) -> list[tuple[str, str, Address]]:
         """Refusals not told yet (validation, node, (address, port)), and forget them."""
         news, self._news = self._news, []
@@ -118,6 +152,7 @@ class EndpointCheck:
     def forget(self, validation: str) -> None:
         for key in [k for k in self._refused if k[0] == validation]:
             del self._refused[key]
+        self._refused_rails = {k for k in self._refused_rails if k[0] != validation}
 
 
 class VerifiedEndpoints:
@@ -137,6 +172,11 @@ class VerifiedEndpoints:
     def of(self, validation: str) -> Mapping[str, Address]:
         return self.check.verified(
             validation, self.table.of(validation), self.fabric_of(validation)
+        )
+
+    def rails_of(self, validation: str) -> Mapping[str, AnnouncedRails]:
+        return self.check.verified_rails(
+            validation, self.table.rails_of(validation), self.fabric_of(validation)
         )
 
 

@@ -71,6 +71,12 @@ def window_size(samples: int, domains: int) -> int:
     return w
 
 
+# A node's load-test rails as announced: ((name, address, rdma), ...) for its rails in
+# order, and the other interfaces a load test may name (netval.agent.loadtest.rails).
+AnnouncedRail = tuple[str, str, bool]
+AnnouncedRails = tuple[tuple[AnnouncedRail, ...], tuple[AnnouncedRail, ...]]
+
+
 class Endpoints(Protocol):
     """What the peer sets read: validation -> node -> (address, port)."""
 
@@ -78,20 +84,33 @@ class Endpoints(Protocol):
 
 
 class EndpointTable:
-    """validation -> node -> (address, port), from the agents' retained announcements."""
+    """validation -> node -> (address, port), from the agents' retained announcements, and
+    each node's announced rails (`rails_of`; a change of rails alone is not a change of the
+    peer sets)."""
 
     def __init__(self) -> None:
         self._table: dict[str, dict[str, Address]] = {}
+        self._rails: dict[str, dict[str, AnnouncedRails]] = {}
 
     def update(self, validation: str, node: str, payload: bytes) -> bool:
         """Take one announcement (empty: cleared; invalid: removed); True if it changed."""
         entry: Address | None = None
+        rails: AnnouncedRails | None = None
         if payload:
             try:
                 parsed = EndpointPayload.model_validate_json(payload)
                 entry = (str(parsed.address), parsed.port)
+                rails = (
+                    tuple((n, str(a), r) for n, a, r in parsed.rails),
+                    tuple((n, str(a), r) for n, a, r in parsed.interfaces),
+                )
             except ValidationError:
                 entry = None
+        known = self._rails.setdefault(validation, {})
+        if rails and (rails[0] or rails[1]):
+            known[node] = rails
+        else:
+            known.pop(node, None)
         nodes = self._table.setdefault(validation, {})
         if nodes.get(node) == entry:
             return False
@@ -104,8 +123,12 @@ class EndpointTable:
     def of(self, validation: str) -> Mapping[str, Address]:
         return self._table.get(validation, {})
 
+    def rails_of(self, validation: str) -> Mapping[str, AnnouncedRails]:
+        return self._rails.get(validation, {})
+
     def forget(self, validation: str) -> None:
         self._table.pop(validation, None)
+        self._rails.pop(validation, None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,7 @@ from netval.model.topology import TOPOLOGY_LABEL_PREFIX
 from netval.operator.gating.decisions import with_fabric_taint
 from netval.operator.kube.fenced_pool import FencedPool
 from netval.operator.kube.paging import METADATA_LIST, paged_items
-from netval.operator.kube.read_modify_write import Written, read_modify_write
+from netval.operator.kube.read_modify_write import Unwritten, Written, read_modify_write
 from netval.operator.leadership.fence import WRITE_FENCE, NotLeading
 from netval.operator.thread_pools import TERM_CONCERNS, Concern, ThreadPools
 
@@ -295,6 +295,48 @@ class KubeApi:
         done = read_modify_write(f"node {node}", read, change, write, attempts=NODE_WRITE_ATTEMPTS)
         return isinstance(done, Written)
 
+    async def set_node_taint(self, node: str, key: str, value: str | None) -> bool:
+        """Our NoSchedule taint `key` with `value` on a Node (None removes it); False if the
+        Node is gone. Read-modify-write like `set_node_gating`: other taints untouched."""
+        return await self._run(Concern.NODES, self._set_node_taint, node, key, value)
+
+    def _set_node_taint(self, node: str, key: str, value: str | None) -> bool:
+        def read() -> dict[str, Any]:
+            node_obj = self.core.read_node(node)
+            return self.api_client.sanitize_for_serialization(node_obj)  # type: ignore[no-untyped-call, no-any-return]
+
+        def change(current: dict[str, Any]) -> dict[str, Any] | None:
+            metadata = current.get("metadata") or {}
+            taints = list((current.get("spec") or {}).get("taints") or [])
+            others = [t for t in taints if t.get("key") != key]
+            wanted = others + ([{"key": key, "value": value, "effect": "NoSchedule"}]
+                               if value is not None else [])  # fmt: skip
+            if wanted == taints:
+                return None  # already so: no write
+            return {
+                "metadata": {"resourceVersion": metadata.get("resourceVersion")},
+                "spec": {"taints": wanted},
+            }
+
+        def write(patch: dict[str, Any]) -> None:
+            self.core.patch_node(node, patch, _content_type="application/merge-patch+json")
+
+        done = read_modify_write(f"node {node}", read, change, write, attempts=NODE_WRITE_ATTEMPTS)
+        return done is not Unwritten.GONE
+
+    async def nodes_with_taint(self, key: str, page: int = NODE_PAGE) -> dict[str, str]:
+        """Node -> the value of its taint `key`, from paged lists of the Nodes."""
+
+        def listed() -> dict[str, str]:
+            out: dict[str, str] = {}
+            for item in paged_items(self.core.list_node, page=page):
+                for taint in (item.get("spec") or {}).get("taints") or []:
+                    if taint.get("key") == key:
+                        out[str(item["metadata"]["name"])] = str(taint.get("value") or "")
+            return out
+
+        return await self._run(Concern.OTHER, listed)
+
     async def set_node_label(self, node: str, label: str | None) -> bool:
         """Only our label (None removes it): a merge patch of one key touches nothing else."""
         return await self._run(Concern.NODES, self._set_node_label, node, label)
@@ -331,6 +373,15 @@ class KubeApi:
                 return False
             raise
         return True
+
+    async def list_loadtest_specs(self) -> dict[str, dict[str, Any]]:
+        """Every NetworkLoadTest's spec, by name (one list: they are few)."""
+        found = await self._run(
+            Concern.OTHER, self.custom.list_cluster_custom_object, API_GROUP, VERSION,
+            LOADTEST_PLURAL,
+        )  # fmt: skip
+        items: list[dict[str, Any]] = cast(dict[str, Any], found).get("items", [])
+        return {item["metadata"]["name"]: dict(item.get("spec") or {}) for item in items}
 
     async def list_validation_names(self) -> list[str]:
         found = await self._run(

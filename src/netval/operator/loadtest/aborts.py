@@ -24,8 +24,9 @@ RetainedSink = Callable[[str, Mapping[str, bytes]], None]  # (group, topic -> pa
 
 
 class RetainedAborts:
-    def __init__(self, set_retained: RetainedSink) -> None:
+    def __init__(self, set_retained: RetainedSink, term: int = 0) -> None:
         self.set_retained = set_retained
+        self.term = term  # the leader's term, on every abort (agents fence plans by it)
         self._until: dict[str, datetime] = {}  # retained group -> when it is cleared
         # runs of an earlier term: group -> (validation, the LoadAbort, nodes it went to)
         self._lost: dict[str, tuple[str, bytes, set[str]]] = {}
@@ -35,7 +36,7 @@ class RetainedAborts:
         last_deadline: datetime, now: datetime,
     ) -> None:  # fmt: skip
         """Replace a run's plans (`topics`) with a LoadAbort."""
-        payload = encode(LoadAbort(run=run_id, reason=message[:256]))
+        payload = encode(LoadAbort(term=self.term, run=run_id, reason=message[:256]))
         self.set_retained(group, {name: payload for name in topics})
         self._until[group] = max(last_deadline, now + timedelta(seconds=ABORT_HOLD_SECONDS))
 
@@ -43,7 +44,7 @@ class RetainedAborts:
         """A run of an earlier term: aborted on the validation's nodes (`refresh`)."""
         try:
             check_topic_level(validation)
-            payload = encode(LoadAbort(run=run_id, reason=message[:256]))
+            payload = encode(LoadAbort(term=self.term, run=run_id, reason=message[:256]))
         except ValueError:
             return  # no such topic can carry a plan (a hand-edited status)
         group = f"abort:{validation}:{run_id}"

@@ -1,71 +1,70 @@
 """Per-node load-test results -> the figures of `status.lastRun`. Pure.
 
 Incremental: `Aggregator.add` folds each result message as it arrives (stage by stage) into
-per-cell rate arrays and latency histograms; when a fourth stage's results arrive the
-oldest stage is sealed (its cells keep their figures only, and a message for it is refused
-as late), so a run of 10,000 nodes never holds its messages nor its flows.
-`Aggregator.finish` derives the figures. `aggregate` does both for a list.
+per-cell rate arrays, evidence counts and latency histograms; when a fourth stage's results
+arrive the oldest stage is sealed (its cells keep their figures only, and a message for it
+is refused as late), so a run of 10,000 nodes never holds its messages nor its flows.
+`Aggregator.finish` derives the figures (`figures`). `aggregate` does both for a list.
 
 Acceptance. A result counts only if it belongs to the plan (its window exists, its sender
-was told to send to that peer or read that endpoint there) and happened when planned:
-its measured interval (agent clock) must lie within the window's measured part widened by
-`CLOCK_TOLERANCE_SECONDS` at each end and cover at least `MIN_COVERAGE` of it. Anything
-else is a refused flow (counted in `refusedFlows`). Each message also estimates its
-node's clock offset, `sentAt - receivedAt` (agent clock minus operator clock, less the
-transit time); beyond the tolerance either way the node ran its flows at the wrong time (or
-its result took over a second to arrive, which is as doubtful): the message's flows are
-refused and the node is listed in skippedNodes (ClockOffset). A participant with no result
-at all is NoResult. A repeated message (QoS 1 redelivery) counts once.
+was told to send to that peer on that rail, or to read that endpoint there) and happened
+when planned: its measured interval (agent clock) must lie within the window's measured
+part widened by `CLOCK_TOLERANCE_SECONDS` at each end and cover at least `MIN_COVERAGE` of
+it. Anything else is a refused flow (counted in `refusedFlows`); a flow or read repeated in
+one message counts once. Each message also estimates its node's clock offset,
+`sentAt - receivedAt` (agent clock minus operator clock, less the transit time); beyond the
+tolerance either way the node ran its flows at the wrong time (or its result took over a
+second to arrive, which is as doubtful): the message's flows are refused and the node is
+listed in skippedNodes (ClockOffset). A participant with no result at all is NoResult; one
+whose engine could not run says EngineUnavailable. A repeated message (QoS 1 redelivery)
+counts once.
 
-Figures (rates: bytes x 8 / 10^6 / the flow's own measured seconds; storage in 10^6 B/s):
-
-- East-west cells, one per unordered domain pair (a == b: intra). ``perNodeMbps`` is the
-  median over the window's senders (both directions for a cross cell), ``aggregateMbps``
-  their sum. ``oversubscription`` = median per-node intra rate of the two domains (their
-  intra senders pooled) / the cell's ``perNodeMbps``: 3 nodes per leaf behind an uplink of
-  one node's rate give 3.0; intra cells are the reference, 1.0. ``lossPercent`` is the share
-  of echoes lost under load; ``idle/loadedLatencyP99Ms`` the p99 of the echo samples of the
-  cell's pairs, idle (before the load) and under load, from a log histogram (buckets 1%
-  wide: the figure is within 0.5% of the exact nearest-rank p99).
-- Storage, per endpoint: ``aggregateMBps`` = the sum of the nodes' rates in the all-at-once
-  window (they share it), ``perNodeMBpsMin/Median`` over those nodes, ``singleNodeMBps`` =
-  the median of the single-node reads, ``fairness`` = Jain's index (sum x)^2 / (n sum x^2)
-  of the all-at-once rates (1.0: an even share; 1/n: one node takes everything).
+Evidence. Every planned flow and read is counted in `plannedFlows`; the counted ones in
+`countedFlows`. A planned cell or endpoint with nothing counted is NotMeasured, and a run
+that counted under `minCoveragePercent` is InsufficientData (`status`). A node left out
+mid-stage (busy, gated, stale: `withdraw`) takes its flows of that stage out of the planned
+count.
 """
 
 from __future__ import annotations
 
-import math
 from array import array
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final
 
-from netval.model.loadplan import CLOCK_TOLERANCE_SECONDS, LoadResult
+from netval.model.loadplan import CLOCK_TOLERANCE_SECONDS, Engine, LoadResult
 from netval.model.loadtest import (
     MAX_BREACHES,
-    MAX_LOAD_CELLS,
+    MAX_ENGINES,
     MAX_SKIPPED,
-    Breach,
     Expectations,
-    LoadCell,
     LoadEastWest,
     LoadRun,
-    LoadStorage,
     SkippedNode,
     SkipReason,
 )
-from netval.operator.loadtest.plan import RunPlan, Window, WindowKind
+from netval.operator.loadtest.figures import (
+    CellKey,
+    Hist,
+    Sealed,
+    bounded_cells,
+    breaches_of,
+    cell_figures,
+    jain,
+    storage_figures,
+)
+from netval.operator.loadtest.plan import RunPlan, Stage, Window, WindowKind
+from netval.operator.loadtest.rails import common_rails, rail_engine
 
 MIN_COVERAGE: Final = 0.8  # of the measured part a counted flow must cover
-_BUCKET: Final = math.log(1.01)  # latency histogram buckets: 1% wide
+CPU_BOUND_PERCENT: Final = 90.0  # an engine's CPU demand from which the host set the pace
 # Stages open at once: a stage's results arrive just after its deadline, while the next one
 # runs. When a fourth stage's results come, the oldest is sealed: its cells keep only their
 # figures and a message for it is refused as late.
 _STAGES_KEPT: Final = 3
-
-_Pair = tuple[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,71 +75,55 @@ class Received:
     received_at: datetime
 
 
-class _Hist:
-    """Counts of samples per 1%-wide bucket: fixed memory for any number of samples."""
-
-    __slots__ = ("buckets", "n")
-
-    def __init__(self) -> None:
-        self.buckets: dict[int, int] = {}
-        self.n = 0
-
-    def add(self, values: Iterable[float]) -> None:
-        b = self.buckets
-        for v in values:
-            k = math.floor(math.log(v) / _BUCKET) if v > 0 else -(10**6)
-            b[k] = b.get(k, 0) + 1
-            self.n += 1
-
-    def p99(self) -> float | None:
-        if not self.n:
-            return None
-        rank = max(1, math.ceil(0.99 * self.n))
-        seen = 0
-        for k in sorted(self.buckets):
-            seen += self.buckets[k]
-            if seen >= rank:
-                return 0.0 if k == -(10**6) else math.exp((k + 0.5) * _BUCKET)
-        return None  # unreachable: the counts add up to n
-
-
 @dataclass(slots=True)
 class _Cell:
     rates: array[float] = field(default_factory=lambda: array("d"))
-    idle: _Hist = field(default_factory=_Hist)
-    loaded: _Hist = field(default_factory=_Hist)
+    idle: Hist = field(default_factory=Hist)
+    loaded: Hist = field(default_factory=Hist)
     sent: int = 0
     received: int = 0
+    planned: int = 0
+    port: float | None = None  # the slowest port rate reported
+    evidenced: int = 0  # flows whose sender engine's CPU demand is evidence
+    bound_senders: int = 0
+    serves: int = 0  # servers whose CPU demand is evidence
+    bound_receivers: int = 0
+    retransmits: int | None = None
+    fanout: tuple[int, int, int] | None = None  # cross: (fan, loaded, size) of its big side
+
+    def port_seen(self, mbps: float | None) -> None:
+        if mbps is not None and mbps > 0:
+            self.port = mbps if self.port is None else min(self.port, mbps)
 
 
-@dataclass(frozen=True, slots=True)
-class _Sealed:
-    """A cell's figures once its stage is over (each cell is measured in one stage)."""
-
-    flows: int
-    per_node: float | None
-    aggregate: float | None
-    loss: float | None
-    idle_p99: float | None
-    loaded_p99: float | None
-
-
-def _seal(c: _Cell) -> _Sealed:
-    return _Sealed(
+def _seal(c: _Cell) -> Sealed:
+    return Sealed(
         flows=len(c.rates),
+        planned=c.planned,
         per_node=_mid(c.rates) if c.rates else None,
         aggregate=sum(c.rates) if c.rates else None,
         loss=100 * (c.sent - c.received) / c.sent if c.sent else None,
         idle_p99=c.idle.p99(),
         loaded_p99=c.loaded.p99(),
+        port=c.port,
+        evidenced=c.evidenced,
+        bound_senders=c.bound_senders,
+        serves=c.serves,
+        bound_receivers=c.bound_receivers,
+        retransmits=c.retransmits,
+        fanout=c.fanout,
     )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _StageIndex:
     windows: dict[str, Window]
-    # window -> sender -> its peer (east-west: one flow out per node and window) or endpoint
-    planned: dict[str, dict[str, str]]
+    # window -> sender -> its receivers (east-west; several with unequal domains) or the
+    # endpoint it reads (storage)
+    planned: dict[str, dict[str, tuple[str, ...]]]
+    cells: Counter[CellKey] = field(default_factory=Counter)  # planned flows per cell
+    readers: Counter[str] = field(default_factory=Counter)  # endpoint -> planned (all at once)
+    total: int = 0  # flows and reads planned
 
 
 def _within(window: Window, start: datetime, end: datetime) -> bool:
@@ -160,18 +143,6 @@ def _mid(values: Iterable[float]) -> float:
     return ordered[half] if len(ordered) % 2 else ordered[half - 1] / 2 + ordered[half] / 2
 
 
-def jain(values: Iterable[float]) -> float | None:
-    xs = list(values)
-    squares = sum(v * v for v in xs)
-    if not xs or squares <= 0 or not math.isfinite(squares):
-        return None
-    return sum(xs) ** 2 / (len(xs) * squares)
-
-
-def _r(value: float | None, digits: int) -> float | None:
-    return None if value is None or not math.isfinite(value) else round(value, digits)
-
-
 class Aggregator:
     """The figures of one run, folded message by message."""
 
@@ -180,16 +151,24 @@ class Aggregator:
         self._by_index = {s.index: s for s in plan.stages}
         self._indexes: dict[int, _StageIndex] = {}
         self._seen: dict[str, int] = {}  # node -> a bit per stage folded: ~N x stages bits
-        self.cells: dict[_Pair, _Cell] = {}  # of the open stages
-        self._open: dict[int, set[_Pair]] = {}  # stage -> the cells it touched
-        self.sealed: dict[_Pair, _Sealed] = {}
+        self.cells: dict[CellKey, _Cell] = {}  # of the open stages
+        self._open: dict[int, set[CellKey]] = {}  # stage -> the cells it touched
+        self.sealed: dict[CellKey, Sealed] = {}
         self._sealed_stages: set[int] = set()
-        self.intra: dict[str, array[float]] = {}  # domain -> per-node intra rates
+        self.intra: dict[tuple[str, int], array[float]] = {}  # (domain, rail) -> intra rates
         self.storage_all: dict[str, array[float]] = {}
         self.storage_single: dict[str, array[float]] = {}
+        self.storage_readers: Counter[str] = Counter()  # endpoint -> readers planned
         self.refused = 0
+        self.planned = 0  # flows and reads planned (stages indexed)
+        self.counted = 0
         self.folded: set[str] = set()  # nodes with a counted message
         self.off_clock: set[str] = set()
+        self.unavailable: dict[str, str] = {}  # node -> what its engine lacked
+        self.engines: set[str] = set()  # "iperf3 3.12"
+        self._withdrawn: dict[int, set[str]] = {}  # stage -> nodes left out during it
+
+    # -- the plan's side --------------------------------------------------------------
 
     def _index(self, stage: int) -> _StageIndex | None:
         found = self._indexes.get(stage)
@@ -197,30 +176,89 @@ class Aggregator:
             spec = self._by_index.get(stage)
             if spec is None:
                 return None
-            windows = {w.id: w for w in self.plan.windows_of(spec)}
-            planned = {wid: dict(w.flows) for wid, w in windows.items()}
             if len(self._indexes) >= _STAGES_KEPT:
                 self._seal_stage(next(iter(self._indexes)))
-            found = self._indexes[stage] = _StageIndex(windows, planned)
+            found = self._indexes[stage] = self._build(spec)
+            self.planned += found.total
         return found
 
+    def _build(self, stage: Stage) -> _StageIndex:
+        windows = {w.id: w for w in self.plan.windows_of(stage)}
+        planned: dict[str, dict[str, tuple[str, ...]]] = {}
+        for wid, w in windows.items():
+            to: dict[str, list[str]] = {}
+            for a, b in w.flows:
+                to.setdefault(a, []).append(b)
+            planned[wid] = {a: tuple(bs) for a, bs in to.items()}
+        index = _StageIndex(windows, planned)
+        self._count(index, stage.index)
+        return index
+
+    def _count(self, index: _StageIndex, stage: int) -> None:
+        """What the stage plans to count (its withdrawn nodes' flows left out)."""
+        gone = self._withdrawn.get(stage, set())
+        index.cells.clear()
+        index.readers.clear()
+        index.total = 0
+        plan = self.plan
+        for w in index.windows.values():
+            if w.kind is WindowKind.IDLE:
+                continue
+            for a, b in w.flows:
+                if a in gone or b in gone:
+                    continue
+                if w.kind is WindowKind.STORAGE_SINGLE:
+                    index.total += 1
+                elif w.kind is WindowKind.STORAGE:
+                    index.total += 1
+                    index.readers[b] += 1
+                else:
+                    for rail in common_rails(plan.rails_of(a), plan.rails_of(b)):
+                        index.cells[self._key(a, b, rail)] += 1
+                        index.total += 1
+        for key, n in index.cells.items():
+            cell = self._open_cell(key, stage)
+            cell.planned = n
+
+    def withdraw(self, node: str, stage: int) -> None:
+        """`node` was left out during `stage` (busy, gated, stale): its flows of the stage
+        are not expected any more."""
+        self._withdrawn.setdefault(stage, set()).add(node)
+        index = self._indexes.get(stage)
+        if index is not None:
+            before = index.total
+            self._count(index, stage)
+            self.planned += index.total - before
+
     def _seal_stage(self, stage: int) -> None:
-        self._indexes.pop(stage, None)
+        index = self._indexes.pop(stage, None)
         self._sealed_stages.add(stage)
+        if index is not None:
+            for endpoint, n in index.readers.items():
+                self.storage_readers[endpoint] += n
         for key in self._open.pop(stage, ()):
             cell = self.cells.pop(key, None)
             if cell is not None:
                 self.sealed[key] = _seal(cell)
 
-    def _cell(self, a: str, b: str, stage: int) -> _Cell:
+    def _key(self, a: str, b: str, rail: int) -> CellKey:
         domain_of = self.plan.domain_of
         da, db = domain_of[a], domain_of[b]
-        key = (da, db) if da <= db else (db, da)
+        return (da, db, rail) if da <= db else (db, da, rail)
+
+    def _open_cell(self, key: CellKey, stage: int) -> _Cell:
         found = self.cells.get(key)
         if found is None:
             found = self.cells[key] = _Cell()
             self._open.setdefault(stage, set()).add(key)
+            a, b, _rail = key
+            if a != b:
+                fan = self.plan.fanout(a, b, stage)
+                if fan is not None:
+                    found.fanout = (fan.fan, fan.loaded, fan.size)
         return found
+
+    # -- results ----------------------------------------------------------------------
 
     def add(self, received: Received) -> bool:
         """Fold one message; False when it is not for this run or already folded."""
@@ -241,79 +279,159 @@ class Aggregator:
         index = self._index(r.stage)
         assert index is not None  # the stage is the plan's
         self.folded.add(r.node)
-        self._fold(r, index)
+        if r.unavailable and r.node not in self.unavailable:
+            self.unavailable[r.node] = r.unavailable
+        for name, version in r.engines.items():
+            if len(self.engines) < MAX_ENGINES:
+                self.engines.add(f"{name} {version}"[:64])
+        self._fold(r, r.stage, index)
         return True
 
-    def _fold(self, r: LoadResult, index: _StageIndex) -> None:
+    def _rail_ok(self, a: str, b: str, rail: int) -> bool:
+        return bool(self.plan.rails_of(a).mask & self.plan.rails_of(b).mask & (1 << rail))
+
+    def _iperf3(self, a: str, b: str, rail: int) -> bool:
+        setting = self.plan.settings.engine
+        ra, rb = self.plan.rails_of(a), self.plan.rails_of(b)
+        return rail_engine(setting, ra, rb, rail) is Engine.IPERF3
+
+    def _fold(self, r: LoadResult, stage: int, index: _StageIndex) -> None:
         node, windows, planned = r.node, index.windows, index.planned
+        gone = self._withdrawn.get(stage, set())
+        taken: set[tuple[str, str, int]] = set()
         for f in r.flows:
             w = windows.get(f.window)
+            key = (f.window, f.peer, f.rail)
             if (
                 w is None
-                or planned[w.id].get(node) != f.peer
-                or w.kind is WindowKind.IDLE
+                or w.kind not in (WindowKind.INTRA, WindowKind.CROSS)
+                or f.peer not in planned[w.id].get(node, ())
+                or not self._rail_ok(node, f.peer, f.rail)
+                or key in taken
+                or node in gone
+                or f.peer in gone
                 or f.error
                 or not _within(w, f.start, f.end)
             ):
                 self.refused += 1
                 continue
+            taken.add(key)
             rate = f.bytes * 8 / 1e6 / (f.end - f.start).total_seconds()
-            self._cell(node, f.peer, r.stage).rates.append(rate)
+            c = self._open_cell(self._key(node, f.peer, f.rail), stage)
+            c.rates.append(rate)
+            self.counted += 1
+            c.port_seen(f.port_mbps)
+            if f.retransmits is not None:
+                c.retransmits = (c.retransmits or 0) + f.retransmits
+            # a busy-polling engine (perftest) is always near 100 %: no evidence either way
+            if f.cpu_demand_percent is not None and self._iperf3(node, f.peer, f.rail):
+                c.evidenced += 1
+                c.bound_senders += f.cpu_demand_percent >= CPU_BOUND_PERCENT
             if w.kind is WindowKind.INTRA:
                 domain = self.plan.domain_of[node]
-                self.intra.setdefault(domain, array("d")).append(rate)
+                self.intra.setdefault((domain, f.rail), array("d")).append(rate)
+        served: set[tuple[str, str, int]] = set()
+        for s in r.serves:
+            w = windows.get(s.window)
+            key = (s.window, s.peer, s.rail)
+            if (
+                w is None
+                or w.kind not in (WindowKind.INTRA, WindowKind.CROSS)
+                or node not in planned[w.id].get(s.peer, ())
+                or not self._rail_ok(node, s.peer, s.rail)
+                or key in served
+            ):
+                continue
+            served.add(key)
+            c = self._open_cell(self._key(node, s.peer, s.rail), stage)
+            c.port_seen(s.port_mbps)
+            if s.cpu_demand_percent is not None and self._iperf3(s.peer, node, s.rail):
+                c.serves += 1
+                c.bound_receivers += s.cpu_demand_percent >= CPU_BOUND_PERCENT
+        probed: set[tuple[str, str, bool]] = set()
         for lat in r.latency:
             w = windows.get(lat.window)
-            if w is None or planned[w.id].get(node) != lat.peer:
+            key2 = (lat.window, lat.peer, lat.loaded)
+            if w is None or lat.peer not in planned[w.id].get(node, ()) or key2 in probed:
                 continue
             if lat.loaded is (w.kind is WindowKind.IDLE):
                 continue
-            c = self._cell(node, lat.peer, r.stage)
+            probed.add(key2)
+            c = self._open_cell(self._key(node, lat.peer, 0), stage)
             if lat.loaded:
-                c.loaded.add(lat.samples_ms)
+                c.loaded.add(lat.histogram)
                 c.sent += lat.sent
                 c.received += lat.received
             else:
-                c.idle.add(lat.samples_ms)
-        for s in r.storage:
-            w = windows.get(s.window)
+                c.idle.add(lat.histogram)
+        read: set[str] = set()
+        for st in r.storage:
+            w = windows.get(st.window)
             if (
                 w is None
-                or planned[w.id].get(node) != s.endpoint
-                or s.error
-                or not _within(w, s.start, s.end)
+                or st.endpoint not in planned[w.id].get(node, ())
+                or st.window in read
+                or node in gone
+                or st.error
+                or not _within(w, st.start, st.end)
             ):
                 self.refused += 1
                 continue
-            rate = s.bytes / 1e6 / (s.end - s.start).total_seconds()
+            read.add(st.window)
+            rate = st.bytes / 1e6 / (st.end - st.start).total_seconds()
             into = self.storage_all if w.kind is WindowKind.STORAGE else self.storage_single
-            into.setdefault(s.endpoint, array("d")).append(rate)
+            into.setdefault(st.endpoint, array("d")).append(rate)
+            self.counted += 1
+
+    # -- the figures ------------------------------------------------------------------
 
     def finish(self, *, expect: Expectations, finished_at: datetime) -> LoadRun:
         plan = self.plan
+        for spec in plan.stages:  # a stage nobody answered still planned its flows
+            if spec.index not in self._indexes and spec.index not in self._sealed_stages:
+                self._index(spec.index)
         for stage in list(self._indexes):
             self._seal_stage(stage)
-        skipped = [
-            *plan.skipped,
-            *((n, SkipReason.CLOCK_OFFSET) for n in sorted(self.off_clock)),
+        excluded = sorted(plan.excluded.items(), key=lambda kv: (kv[1][0], kv[0]))
+        skipped: list[SkippedNode] = [
+            *(SkippedNode(node=n, reason=why) for n, why in plan.skipped),
+            *(SkippedNode(node=n, reason=why, stage=stage) for n, (stage, why) in excluded),
             *(
-                (n, SkipReason.NO_RESULT)
+                SkippedNode(node=n, reason=SkipReason.ENGINE_UNAVAILABLE)
+                for n in sorted(self.unavailable)
+            ),
+            *(SkippedNode(node=n, reason=SkipReason.CLOCK_OFFSET) for n in sorted(self.off_clock)),
+            *(
+                SkippedNode(node=n, reason=SkipReason.NO_RESULT)
                 for n in sorted(plan.domain_of.keys() - self.folded - self.off_clock)
             ),
         ]
-        cells = self._cells()
-        storage = self._storage()
-        breaches = _breaches(cells, storage, expect)
-        over = [c.oversubscription for c in cells if c.a != c.b and c.oversubscription is not None]
-        shown = _bounded(cells, breaches)
+        settings = plan.settings
+        cells = cell_figures(self.sealed, self.intra, settings.sender_limited_percent)
+        storage = storage_figures(
+            settings.endpoints, self.storage_all, self.storage_single, self.storage_readers
+        )
+        breaches = breaches_of(cells, storage, expect)
+        over = [
+            c.oversubscription
+            for c in cells
+            if c.a != c.b and c.oversubscription is not None and c.reason is None
+        ]
+        shown = bounded_cells(cells, breaches)
+        # flows counted before their node was withdrawn stay counted: at most all planned
+        coverage = 100 * min(self.counted, self.planned) / self.planned if self.planned else None
         return LoadRun(
             id=plan.run_id,
             started_at=plan.stages[0].start,
             finished_at=finished_at,
             nodes=len(self.folded),
-            skipped_nodes=[SkippedNode(node=n, reason=why) for n, why in skipped[:MAX_SKIPPED]],
+            skipped_nodes=skipped[:MAX_SKIPPED],
             skipped_count=len(skipped),
             refused_flows=self.refused,
+            planned_flows=self.planned,
+            counted_flows=self.counted,
+            coverage_percent=round(coverage, 2) if coverage is not None else None,
+            engines=sorted(self.engines),
             max_oversubscription=max(over) if over else None,
             east_west=(
                 LoadEastWest(
@@ -324,92 +442,6 @@ class Aggregator:
             ),
             storage=storage,
             breaches=[b.model() for b in breaches[:MAX_BREACHES]],
-        )
-
-    def _cells(self) -> list[_CellFigures]:
-        out: list[_CellFigures] = []
-        for (a, b), c in sorted(self.sealed.items()):
-            per_node = c.per_node
-            if a == b:
-                over = 1.0 if per_node else None
-            else:
-                pool = [*self.intra.get(a, ()), *self.intra.get(b, ())]
-                over = _mid(pool) / per_node if pool and per_node else None
-            out.append(
-                _CellFigures(
-                    a=a,
-                    b=b,
-                    flows=c.flows,
-                    per_node_mbps=_r(per_node, 3),
-                    aggregate_mbps=_r(c.aggregate, 3),
-                    oversubscription=_r(over, 3),
-                    loss_percent=_r(c.loss, 3),
-                    idle_latency_p99_ms=_r(c.idle_p99, 4),
-                    loaded_latency_p99_ms=_r(c.loaded_p99, 4),
-                )
-            )
-        return out
-
-    def _storage(self) -> list[LoadStorage]:
-        out: list[LoadStorage] = []
-        for e in self.plan.settings.endpoints:
-            rates = self.storage_all.get(e, array("d"))
-            single = self.storage_single.get(e, array("d"))
-            out.append(
-                LoadStorage(
-                    endpoint=e,
-                    nodes=len(rates),
-                    aggregate_m_bps=_r(sum(rates), 3) if rates else None,
-                    per_node_m_bps_min=_r(min(rates), 3) if rates else None,
-                    per_node_m_bps_median=_r(_mid(rates), 3) if rates else None,
-                    single_node_m_bps=_r(_mid(single), 3) if single else None,
-                    fairness=_r(jain(rates), 4),
-                )
-            )
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class _CellFigures:
-    """A cell before it becomes status: the model is built for the cells shown only."""
-
-    a: str
-    b: str
-    flows: int
-    per_node_mbps: float | None
-    aggregate_mbps: float | None
-    oversubscription: float | None
-    loss_percent: float | None
-    idle_latency_p99_ms: float | None
-    loaded_latency_p99_ms: float | None
-
-    def model(self) -> LoadCell:
-        return LoadCell(
-            a=self.a,
-            b=self.b,
-            flows=self.flows,
-            per_node_mbps=self.per_node_mbps,
-            aggregate_mbps=self.aggregate_mbps,
-            oversubscription=self.oversubscription,
-            loss_percent=self.loss_percent,
-            idle_latency_p99_ms=self.idle_latency_p99_ms,
-            loaded_latency_p99_ms=self.loaded_latency_p99_ms,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class _Breach:
-    expectation: str
-    subject: str
-    observed: float
-    expected: float
-
-    def model(self) -> Breach:
-        return Breach(
-            expectation=self.expectation,
-            subject=self.subject,
-            observed=self.observed,
-            expected=self.expected,
         )
 
 
@@ -427,45 +459,4 @@ def aggregate(
     return agg.finish(expect=expect, finished_at=finished_at)
 
 
-def _breaches(
-    cells: list[_CellFigures], storage: list[LoadStorage], expect: Expectations
-) -> list[_Breach]:
-    out: list[_Breach] = []
-    if expect.max_oversubscription is not None:
-        limit = expect.max_oversubscription
-        out += [
-            _Breach("maxOversubscription", f"{c.a}/{c.b}", c.oversubscription, limit)
-            for c in cells
-            if c.oversubscription is not None and c.oversubscription > limit
-        ]
-    if expect.max_latency_inflation is not None:
-        limit = expect.max_latency_inflation
-        for c in cells:
-            idle, loaded = c.idle_latency_p99_ms, c.loaded_latency_p99_ms
-            if not idle or loaded is None:
-                continue
-            inflation = loaded / idle
-            if math.isfinite(inflation) and inflation > limit:
-                out.append(
-                    _Breach("maxLatencyInflation", f"{c.a}/{c.b}", round(inflation, 3), limit)
-                )
-    if expect.min_storage_m_bps_per_node is not None:
-        floor = expect.min_storage_m_bps_per_node
-        out += [
-            _Breach("minStorageMBpsPerNode", s.endpoint, s.per_node_m_bps_min, floor)
-            for s in storage
-            if s.per_node_m_bps_min is not None and s.per_node_m_bps_min < floor
-        ]
-    # the worst first: the furthest from its limit, relatively
-    return sorted(out, key=lambda b: -abs(math.log(max(b.observed, 1e-9) / b.expected)))
-
-
-def _bounded(cells: list[_CellFigures], breaches: list[_Breach]) -> list[_CellFigures]:
-    """All cells if they fit; else breached cells, then the most oversubscribed."""
-    if len(cells) <= MAX_LOAD_CELLS:
-        return cells
-    hit = {b.subject for b in breaches}
-    ranked = sorted(
-        cells, key=lambda c: (f"{c.a}/{c.b}" not in hit, -(c.oversubscription or 0.0), c.a, c.b)
-    )
-    return sorted(ranked[:MAX_LOAD_CELLS], key=lambda c: (c.a, c.b))
+__all__ = ["Aggregator", "Received", "aggregate", "jain"]

@@ -2,62 +2,68 @@
 the same candidates, settings, start time and seed give the same plan.
 
 A run is a sequence of *stages*, each a few seconds to a few minutes long; the operator
-publishes a stage's plans `stage_lead_seconds` before it starts (5 s; more above 10,000
+publishes a stage's plans `stage_lead_seconds` before it starts (5 s; more above 5,000
 nodes), so a plan's deadline is never more than one stage away: an agent that loses the
 operator stops by itself. Stages, in
 order:
 
 - `r0`, intra: in every domain of two or more nodes, every node sends to the next one of
   the domain (a seeded cyclic shift), all at once: the reference rate.
-- `r1`.., cross: for every domain pair (A, B), k = min(|A|, |B|) nodes of A each send to a
-  distinct node of B and the same B nodes back, all at once. `crossDomain` runs disjoint
-  domain pairs together (a round-robin: D-1 rounds for even D, D for odd), `all` gives each
-  pair a round of its own (D(D-1)/2 rounds).
+- `r1`.., cross: for every domain pair (A, B), every node of the larger side sends to a node
+  of the smaller side and receives from one (the smaller side's nodes take several flows
+  each, at most `max_fanout`: beyond that the cell is partial), all at once. `crossDomain`
+  runs disjoint domain pairs together (a round-robin: D-1 rounds for even D, D for odd),
+  `all` gives each pair a round of its own (D(D-1)/2 rounds).
   Each east-west round is an idle window (the echo probe alone between the round's pairs),
   then the load window: the flows, with the echo probe again during the measured part.
 - `s<i>`, storage, one per endpoint: every participant reads it at once (warm-up, then
   `duration`), then up to `MAX_SINGLE_READS` seeded nodes read it alone, one at a time, for
   `SINGLE_SECONDS`.
 
-A `RunPlan` holds participants and each stage's timing only; a stage's windows (who sends
-to whom, the measured interval in the operator's clock: what aggregation needs to accept a
-result) are made from the run's seed when the stage is published or folded, so a run of
-10,000 nodes and 300 stages holds no per-flow state (bench/loadtest_plan.py).
+Every east-west flow runs on each rail both ends have (rail i to rail i; `rails`), with the
+engine the rail calls for (`rails.rail_engine`); its server runs on the receiver, started by
+the receiver's own plan (`tasks`).
+
+A `RunPlan` holds participants, their rails as bit masks and each stage's timing only; a
+stage's windows (who sends to whom, the measured interval in the operator's clock: what
+aggregation needs to accept a result) are made from the run's seed when the stage is
+published or folded, so a run of 10,000 nodes and 300 stages holds no per-flow state
+(bench/loadtest_plan.py). Participants are checked again before every stage: a node that
+turned busy, gated or stale is left out of the later stages (`exclude`, from the next
+unpublished stage on, so a stage's windows never change once its plans went out).
 """
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Final
 
 from netval.model.east_west import UNASSIGNED
-from netval.model.loadplan import (
-    FlowTask,
-    LatencyTask,
-    LoadPlan,
-    PeerAddress,
-    StorageTask,
-    Task,
-)
-from netval.model.loadtest import LoadPhase, LoadReason, PairScope, SkipReason
+from netval.model.loadplan import MAX_TASKS
+from netval.model.loadtest import MAX_FANOUT, LoadPhase, LoadReason, PairScope, SkipReason
+from netval.operator.loadtest.rails import NodeRails
 from netval.operator.loadtest.validate import RunSettings, SpecProblem
 
 LEAD_SECONDS: Final = 5.0  # a stage's plans go out this long before it starts (at least)
-# Building and publishing a stage's plans takes ~0.17 ms per node (bench/loadtest_publish.py:
-# 10,000 nodes in 1.7-1.8 s); the lead grows with three times that beyond 10,000 nodes, up
-# to a minute (the longest stage, a 300 s storage read with 8 single reads, plus a minute
-# stays within MAX_PLAN_SECONDS from issue to deadline).
-LEAD_SECONDS_PER_NODE: Final = 0.0005
+# Building and publishing a stage's plans takes ~0.25 ms per node, ~0.45 ms on a busy
+# machine (bench/loadtest_publish.py: 10,000 nodes in 2.2-2.6 s, 4.3 s beside other work);
+# the lead grows with about three times that beyond 5,000 nodes, up to a minute (the
+# longest stage, a 300 s storage read with 8 single reads, plus a minute stays within
+# MAX_PLAN_SECONDS from issue to deadline).
+LEAD_SECONDS_PER_NODE: Final = 0.001
 MAX_LEAD_SECONDS: Final = 60.0
 IDLE_SECONDS: Final = 3.0  # the echo probe alone, before a round's load
 WARMUP_SECONDS: Final = 2.0  # flows ramp up (TCP slow start) before they are measured
 GAP_SECONDS: Final = 1.0  # between windows: the previous window's flows drain
-DEADLINE_SLACK_SECONDS: Final = 3.0  # a stage's deadline after its last window ends
+# a stage's deadline after its last window ends: an engine's closing exchange, perftest's
+# trailing margin (its warm-up) and its server's tail fit in it
+DEADLINE_SLACK_SECONDS: Final = 9.0
 SINGLE_SECONDS: Final = 5.0  # each single-node storage read (at most `duration`)
 SINGLE_WARMUP_SECONDS: Final = 1.0
 MAX_SINGLE_READS: Final = 8  # single-node reads per endpoint (seeded sample of nodes)
@@ -115,6 +121,25 @@ class Stage:
     endpoint: str | None = None  # STORAGE
 
 
+ONE_RAIL: Final = NodeRails(mask=1, rdma=0)
+
+
+@dataclass(frozen=True, slots=True)
+class Fanout:
+    """How a cross cell loads unequal domains: every node of `big` sends one flow to a node
+    of the other side (`fan` flows per receiver there, and back), `loaded` of its `size`
+    nodes (all but beyond `max_fanout` flows per receiver)."""
+
+    big: str
+    size: int
+    loaded: int
+    fan: int
+
+    @property
+    def partial(self) -> bool:
+        return self.loaded < self.size
+
+
 @dataclass(frozen=True, slots=True)
 class RunPlan:
     run_id: str
@@ -124,6 +149,36 @@ class RunPlan:
     members: dict[str, tuple[str, ...]]  # domain -> its participants, sorted
     skipped: tuple[tuple[str, SkipReason], ...]
     stages: tuple[Stage, ...]
+    rails: dict[str, NodeRails] = field(default_factory=dict)  # participant -> its rails
+    # a receiver's flows per window and rail: bounded so a node's plan stays within
+    # MAX_TASKS (two tasks per flow and rail, a few more for latency)
+    max_fanout: int = MAX_FANOUT
+    # node -> (the first stage it is left out of, why): filled as the run goes on
+    excluded: dict[str, tuple[int, SkipReason]] = field(default_factory=dict)
+
+    def rails_of(self, node: str) -> NodeRails:
+        return self.rails.get(node, ONE_RAIL)
+
+    def exclude(self, node: str, reason: SkipReason, from_stage: int) -> bool:
+        """Leave `node` out from stage `from_stage` on; False if it already is."""
+        if node not in self.domain_of or node in self.excluded:
+            return False
+        self.excluded[node] = (from_stage, reason)
+        return True
+
+    def members_at(self, stage: int) -> dict[str, tuple[str, ...]]:
+        """The participants of stage `stage` by domain (those not left out by then)."""
+        if not self.excluded:
+            return self.members
+        gone = {n for n, (first, _why) in self.excluded.items() if first <= stage}
+        kept = {d: tuple(n for n in nodes if n not in gone) for d, nodes in self.members.items()}
+        return {d: nodes for d, nodes in kept.items() if nodes}
+
+    def fanout(self, a: str, b: str, stage: int) -> Fanout | None:
+        members = self.members_at(stage)
+        if a not in members or b not in members:
+            return None
+        return fanout_of(a, len(members[a]), b, len(members[b]), self.max_fanout)
 
     @property
     def windows(self) -> Iterator[Window]:
@@ -138,103 +193,21 @@ class RunPlan:
         """The stage's windows: the same for the same plan, whenever asked."""
         rng = random.Random(f"{self.seed}:{stage.index}")  # noqa: S311 - reproducible order
         duration = self.settings.duration_seconds
+        members = self.members_at(stage.index)
         if stage.kind is WindowKind.INTRA:
-            flows = [f for d in sorted(self.members) for f in _cycle(rng, self.members[d])]
+            flows = [f for d in sorted(members) for f in _cycle(rng, members[d])]
             return _east_west_windows(stage, WindowKind.INTRA, flows, duration)
         if stage.kind is WindowKind.CROSS:
             flows = [
-                f for a, b in stage.pairs for f in _across(rng, self.members[a], self.members[b])
+                f
+                for a, b in stage.pairs
+                if a in members and b in members
+                for f in _across(rng, members[a], members[b], self.max_fanout)
             ]
             return _east_west_windows(stage, WindowKind.CROSS, flows, duration)
         assert stage.endpoint is not None
-        return _storage_windows(stage, stage.endpoint, sorted(self.domain_of), rng, duration)
-
-    def plans(
-        self, stage: Stage, endpoints: Mapping[str, tuple[str, int]] | None = None
-    ) -> dict[str, LoadPlan]:
-        """Every node's plan for one stage (built when the stage is published). `endpoints`
-        (node -> announced address and port) gives each plan the addresses of the nodes it
-        exchanges traffic with; a node without one is left out (its flows fail, counted)."""
-        tasks: dict[str, list[Task]] = {}
-        partners: dict[str, set[str]] = {}
-        for w in self.windows_of(stage):
-            for node, task in _tasks(w):
-                tasks.setdefault(node, []).append(task)
-            if w.kind in (WindowKind.IDLE, WindowKind.INTRA, WindowKind.CROSS):
-                for a, b in w.flows:
-                    partners.setdefault(a, set()).add(b)
-                    partners.setdefault(b, set()).add(a)
-        known = endpoints or {}
-        return {
-            node: LoadPlan(
-                run=self.run_id,
-                stage=stage.index,
-                validation=self.settings.validation,
-                node=node,
-                issued_at=stage.issued_at,
-                deadline=stage.deadline,
-                max_rate_mbps=self.settings.max_rate_mbps,
-                tasks=node_tasks,
-                peers={
-                    peer: PeerAddress.model_validate(
-                        {"address": known[peer][0], "port": known[peer][1]}
-                    )
-                    for peer in sorted(partners.get(node, ()))
-                    if peer in known
-                },
-            )
-            for node, node_tasks in tasks.items()
-        }
-
-
-def _tasks(w: Window) -> Iterator[tuple[str, Task]]:
-    measured = w.measured_seconds
-    if w.kind is WindowKind.IDLE:
-        for a, b in w.flows:
-            yield (
-                a,
-                LatencyTask(
-                    window=w.id,
-                    peer=b,
-                    start=w.start,
-                    seconds=measured,
-                    interval_ms=ECHO_INTERVAL_MS,
-                    loaded=False,
-                ),
-            )
-    elif w.kind in (WindowKind.INTRA, WindowKind.CROSS):
-        warmup = (w.measure_start - w.start).total_seconds()
-        for a, b in w.flows:
-            yield (
-                a,
-                FlowTask(
-                    window=w.id, peer=b, start=w.start, warmup_seconds=warmup, seconds=measured
-                ),
-            )
-            yield (
-                a,
-                LatencyTask(
-                    window=w.id,
-                    peer=b,
-                    start=w.measure_start,
-                    seconds=measured,
-                    interval_ms=ECHO_INTERVAL_MS,
-                    loaded=True,
-                ),
-            )
-    else:
-        warmup = (w.measure_start - w.start).total_seconds()
-        for node, endpoint in w.flows:
-            yield (
-                node,
-                StorageTask(
-                    window=w.id,
-                    endpoint=endpoint,
-                    start=w.start,
-                    warmup_seconds=warmup,
-                    seconds=measured,
-                ),
-            )
+        readers = sorted(n for nodes in members.values() for n in nodes)
+        return _storage_windows(stage, stage.endpoint, readers, rng, duration)
 
 
 def select_participants(
@@ -289,8 +262,10 @@ def plan_run(
     run_id: str,
     now: datetime,
     seed: int,
+    rails: Mapping[str, NodeRails] | None = None,
 ) -> RunPlan | SpecProblem:
-    """The whole run, or NoParticipants. `now` is timezone-aware (the operator's clock)."""
+    """The whole run, or NoParticipants. `now` is timezone-aware (the operator's clock);
+    `rails`: each node's rails (absent: one rail, its responder's address)."""
     domain_of, skipped = select_participants(candidates, skip_busy=settings.skip_busy_nodes)
     east_west = LoadPhase.EAST_WEST in settings.phases
     if not domain_of or (east_west and len(domain_of) < 2 and not settings.endpoints):
@@ -325,6 +300,8 @@ def plan_run(
         t = stages[-1].deadline
     if not stages:
         return SpecProblem(LoadReason.NO_PARTICIPANTS, "spec.validation", "nothing to run")
+    node_rails = {n: (rails or {}).get(n, ONE_RAIL) for n in domain_of}
+    most = max((r.count for r in node_rails.values()), default=1)
     return RunPlan(
         run_id=run_id,
         settings=settings,
@@ -333,7 +310,23 @@ def plan_run(
         members=members,
         skipped=tuple(skipped),
         stages=tuple(stages),
+        rails=node_rails,
+        max_fanout=max_fanout(most),
     )
+
+
+def max_fanout(rails: int) -> int:
+    """Flows into one node per window and rail such that its plan holds at most MAX_TASKS
+    tasks: the busiest node sends as many flows as it receives, a client or a server per
+    flow and rail, and per pair an idle and a loaded latency probe or their servers."""
+    return max(1, min(MAX_FANOUT, (MAX_TASKS - 16) // (2 * max(rails, 1) + 4)))
+
+
+def fanout_of(a: str, size_a: int, b: str, size_b: int, most: int) -> Fanout:
+    """How the cross cell of domains a and b is loaded (see `Fanout`)."""
+    big, size, small = (a, size_a, size_b) if size_a >= size_b else (b, size_b, size_a)
+    fan = min(math.ceil(size / max(small, 1)), most)
+    return Fanout(big=big, size=size, loaded=min(size, fan * small), fan=fan)
 
 
 def _stage(
@@ -366,12 +359,16 @@ def _cycle(rng: random.Random, nodes: tuple[str, ...]) -> list[tuple[str, str]]:
 
 
 def _across(
-    rng: random.Random, side_a: tuple[str, ...], side_b: tuple[str, ...]
+    rng: random.Random, side_a: tuple[str, ...], side_b: tuple[str, ...], most: int
 ) -> list[tuple[str, str]]:
-    k = min(len(side_a), len(side_b))
-    a = rng.sample(side_a, k)
-    b = rng.sample(side_b, k)
-    return [*zip(a, b, strict=True), *zip(b, a, strict=True)]
+    """Every node of the larger side to a node of the smaller one and back (the smaller
+    side's nodes in turn: `fan` flows each way per node), at most `most` per node."""
+    big, small = (side_a, side_b) if len(side_a) >= len(side_b) else (side_b, side_a)
+    order_big = rng.sample(big, len(big))
+    order_small = rng.sample(small, len(small))
+    loaded = order_big[: most * len(small)]
+    pairs = [(x, order_small[i % len(small)]) for i, x in enumerate(loaded)]
+    return [*pairs, *((y, x) for x, y in pairs)]
 
 
 def _at(t: datetime, seconds: float) -> datetime:

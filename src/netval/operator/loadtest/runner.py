@@ -5,7 +5,12 @@ Kopf's handlers (`netval.operator.handlers.loadtests`) tell it what exists (`ups
 (`run`, a supervised task) does the rest once per `TICK_SECONDS`:
 
 1. tests waiting for their validation (ValidationNotFound) are settled again;
-2. each running run publishes the plans of the stages whose time has come
+2. each running run checks its participants again before each stage and every
+   `RECHECK_SECONDS` (`recheck`): a node that turned busy (GPU pods, with skipBusyNodes),
+   gated or stale gets a `LoadAbort` on its plan topic (its agent stops at once: agents have
+   no API access, the operator is their eyes) and is left out of the later stages, named
+   in `skippedNodes` with the stage; then it publishes the plans of the stages whose time
+   has come
    (`Stage.issued_at`, `stage_lead_seconds` before it), retained QoS 1, through the ingest's
    retained sync (a group per run: written by the leader only, behind the write fence, and
    published again after a reconnect); a run whose results are all in, or whose last
@@ -18,7 +23,11 @@ Kopf's handlers (`netval.operator.handlers.loadtests`) tell it what exists (`ups
 
 Deleting a test or its validation aborts its run: each participant's retained plan is
 replaced by a `LoadAbort` (kept until the last plan's deadline, then cleared) and the test
-says Aborted. The decisions are pure (`validate`, `plan`, `aggregate`, `status`,
+says Aborted. Every plan and abort carries this leadership term (`term`: the leader's clock
+in ms when the term began; a new leader takes the Lease at least its duration after the old
+one last renewed it, so its term is larger with clocks within seconds): agents drop a plan
+of an older term than one they heard. With `spec.reserveNodes` the participants are
+tainted NoSchedule for the run (`reserve`), always removed. The decisions are pure (`validate`, `plan`, `aggregate`, `status`,
 `schedule`); this module only holds the state between them and does the I/O.
 """
 
@@ -35,7 +44,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from netval.model.loadplan import decode_result, encode
+from netval.model.loadplan import LoadAbort, decode_result, encode
 from netval.model.loadtest import (
     LoadConditionType,
     LoadReason,
@@ -43,22 +52,28 @@ from netval.model.loadtest import (
     NetworkLoadTestSpec,
     NetworkLoadTestStatus,
     RunPhase,
+    SkipReason,
 )
 from netval.model.topics import TopicKind, topic
+from netval.operator.ingest.peer_sets import Address, AnnouncedRails
 from netval.operator.kube.api import KubeApi, error_text
 from netval.operator.loadtest import status as render
 from netval.operator.loadtest.aborts import RetainedAborts, RetainedSink
 from netval.operator.loadtest.aggregate import Aggregator, Received
 from netval.operator.loadtest.participants import candidates
-from netval.operator.loadtest.plan import RunPlan, make_run_id, plan_run
+from netval.operator.loadtest.plan import Candidate, RunPlan, make_run_id, plan_run
+from netval.operator.loadtest.rails import rails_of
+from netval.operator.loadtest.reserve import NodeReservations
 from netval.operator.loadtest.schedule import Due, due_at, pick_starts, run_over
 from netval.operator.loadtest.status_writer import LoadStatusWriter
+from netval.operator.loadtest.tasks import build_plans
 from netval.operator.loadtest.validate import RunSettings, SpecProblem, parse_spec, settle
 from netval.operator.state.store import Store, utcnow
 
 log = logging.getLogger("netval.operator.loadtest")
 
 TICK_SECONDS: Final = 0.5
+RECHECK_SECONDS: Final = 15.0  # participants checked again within a long stage
 # Outcomes of loadresult messages (a bounded label set for the metrics).
 RESULT_OUTCOMES: Final = ("counted", "invalid", "mismatch", "no_run", "not_counted")
 # A finished run's reason (Complete) that means "it ran": a one-shot test runs no more.
@@ -93,6 +108,7 @@ class _Run:
     published: int = 0  # stages whose plans went out
     unanswered: dict[int, set[str]] = field(default_factory=dict)
     retained: dict[str, bytes] = field(default_factory=dict)  # plan topic -> latest plan
+    checked_at: datetime | None = None  # participants last checked
 
 
 class LoadTests:
@@ -104,11 +120,15 @@ class LoadTests:
         *,
         max_rate_ceiling_mbps: float = 0.0,
         clock: Callable[[], datetime] = utcnow,
-        endpoints: Callable[[str], Mapping[str, tuple[str, int]]] = lambda _validation: {},
+        endpoints: Callable[[str], Mapping[str, Address]] = lambda _validation: {},
+        rails: Callable[[str], Mapping[str, AnnouncedRails]] = lambda _validation: {},
+        term: int = 0,
     ) -> None:
         self.kube = kube
         # validation -> node -> its announced (address, port): plans carry their peers'
         self.endpoints = endpoints
+        self.rails = rails  # validation -> node -> its announced rails
+        self.term = term
         self.store = store
         self.set_retained = set_retained
         self.ceiling = max_rate_ceiling_mbps
@@ -119,7 +139,8 @@ class LoadTests:
         self.results: Counter[str] = Counter()  # loadresult messages by outcome
         self.runs_finished: Counter[str] = Counter()  # by phase
         self.writer = LoadStatusWriter(kube)
-        self.aborts = RetainedAborts(set_retained)
+        self.aborts = RetainedAborts(set_retained, term)
+        self.reservations = NodeReservations(kube)
 
     # -- what Kopf tells ------------------------------------------------------------------
 
@@ -214,14 +235,21 @@ class LoadTests:
     # -- the loop -------------------------------------------------------------------------
 
     async def run(self) -> None:
-        while True:
-            await self.tick()
-            await asyncio.sleep(TICK_SECONDS)
+        worker = asyncio.create_task(self.reservations.run(), name="netval-load-reservations")
+        try:
+            while True:
+                await self.tick()
+                await asyncio.sleep(TICK_SECONDS)
+        finally:
+            worker.cancel()
 
     async def tick(self) -> None:
         now = self.clock()
         self._resettle()
+        busy: set[str] | None = None
         for run in list(self.runs.values()):
+            if self._due_for_check(run, now):
+                busy = await self._recheck(run, now, busy)
             self._advance(run, now)
         await self._start_due(now)
         self.aborts.refresh(self._targeted, now)
@@ -250,8 +278,12 @@ class LoadTests:
         stages = run.plan.stages
         while run.published < len(stages) and stages[run.published].issued_at <= now:
             stage = stages[run.published]
-            endpoints = self.endpoints(run.plan.settings.validation)
-            for node, plan in run.plan.plans(stage, endpoints).items():
+            validation = run.plan.settings.validation
+            plans = build_plans(
+                run.plan, stage, term=self.term, endpoints=self.endpoints(validation),
+                announced=self.rails(validation),
+            )  # fmt: skip
+            for node, plan in plans.items():
                 run.retained[topic(run.plan.settings.validation, node, TopicKind.LOAD_PLAN)] = (
                     encode(plan)
                 )
@@ -270,10 +302,13 @@ class LoadTests:
     def _finish(self, run: _Run, now: datetime) -> None:
         del self.runs[run.plan.settings.validation]
         self.set_retained(_group(run), {})  # the plan topics are cleared
+        reserved = self.reservations.reserved(run.plan.run_id)
+        self.reservations.release(run.plan.run_id)
         test = self.tests.get(run.test)
         if test is None or test.spec is None:
             return
         result = run.aggregator.finish(expect=test.spec.expect, finished_at=now)
+        result = result.model_copy(update={"reserved_nodes": reserved})
         test.status = render.finished(
             result,
             generation=test.generation,
@@ -281,6 +316,7 @@ class LoadTests:
             previous=test.status,
             history_limit=test.spec.history_limit,
             next_run_at=self._next_at(test),
+            min_coverage_percent=test.spec.min_coverage_percent,
         )
         self.last_runs[test.name] = result
         self.store.note_load_run(test.spec.validation, test.name, result)
@@ -330,15 +366,21 @@ class LoadTests:
         run_id = make_run_id(test.name, now)
         seed = int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:8], "big")
         found = candidates(self.store, settings.validation, busy, now)
-        plan = plan_run(settings, found, run_id=run_id, now=now, seed=seed)
+        rails = rails_of(
+            [c.node for c in found], settings.interfaces, self.rails(settings.validation),
+            self.endpoints(settings.validation),
+        )  # fmt: skip
+        plan = plan_run(settings, found, run_id=run_id, now=now, seed=seed, rails=rails)
         test.ran = True
         test.last_start = now
         if isinstance(plan, SpecProblem):
             self._could_not_run(test, plan, now)
             return
-        run = _Run(test=test.name, plan=plan, aggregator=Aggregator(plan))
+        run = _Run(test=test.name, plan=plan, aggregator=Aggregator(plan), checked_at=now)
         self.runs[settings.validation] = run
         self.aborts.forget(_group(run))
+        if settings.reserve_nodes:
+            self.reservations.reserve(run_id, set(plan.domain_of))
         first = LoadRun(id=run_id, started_at=plan.stages[0].start, nodes=len(plan.domain_of),
                         skipped_count=len(plan.skipped))  # fmt: skip
         test.status = render.running(
@@ -352,11 +394,58 @@ class LoadTests:
                  len(plan.domain_of), len(plan.stages))  # fmt: skip
         self._advance(run, now)
 
+    # -- participants, again ----------------------------------------------------------
+
+    def _due_for_check(self, run: _Run, now: datetime) -> bool:
+        stages = run.plan.stages
+        publishing = run.published < len(stages) and stages[run.published].issued_at <= now
+        last = run.checked_at
+        return publishing or last is None or (now - last).total_seconds() >= RECHECK_SECONDS
+
+    async def _recheck(self, run: _Run, now: datetime, busy: set[str] | None) -> set[str] | None:
+        """Leave out the participants that turned busy, gated or stale (their agents get a
+        LoadAbort now); the busy set is listed at most once per tick (`busy` when known)."""
+        settings = run.plan.settings
+        if settings.skip_busy_nodes and busy is None:
+            try:
+                busy = await self.kube.gpu_pod_nodes()
+            except Exception as exc:
+                log.warning("load test %s: cannot list GPU pods to check its participants "
+                            "again: %s", run.test, error_text(exc))  # fmt: skip
+                return busy
+        run.checked_at = now
+        found = {c.node: c for c in candidates(self.store, settings.validation, busy or set(), now)}
+        plan = run.plan
+        leaving: dict[str, SkipReason] = {}
+        for node in plan.domain_of:
+            if node in plan.excluded:
+                continue
+            why = _unsafe(found.get(node), skip_busy=settings.skip_busy_nodes)
+            if why is not None:
+                leaving[node] = why
+        if not leaving:
+            return busy
+        running = run.published - 1  # the stage under way (its plans are out)
+        abort_topics: dict[str, bytes] = {}
+        for node, why in sorted(leaving.items()):
+            plan.exclude(node, why, run.published)
+            if running >= 0 and now < plan.stages[running].deadline:
+                run.aggregator.withdraw(node, running)
+                run.unanswered.get(running, set()).discard(node)
+            name = topic(settings.validation, node, TopicKind.LOAD_PLAN)
+            reason = f"{node} left the run from stage {run.published}: {why.value}"
+            abort_topics[name] = encode(LoadAbort(term=self.term, run=plan.run_id, reason=reason))
+            log.warning("load test %s: %s", run.test, reason)
+        run.retained.update(abort_topics)
+        self.set_retained(_group(run), run.retained)
+        return busy
+
     # -- aborts ---------------------------------------------------------------------------
 
     def _abort(self, run: _Run, message: str) -> None:
         now = self.clock()
         del self.runs[run.plan.settings.validation]
+        self.reservations.release(run.plan.run_id)
         published = run.plan.stages[max(0, run.published - 1)].deadline if run.published else now
         self.aborts.abort(_group(run), run.plan.run_id, run.retained, message,
                           last_deadline=published, now=now)  # fmt: skip
@@ -412,6 +501,17 @@ class LoadTests:
             return None
         return due_at(test.spec.schedule, has_run=test.ran, last_start=test.last_start,
                       seen_at=test.seen_at)  # fmt: skip
+
+
+def _unsafe(found: Candidate | None, *, skip_busy: bool) -> SkipReason | None:
+    """Why a participant may not go on (gated first, as at the start), or None."""
+    if found is None or found.gated:
+        return SkipReason.GATED if found is not None else SkipReason.STALE
+    if not found.fresh:
+        return SkipReason.STALE
+    if skip_busy and found.busy:
+        return SkipReason.BUSY
+    return None
 
 
 def _group(run: _Run) -> str:

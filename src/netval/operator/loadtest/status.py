@@ -4,10 +4,12 @@ these return (`NetworkLoadTestStatus.to_patch()`).
 - Pending: never run yet (waiting for its schedule, or for another run on its validation).
 - Running: a run is under way; `lastRun` is that run (id, start, participants so far) and
   the run before it has moved to `history`.
-- Succeeded / Failed: the last run finished; Failed when it breached an expectation
-  (ExpectationsBreached), was aborted (Aborted), or could not run at all (InvalidSpec,
-  ValidationNotFound, NoParticipants). A scheduled test keeps the last run's phase between
-  runs and says when it runs next (`nextRunAt`).
+- Succeeded / Failed / Inconclusive: the last run finished (`verdict`); Failed when it
+  counted too little (InsufficientData), breached an expectation or left a planned cell
+  unmeasured (ExpectationsBreached), was aborted (Aborted), or could not run at all
+  (InvalidSpec, ValidationNotFound, NoParticipants); Inconclusive when the hosts, not the
+  fabric, limited the reference flows (SenderLimited cells). A scheduled test keeps the
+  last run's phase between runs and says when it runs next (`nextRunAt`).
 
 Conditions follow metav1.Condition; a condition keeps its lastTransitionTime while its status
 does not change. `history` is newest first and never longer than `historyLimit`.
@@ -19,6 +21,7 @@ from datetime import datetime
 from typing import Literal
 
 from netval.model.loadtest import (
+    CellReason,
     LoadCondition,
     LoadConditionType,
     LoadReason,
@@ -30,6 +33,7 @@ from netval.model.loadtest import (
 from netval.operator.loadtest.validate import SpecProblem
 
 _Truth = Literal["True", "False", "Unknown"]
+_FINISHED = (RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.INCONCLUSIVE)
 
 
 def _condition(
@@ -142,15 +146,7 @@ def waiting(
     next_run_at: datetime | None = None,
 ) -> NetworkLoadTestStatus:
     """Before the first run: Pending. Between scheduled runs: the last run's verdict stays."""
-    if (
-        previous is not None
-        and previous.last_run is not None
-        and previous.phase
-        in (
-            RunPhase.SUCCEEDED,
-            RunPhase.FAILED,
-        )
-    ):
+    if previous is not None and previous.last_run is not None and previous.phase in _FINISHED:
         return previous.model_copy(
             update={
                 "observed_generation": generation,
@@ -188,7 +184,7 @@ def running(
         verdict = previous.condition(LoadConditionType.PASSED) or previous.condition(
             LoadConditionType.COMPLETE
         )
-        if previous.phase in (RunPhase.SUCCEEDED, RunPhase.FAILED) and verdict is not None:
+        if previous.phase in _FINISHED and verdict is not None:
             history = [summary(previous.last_run, previous.phase, verdict.reason), *history]
     message = f"run {run.id}: {run.nodes} node(s)"
     return _status(
@@ -203,6 +199,43 @@ def running(
     )
 
 
+def verdict(run: LoadRun, min_coverage_percent: float) -> tuple[RunPhase, _Truth, LoadReason, str]:
+    """A finished run's phase and Passed condition, in this order: too little counted
+    (Failed, InsufficientData), a breach (Failed, ExpectationsBreached: a NotMeasured cell
+    or endpoint is one), sender-limited cells (Inconclusive: the hosts, not the fabric,
+    limited the reference), else Succeeded (ExpectationsMet)."""
+    coverage = run.coverage_percent
+    if not run.counted_flows or (coverage is not None and coverage < min_coverage_percent):
+        text = (
+            f"run {run.id} counted {run.counted_flows} of {run.planned_flows} planned flows "
+            f"and reads ({coverage or 0:g} %, at least {min_coverage_percent:g} % needed; "
+            f"{run.nodes} node(s) reported)"
+        )
+        return RunPhase.FAILED, "False", LoadReason.INSUFFICIENT_DATA, text
+    if run.breaches:
+        worst = run.breaches[0]
+        text = (
+            f"{len(run.breaches)} breach(es); worst: {worst.expectation} {worst.subject} "
+            f"observed {worst.observed:g}, expected {worst.expected:g}"
+        )
+        return RunPhase.FAILED, "False", LoadReason.EXPECTATIONS_BREACHED, text
+    limited = [
+        c
+        for c in (run.east_west.cells if run.east_west is not None else [])
+        if c.reason is CellReason.SENDER_LIMITED
+    ]
+    if limited:
+        first = limited[0]
+        where = f"{first.a}/{first.b}" + (f" rail {first.rail}" if first.rail else "")
+        text = (
+            f"{len(limited)} cell(s) sender-limited: the hosts, not the fabric, limited the "
+            f"flows; {where}: {first.note}"
+        )
+        return RunPhase.INCONCLUSIVE, "Unknown", LoadReason.INCONCLUSIVE, text
+    text = f"run {run.id}: every expectation met ({run.nodes} node(s))"
+    return RunPhase.SUCCEEDED, "True", LoadReason.EXPECTATIONS_MET, text
+
+
 def finished(
     run: LoadRun,
     *,
@@ -211,19 +244,11 @@ def finished(
     previous: NetworkLoadTestStatus | None,
     history_limit: int,
     next_run_at: datetime | None = None,
+    min_coverage_percent: float = 80.0,
 ) -> NetworkLoadTestStatus:
-    """A run ended: Succeeded (ExpectationsMet) or Failed (ExpectationsBreached)."""
-    passed: tuple[_Truth, LoadReason, str]
-    if run.breaches:
-        worst = run.breaches[0]
-        text = (
-            f"{len(run.breaches)} breach(es); worst: {worst.expectation} {worst.subject} "
-            f"observed {worst.observed:g}, expected {worst.expected:g}"
-        )
-        phase, passed = RunPhase.FAILED, ("False", LoadReason.EXPECTATIONS_BREACHED, text)
-    else:
-        text = f"run {run.id}: every expectation met ({run.nodes} node(s))"
-        phase, passed = RunPhase.SUCCEEDED, ("True", LoadReason.EXPECTATIONS_MET, text)
+    """A run ended: its `verdict`."""
+    phase, truth, reason, text = verdict(run, min_coverage_percent)
+    passed: tuple[_Truth, LoadReason, str] = (truth, reason, text)
     return _status(
         phase,
         ("True", LoadReason.RUN_FINISHED, f"run {run.id} finished"),

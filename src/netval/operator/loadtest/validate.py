@@ -14,7 +14,14 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from netval.model.loadtest import LoadPhase, LoadReason, NetworkLoadTestSpec, PairScope
+from netval.model.loadtest import (
+    DEFAULT_ENGINE_PORT,
+    LoadEngine,
+    LoadPhase,
+    LoadReason,
+    NetworkLoadTestSpec,
+    PairScope,
+)
 from netval.model.spec import NetworkValidationSpec, StorageEndpoint, StorageProtocol
 
 # What the agent's bulk reader speaks (netval.agent.storage.throughput: a ranged GET).
@@ -42,6 +49,15 @@ class RunSettings:
     duration_seconds: float
     max_rate_mbps: float  # per flow, the ceiling applied; 0: none
     skip_busy_nodes: bool
+    engine: LoadEngine = LoadEngine.AUTO
+    streams: int = 4
+    # the rails by name (the load test's eastWest.interfaces); empty: each node's own
+    interfaces: tuple[str, ...] = ()
+    dscp: int | None = None
+    port: int = DEFAULT_ENGINE_PORT
+    reserve_nodes: bool = False
+    sender_limited_percent: float = 60.0
+    min_coverage_percent: float = 80.0
 
 
 def parse_spec(raw: Mapping[str, Any] | None) -> NetworkLoadTestSpec | SpecProblem:
@@ -138,6 +154,14 @@ def check_spec(
         duration_seconds=spec.duration_seconds,
         max_rate_mbps=rate,
         skip_busy_nodes=spec.skip_busy_nodes,
+        engine=spec.east_west.engine,
+        streams=spec.east_west.streams,
+        interfaces=tuple(spec.east_west.interfaces),
+        dscp=spec.east_west.dscp,
+        port=spec.east_west.port,
+        reserve_nodes=spec.reserve_nodes,
+        sender_limited_percent=spec.sender_limited_percent,
+        min_coverage_percent=spec.min_coverage_percent,
     )
 
 

@@ -2,7 +2,7 @@
 latest measured figures. From the continuous samples (`status.eastWest`'s cells: the
 path-capacity ratio of lone flows, latency, loss) and, when a NetworkLoadTest has run for
 the validation, from its last run (oversubscription with every node sending at once, loaded
-latency). Aggregates only: one entry per domain pair, never per node pair, at most
+latency; of the worst rail plane, cells without a ratio or partial left out). Aggregates only: one entry per domain pair, never per node pair, at most
 MAX_DOMAIN_PAIRS, worst first (the largest of capacity ratio and oversubscription).
 """
 
@@ -30,10 +30,15 @@ def domain_pairs(
                 latency_p99_ms=cell.latency_p99_ms,
                 loss_percent=cell.loss_percent,
             )
+    worst: dict[tuple[str, str], LoadCell] = {}  # per pair, its worst rail plane
     for loaded in load:
-        if loaded.a == loaded.b:
+        if loaded.a == loaded.b or loaded.oversubscription is None or loaded.reason is not None:
             continue
         key = _key(loaded.a, loaded.b)
+        have = worst.get(key)
+        if have is None or (have.oversubscription or 0.0) < loaded.oversubscription:
+            worst[key] = loaded
+    for key, loaded in worst.items():
         base = found.get(key) or DomainPair(a=key[0], b=key[1])
         found[key] = base.model_copy(
             update={
