@@ -617,8 +617,15 @@ def test_two_agents_announce_get_their_domain_probe_each_other_and_sample_throug
                 "endpoint announcements", lambda m: "endpoint" in m.get("topic", ""), 15
             )
             endpoints[m["topic"].split("/")[3]] = json.loads(m["payload"])
+        # (its one fabric interface is its load-test rail, without an RDMA port)
         assert endpoints == {
-            n: {"address": FABRIC[n], "port": AGENT_PORT, "domain": DOMAIN[n]} for n in AGENTS
+            n: {
+                "address": FABRIC[n],
+                "port": AGENT_PORT,
+                "domain": DOMAIN[n],
+                "rails": [["f0", FABRIC[n], False]],
+            }
+            for n in AGENTS
         }
         # ... and listens on the fabric address only, not the management network
         for n in AGENTS:
