@@ -26,8 +26,11 @@ Phases, each timed from its start, per side:
 Counted per phase: enrollment requests (by answer), credentials the broker refused,
 TokenReviews and Pod/DaemonSet reads at the stand-in (the API calls), connects tried; and
 when the operator's own session (the tree's ingest, `ReportIngest`, with its own reconnect
-policy) was back. Wall times depend on the machine: the 1-minute load average at each
-phase's start is printed with it.
+policy) was back; the CPU seconds the operator process used (TokenReview and Pod read, the
+CSR checked and signed: its cost per enrollment) and the broker process (TLS handshakes,
+credential and ACL checks, the plugin's state; in the broker phases the new broker's whole
+CPU). Wall times depend on the machine: the 1-minute load average at each phase's start is
+printed with it.
 
 What runs, each in its own process: the broker (TLS listener with a certificate for
 127.0.0.1, the chart's limits; the dynsec side: its password file, ACL and plugin as the
@@ -79,6 +82,12 @@ def _tree(src: str) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     sys.path.insert(0, str(HERE))
     sys.path.insert(0, src)
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def load1() -> float:
@@ -347,7 +356,7 @@ async def operator_main(cfg: dict[str, Any]) -> None:
     async for msg in commands():
         if msg["cmd"] == "stats":
             emit({"stats": {"outcomes": dict(service.server.outcomes), "sessions": sessions,
-                            "reports": reports[0]}})  # fmt: skip
+                            "reports": reports[0], "cpu": time.process_time()}})  # fmt: skip
         elif msg["cmd"] == "stop":
             break
     ingest_task.cancel()
@@ -640,7 +649,9 @@ async def one_side(side: str, src: str, args: argparse.Namespace) -> dict[str, A
         })  # fmt: skip
         children.append(fleet)
         # -- enroll from empty
-        calls0, outcomes0 = await kube.ask({"cmd": "calls"}, "calls"), {}
+        calls0 = await kube.ask({"cmd": "calls"}, "calls")
+        op_cpu0 = (await operator.ask({"cmd": "stats"}, "stats"))["cpu"]
+        broker_cpu0 = cpu_s(broker.pid)
         fig["enroll_load1"] = load1()
         t0 = time.time()
         await fleet.ask({"cmd": "go"}, "going")
@@ -650,8 +661,11 @@ async def one_side(side: str, src: str, args: argparse.Namespace) -> dict[str, A
         fig["enroll_counts"] = {k: stats[k] for k in ("enroll_requests", "enroll_issued",
                                                        "refused_credentials", "connects")}  # fmt: skip
         fig["enroll_api"] = delta(await kube.ask({"cmd": "calls"}, "calls"), calls0)
-        outcomes0 = (await operator.ask({"cmd": "stats"}, "stats"))["outcomes"]
-        fig["enroll_outcomes"] = outcomes0
+        op_stats = await operator.ask({"cmd": "stats"}, "stats")
+        fig["enroll_outcomes"] = op_stats["outcomes"]
+        # the operator's CPU: TokenReview and Pod read, the CSR checked and signed, per node
+        fig["enroll_operator_cpu_s"] = op_stats["cpu"] - op_cpu0
+        fig["enroll_broker_cpu_s"] = cpu_s(broker.pid) - broker_cpu0
         print(f"  {side}: {n:,} enrolled and reported in {fig['enroll_all_s']} s "
               f"({fig['enroll_counts']}, API {fig['enroll_api']})", file=sys.stderr, flush=True)  # fmt: skip
         await asyncio.sleep(12)  # every session held past the agents' stable 10 s
@@ -669,7 +683,11 @@ async def one_side(side: str, src: str, args: argparse.Namespace) -> dict[str, A
             broker = await start_broker(conf, port)
             t_up = time.time()
             stats = await wait_reported(fleet, n, t_kill, args.timeout)
+            # a new broker process: all its CPU is this phase's (TLS handshakes, the
+            # credential checks, the ACL checks of the reports, the retained store)
+            fig[f"{phase}_broker_cpu_s"] = cpu_s(broker.pid)
             op1 = await operator.ask({"cmd": "stats"}, "stats")
+            fig[f"{phase}_operator_cpu_s"] = op1["cpu"] - op0["cpu"]
             back = [t for t in op1["sessions"] if t > t_kill]
             fig[f"{phase}_all_s"] = (stats["last"] - t_kill) if stats["reported"] >= n else None
             fig[f"{phase}_all_after_up_s"] = (
@@ -712,9 +730,10 @@ def table(figs: list[dict[str, Any]]) -> None:
     print(
         "| side | nodes | phase | every node reported (from start / kill) | after the broker "
         "listened | operator session back | enrollment requests | credentials issued | "
-        "refused credentials | TokenReviews | Pod reads | load (1 min) |"
+        "refused credentials | TokenReviews | Pod reads | operator CPU | broker CPU | "
+        "load (1 min) |"
     )
-    print("|:---|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|:---|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for f in figs:
         for phase, label in (("enroll", "enroll from empty"), ("newpod", "new empty broker pod"),
                              ("restart", "broker container restarted")):  # fmt: skip
@@ -725,7 +744,9 @@ def table(figs: list[dict[str, Any]]) -> None:
                   f"{cell(f.get(f'{phase}_operator_back_s'), '.2f')} s | "
                   f"{counts.get('enroll_requests', 0):,} | {counts.get('enroll_issued', 0):,} | "
                   f"{counts.get('refused_credentials', 0):,} | {api.get('tokenreviews', 0):,} | "
-                  f"{api.get('pods', 0):,} | {f.get(f'{phase}_load1', 0):.2f} |")  # fmt: skip
+                  f"{api.get('pods', 0):,} | {cell(f.get(f'{phase}_operator_cpu_s'), '.2f')} s | "
+                  f"{cell(f.get(f'{phase}_broker_cpu_s'), '.2f')} s | "
+                  f"{f.get(f'{phase}_load1', 0):.2f} |")  # fmt: skip
 
 
 def median_fig(figs: list[dict[str, Any]]) -> dict[str, Any]:
