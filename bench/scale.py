@@ -11,23 +11,21 @@ descriptor limits):
     python bench/scale.py --nodes 10000 --transport tls --scenario broker-restart operator-rollout
 
 --scenario (bench/scale_scenarios.py): after the steady window, instead of the burst, a
-broker restart (SIGKILL, back after 5 s; the nodes reconnect as the agent does) and/or an
-operator rollout (SIGTERM, a new operator replays), with their own table.
+broker restart (SIGKILL, back after 5 s with its data; the nodes reconnect as the agent
+does), a broker replaced by a new empty pod (the same, its data directory emptied) and/or
+an operator rollout (SIGTERM, a new operator replays), with their own table.
 
 Per size and mode (`full`, `beats`), each on a fresh broker, operator and fleet:
-- Broker: the chart's rendered mosquitto.conf, ACL and init script (tests/test_chart_broker.py
-  `run_chart_broker`: dynamic security, persistence, the chart's per-client limits), its TLS
-  listener turned plaintext unless --transport tls, plus `max_connections -1`; it inherits this
-  process's RLIMIT_NOFILE, raised to the kernel's nr_open (or, without CAP_SYS_RESOURCE,
-  to the hard limit: 20,000 on the machine of docs/performance.md, which caps a broker
-  process at 19,993 connections).
-- Per-node identity: every node logs in as its own dynamic-security client
-  (`netval-node:<node>`, bound to its client id) with its own role (the operator's ACLs of
-  `acl.node_acls` plus `<node>/beat`), exactly as enrollment would leave them. They are
-  written into the plugin's state file before the broker starts: creating them through
-  the plugin costs a rewrite of the whole state file per command, so --dynsec-sample of
-  them are created the real way (DynsecAdmin, createRole + createClient) on the full
-  state and the per-node time is reported (the fleet's creation time extrapolated).
+- Broker: the chart's rendered mosquitto.conf and ACL (tests/test_chart_broker.py
+  `run_chart_broker`: persistence, the chart's per-client limits), plus `max_connections -1`;
+  it inherits this process's RLIMIT_NOFILE, raised to the kernel's nr_open (or, without
+  CAP_SYS_RESOURCE, to the hard limit: 20,000 on the machine of docs/performance.md, which
+  caps a broker process at 19,993 connections).
+- Identity: with --transport tls, per-node identity as the chart has it by default: every
+  node shows its own client certificate of the chart's identity CA (`<validation>/<node>`,
+  as enrollment signs it; minted in the client processes before anything is timed), the
+  broker keeps no per-client state. With --transport plaintext (client certificates need
+  TLS) the chart's shared agent login (`mqtt.identity.enabled=false`).
 - Nodes (bench/scale_client.py): hand-rolled MQTT 5 clients, one connection per node, a
   retained `offline` will, `online` on connect, reports retained QoS 1 (a real RoCE
   node's, 40 results, bench/ingest.py's `build_report`), spread evenly over --interval.
@@ -53,8 +51,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import hashlib
 import json
 import math
 import os
@@ -72,39 +68,15 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 import scale_scenarios  # noqa: E402
-from scale_client import clients_main, node_name, node_password  # noqa: E402
+from scale_client import clients_main  # noqa: E402
 
 CLK_TCK: Final = os.sysconf("SC_CLK_TCK")
 MIB: Final = 1024 * 1024
 NODES_PER_CLIENT_PROCESS: Final = 15000  # under the 20,000 fds a process may hold here
 TIMEOUT: Final = 600.0
-# Beyond this the plugin rewrites a state file of hundreds of MB per command: minutes each.
-DYNSEC_SAMPLE_UP_TO: Final = 30000
 
 
 # -- the broker ---------------------------------------------------------------------------
-
-
-def seed_dynsec(path: Path, n: int, secret: str, validation: str) -> None:
-    """N per-node clients and roles in the plugin's state file, as the plugin writes them
-    (password: PBKDF2-SHA512, 101 iterations, 12-byte salt, base64)."""
-    from netval.operator.identity import acl
-
-    state = json.loads(path.read_text())
-    for i in range(n):
-        node = node_name(i)
-        salt = os.urandom(12)
-        digest = hashlib.pbkdf2_hmac("sha512", node_password(secret, i).encode(), salt, 101, 64)
-        acls = acl.node_acls(node, [validation])
-        acls.append({"acltype": "publishClientSend", "allow": True,
-                     "topic": f"netval/v1/{validation}/{node}/beat"})  # fmt: skip
-        state["roles"].append({"rolename": acl.role_name(node), "acls": acls})
-        state["clients"].append({
-            "username": acl.client_name(node), "clientid": acl.client_name(node),
-            "password": base64.b64encode(digest).decode(), "salt": base64.b64encode(salt).decode(),
-            "iterations": 101, "roles": [{"rolename": acl.role_name(node)}],
-        })  # fmt: skip
-    path.write_text(json.dumps(state))
 
 
 def broker_pid(conf: Path) -> int:
@@ -116,32 +88,6 @@ def broker_pid(conf: Path) -> int:
             except OSError:
                 continue
     raise RuntimeError(f"no mosquitto process with {conf}")
-
-
-async def dynsec_sample(port: int, password: str, k: int) -> float:
-    """Seconds per node for createRole + createClient through the plugin (one request each,
-    as enrollment sends them), on the broker's full state."""
-    from datetime import UTC, datetime, timedelta
-
-    from netval.infra.mqtt_settings import MqttSettings
-    from netval.operator.identity import acl
-    from netval.operator.identity.dynsec import DynsecAdmin
-
-    admin = DynsecAdmin(MqttSettings("127.0.0.1", port, username="netval-operator",
-                                     password=password, client_id="bench-dynsec"),
-                        timeout=120)  # fmt: skip
-    admin.start()
-    try:
-        await admin.wait_connected(30)
-        expires = datetime.now(UTC) + timedelta(days=1)
-        start = time.monotonic()
-        for j in range(k):
-            node = f"probe-{j:05d}"
-            await admin.execute([acl.create_role(node, ["fabric"]),
-                                 acl.create_client(acl.client_name(node), node, "pw", expires)])  # fmt: skip
-        return (time.monotonic() - start) / k
-    finally:
-        await admin.stop()
 
 
 # -- process metrics ----------------------------------------------------------------------
@@ -257,9 +203,6 @@ async def run_case(n: int, mode: str, tls: bool, args: argparse.Namespace,
     fig: dict[str, Any] = {"nodes": n, "mode": mode, "transport": "tls" if tls else "plaintext"}
     bpid = broker_pid(conf)
     fig["broker_rss_idle_mib"] = vm_mib(bpid)
-    if args.dynsec_sample and mode == args.modes[0] and not tls and n <= DYNSEC_SAMPLE_UP_TO:
-        fig["dynsec_create_s_per_node"] = await dynsec_sample(port, pw["operator"],
-                                                             args.dynsec_sample)  # fmt: skip
     ca_file = None
     if tls:
         ca_file = str(work / "ca.crt")
@@ -268,8 +211,12 @@ async def run_case(n: int, mode: str, tls: bool, args: argparse.Namespace,
     procs = max(1, math.ceil(n / args.nodes_per_process))
     common = {"validation": "fabric", "total": n, "interval": args.interval, "host": "127.0.0.1",
               "port": port, "beat_qos": args.beat_qos, "secret": secret, "ca_file": ca_file,
-              "tls_host": BROKER_HOST, "operator_login": ["netval-operator", pw["operator"]],
-              "template_pass": pass_t, "template_fail": fail_t}  # fmt: skip
+              "tls_host": BROKER_HOST, "template_pass": pass_t, "template_fail": fail_t}  # fmt: skip
+    if tls:  # per-node identity: each node's certificate, the operator's own
+        common["identity"] = {"ca": pw["identity_ca"], "key": pw["identity_key"]}
+    else:  # the chart's shared agent login
+        common["shared_login"] = ["netval-agent", pw["agent"]]
+        common["operator_login"] = ["netval-operator", pw["operator"]]
     clients: list[Child] = []
     operator: Child | None = None
     scenario: scale_scenarios.Ctx | None = None
@@ -306,7 +253,9 @@ async def run_case(n: int, mode: str, tls: bool, args: argparse.Namespace,
         await asyncio.sleep(t0 + args.interval + 1.0 - time.time())  # every first report out
 
         operator_cfg = {
-            "nodes": n, "interval": args.interval, "workdir": str(work), "password": pw["operator"],
+            "nodes": n, "interval": args.interval, "workdir": str(work),
+            "password": None if tls else pw["operator"],
+            "identity": common.get("identity"),
             "url": f"mqtts://{BROKER_HOST}:{port}" if tls else f"mqtt://127.0.0.1:{port}",
             "ca_file": ca_file, "tls_host": BROKER_HOST if tls else None,
             "replay_timeout": TIMEOUT,
@@ -426,20 +375,18 @@ def case(n: int, mode: str, tls: bool, args: argparse.Namespace) -> dict[str, An
     with tempfile.TemporaryDirectory(prefix="netval-scale-") as tmp:
         work = Path(tmp)
         (work / "broker").mkdir()
-        seeded: dict[str, float] = {}
 
         def edit(conf: str) -> str:
-            t = time.monotonic()
-            seed_dynsec(work / "broker" / "data" / "dynamic-security.json", n, secret, "fabric")
-            seeded["s"] = time.monotonic() - t
             return (conf if tls else plaintext_listener(conf)) + "\nmax_connections -1\n"
 
+        # TLS: per-node identity (the chart's default); plaintext: the shared agent login
+        variant = "default" if tls else "broker-shared-login"
         t = time.monotonic()
-        with run_chart_broker(work / "broker", edit) as (port, pw):
-            started = time.monotonic() - t - seeded["s"]
+        with run_chart_broker(work / "broker", edit, variant) as (port, pw):
+            started = time.monotonic() - t
             fig = asyncio.run(run_case(n, mode, tls, args, port, pw,
                                        work / "broker" / "mosquitto.conf", secret, work))  # fmt: skip
-        fig["dynsec_seed_s"], fig["broker_start_s"] = seeded["s"], started
+        fig["broker_start_s"] = started
         return fig
 
 
@@ -492,7 +439,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--beat-qos", type=int, choices=[0, 1], default=0)
     parser.add_argument("--transport", nargs="+", choices=["plaintext", "tls"],
                         default=["plaintext"], help="tls: the chart's TLS listener, verified")  # fmt: skip
-    parser.add_argument("--dynsec-sample", type=int, default=10)
     parser.add_argument("--nodes-per-process", type=int, default=NODES_PER_CLIENT_PROCESS)
     parser.add_argument("--scenario", nargs="+", choices=scale_scenarios.SCENARIOS, default=[],
                         help="after the steady window, instead of the burst")  # fmt: skip
@@ -506,7 +452,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.nodes = args.nodes or [500]
         args.interval, args.window, args.burst = 5.0, 5.0, 50
-        args.dynsec_sample, args.warmup = 3, 1.0
+        args.warmup = 1.0
     args.nodes = args.nodes or [10000, 30000]
     if args.warmup is None:
         args.warmup = args.interval
@@ -526,8 +472,8 @@ def main() -> None:
         return
     import mosquitto  # type: ignore[import-not-found]  # tests/mosquitto.py
 
-    if not mosquitto.available() or mosquitto.DYNSEC_PLUGIN is None:
-        sys.exit(mosquitto.MISSING_REASON + " (and its dynamic security plugin)")
+    if not mosquitto.available():
+        sys.exit(mosquitto.MISSING_REASON)
     limit = int(Path("/proc/sys/fs/nr_open").read_text())
     try:  # children (broker, clients) inherit it
         resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))

@@ -8,13 +8,17 @@ whose slot in the interval has come, so 100,000 idle connections cost memory, no
 Source addresses 127.0.0.2, 127.0.0.3, ... (NODES_PER_ADDRESS each) keep every address's
 ephemeral ports (32768-60999 by default) far from exhausted.
 
+Per-node identity (`identity` in the config, the TLS transport): each node's own client
+certificate, `<validation>/<node>`, minted by the chart's identity CA as enrollment would,
+one TLS context per node (made before anything is timed); no user name or password.
+
 Broker restart (`reconnect` command): from then on a node whose connection is lost
 reconnects as the agent does (`netval.infra.mqtt_client.ReconnectRule` with the agent
 publisher's policy: full jitter up to 0.5 s x 2^(failures-1), at most 30 s, reset by a
 session that held 10 s), through the same 100 connects in flight as the first connect; a
-CONNACK refusing the credential (0x86, 0x87) is what would make the agent enroll again
-(counted, not done; bench/scale_reconnect.py). The first cycle after a reconnect goes out
-in full, as the agent's.
+refusal of the credential (CONNACK 0x86, 0x87, or a TLS alert about the certificate) is what
+would make the agent enroll again (counted, not done; bench/scale_reconnect.py). The first
+cycle after a reconnect goes out in full, as the agent's.
 
 Run by bench/scale.py as a child (`--role clients`): JSON lines on stdin (commands) and
 stdout (answers).
@@ -23,7 +27,6 @@ stdout (answers).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import resource
@@ -33,6 +36,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Final
 
 from scale_reconnect import ConnackRefused, RestartStats, agent_rule, reconnect_one
@@ -81,16 +85,13 @@ def _str(s: bytes) -> bytes:
 
 
 def connect_packet(client_id: bytes, user: bytes, password: bytes, will_topic: bytes) -> bytes:
-    flags = 0x80 | 0x40 | 0x20 | 0x08 | 0x04 | 0x02  # user, pw, will retain, QoS 1, will, clean
+    """No user name (b""): a client certificate says who it is."""
+    flags = 0x20 | 0x08 | 0x04 | 0x02  # will retain, QoS 1, will, clean
+    payload = _str(client_id) + b"\x00" + _str(will_topic) + _str(b"offline")
+    if user:
+        flags |= 0x80 | 0x40  # user, password
+        payload += _str(user) + _str(password)
     var = _str(b"MQTT") + bytes([5, flags]) + struct.pack("!H", KEEPALIVE) + b"\x00"
-    payload = (
-        _str(client_id)
-        + b"\x00"
-        + _str(will_topic)
-        + _str(b"offline")
-        + _str(user)
-        + _str(password)
-    )
     body = var + payload
     return b"\x10" + _varint(len(body)) + body
 
@@ -215,6 +216,9 @@ class Fleet:
         self.restart = RestartStats()
         self.gate: asyncio.Semaphore | None = None
         self.loops: set[asyncio.Task[None]] = set()
+        self.contexts: dict[int, Any] = {}  # per-node identity: node -> its TLS context
+        if cfg.get("identity"):
+            self.make_contexts()
 
     def topic(self, i: int, kind: str) -> bytes:
         return f"netval/v1/{self.validation}/{node_name(i)}/{kind}".encode()
@@ -253,14 +257,33 @@ class Fleet:
     def login(self, i: int) -> tuple[bytes, bytes]:
         if self.cfg.get("shared_login"):
             return self.cfg["shared_login"][0].encode(), self.cfg["shared_login"][1].encode()
-        user = f"netval-node:{node_name(i)}".encode()
-        return user, node_password(self.cfg["secret"], i).encode()
+        return b"", b""  # the node's certificate
+
+    def identity(self, i: int) -> str:
+        return f"{self.validation}/{node_name(i)}"
+
+    def make_contexts(self) -> None:
+        """Each node's TLS context with its own certificate, as enrollment leaves it."""
+        import ssl
+
+        from netval.infra.mqtt_settings import PemIdentity, load_identity
+        from netval.operator.identity.authority import IdentityAuthority
+
+        ident = self.cfg["identity"]
+        ca = IdentityAuthority.from_files(Path(ident["ca"]), Path(ident["key"]))
+        for i in range(self.first, self.last):
+            issued, key = ca.mint(self.identity(i))
+            context = ssl.create_default_context(cafile=self.cfg["ca_file"])
+            load_identity(context, PemIdentity(issued.cert_pem, key))
+            self.contexts[i] = context
 
     async def attempt(self, i: int) -> Node:
         """One connect of node i up to its CONNACK (raises ConnackRefused on a refusal)."""
         loop = asyncio.get_running_loop()
         user, password = self.login(i)
-        client_id = user if not self.cfg.get("shared_login") else node_name(i).encode()
+        client_id = (
+            node_name(i).encode() if self.cfg.get("shared_login") else self.identity(i).encode()
+        )
         sock = bound_socket(source_address(i))
         try:
             await loop.sock_connect(sock, (self.cfg["host"], self.cfg["port"]))
@@ -270,12 +293,19 @@ class Fleet:
         _, node = await loop.create_connection(
             lambda: Node(self.stats, lambda node, exc: self.lost(i, node, exc)),
             sock=sock,
-            ssl=self.cfg.get("ssl_context"),
+            ssl=self.contexts.get(i) or self.cfg.get("ssl_context"),
             server_hostname=self.cfg.get("server_hostname"),
         )
         node.send(connect_packet(client_id, user, password, self.topic(i, "state")))
         try:
             code = await asyncio.wait_for(node.connack, CONNACK_TIMEOUT)
+        except ConnectionError as exc:
+            if node.transport is not None:
+                node.transport.abort()
+            text = str(exc).lower()
+            if "alert" in text and "certificate" in text:  # the broker refuses the certificate
+                raise ConnackRefused(0x86) from None
+            raise
         except BaseException:
             if node.transport is not None:
                 node.transport.abort()
@@ -389,10 +419,6 @@ class Fleet:
         return sent
 
 
-def node_password(secret: str, i: int) -> str:
-    return hashlib.sha256(f"{secret}/{i}".encode()).hexdigest()[:32]
-
-
 def proc_usage() -> dict[str, float]:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     rss = 0
@@ -416,7 +442,7 @@ async def sink(cfg: dict[str, Any], stats: Stats) -> Node:
         lambda: Node(stats), cfg["host"], cfg["port"], ssl=cfg.get("ssl_context"),
         server_hostname=cfg.get("server_hostname"),
     )  # fmt: skip
-    user, password = cfg["operator_login"]
+    user, password = cfg.get("operator_login") or ("", "")
     node.send(connect_packet(b"bench-beat-sink", user.encode(), password.encode(), b"bench/sink"))
     await asyncio.wait_for(node.connack, 30)
     node.send(subscribe_packet(f"netval/v1/{cfg['validation']}/+/beat".encode(), 1))

@@ -133,13 +133,17 @@ async def operator_main(cfg: dict[str, Any]) -> None:
     logging.getLogger("netval").addHandler(problems)
     n = cfg["nodes"]
     workdir = Path(cfg["workdir"])
-    (workdir / "operator-password").write_text(cfg["password"] + "\n")
     env = {
         "NETVAL_MQTT_URL": cfg["url"],
-        "NETVAL_MQTT_USERNAME": "netval-operator",
-        "NETVAL_MQTT_PASSWORD_FILE": str(workdir / "operator-password"),
         **({"NETVAL_MQTT_CA_FILE": cfg["ca_file"]} if cfg.get("ca_file") else {}),
     }
+    if cfg.get("identity"):  # per-node identity: the operator mints its own certificate
+        env["NETVAL_IDENTITY_CA_FILE"] = cfg["identity"]["ca"]
+        env["NETVAL_IDENTITY_CA_KEY_FILE"] = cfg["identity"]["key"]
+    else:
+        (workdir / "operator-password").write_text(cfg["password"] + "\n")
+        env["NETVAL_MQTT_USERNAME"] = "netval-operator"
+        env["NETVAL_MQTT_PASSWORD_FILE"] = str(workdir / "operator-password")
     if cfg.get("tls_host"):
         resolve_to_loopback(cfg["tls_host"])
     kube = CountingKube(n)

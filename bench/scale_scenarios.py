@@ -3,8 +3,9 @@ fleet of one case after its steady window (instead of the burst, so every label 
 `healthy` and any Node write is the scenario's).
 
 broker-restart: SIGKILL of the broker, started again 5 s later with the same configuration
-(its persistence file and dynamic-security state file are the chart's: whatever the last
-autosave wrote). The nodes reconnect as the agent does (bench/scale_reconnect.py) and the
+and data (whatever the last autosave wrote: a restarted container). broker-replace: the
+same with its data directory emptied first (a new pod: no retained message; with per-node
+identity no per-client state either, so nobody is refused). The nodes reconnect as the agent does (bench/scale_reconnect.py) and the
 operator's ingest as it does. Measured from the kill: every node connected again (the
 clients' CONNACKs) and reported (the operator read a live report or a beat matching its
 standing report from each), connects tried, CONNACK refusals of the credential (would
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-SCENARIOS: Final = ("broker-restart", "operator-rollout")
+SCENARIOS: Final = ("broker-restart", "broker-replace", "operator-rollout")
 BROKER_DOWN_S: Final = 5.0
 STATUS_WINDOWS_S: Final = 4.0  # two status windows (2 s each, the default)
 
@@ -66,7 +67,7 @@ async def listening(port: int, within: float) -> bool:
     return False
 
 
-async def broker_restart(ctx: Ctx, fig: dict[str, Any]) -> None:
+async def broker_restart(ctx: Ctx, fig: dict[str, Any], *, empty: bool = False) -> None:
     from scale import broker_pid, machine_busy_s, vm_mib
 
     for c in ctx.clients:
@@ -75,6 +76,9 @@ async def broker_restart(ctx: Ctx, fig: dict[str, Any]) -> None:
     t_kill = time.time()
     os.kill(ctx.bpid, signal.SIGKILL)
     await asyncio.sleep(BROKER_DOWN_S)
+    if empty:  # a new pod: its emptyDir starts empty
+        for path in (ctx.conf.parent / "data").iterdir():
+            path.unlink()
     await ctx.operator.ask({"cmd": "mark"}, "marked")  # nothing live can reach it meanwhile
     log = (ctx.conf.parent / "mosquitto.log").open("ab")
     from mosquitto import MOSQUITTO  # type: ignore[import-not-found]  # tests/mosquitto.py
@@ -172,7 +176,10 @@ async def run(ctx: Ctx, fig: dict[str, Any]) -> None:
 
     for name in ctx.args.scenario:
         print(f"  scenario {name}", file=sys.stderr, flush=True)
-        await (broker_restart if name == "broker-restart" else operator_rollout)(ctx, fig)
+        if name == "operator-rollout":
+            await operator_rollout(ctx, fig)
+        else:
+            await broker_restart(ctx, fig, empty=name == "broker-replace")
         if "restart_failed" in fig:
             return
 

@@ -61,6 +61,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
             }
         }
     },
+    # an external broker that authenticates by the identity CA's client certificates
+    "external-client-certificates": {
+        "mqtt": {
+            "external": {
+                "enabled": True,
+                "url": "mqtts://rabbitmq.mqtt.svc:8883",
+                "caSecret": "rabbitmq-ca",
+                "clientCertificates": True,
+            }
+        }
+    },
     "cert-manager": {"webhook": {"certManager": {"enabled": True}}},
     "cert-manager-issuer": {
         "webhook": {
@@ -70,17 +81,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
             }
         }
     },
-    # without the webhook there is no enrollment: the shared agent login (dynamic security
+    # without the webhook there is no enrollment: the shared agent login (per-node identity
     # without the webhook does not render)
     "no-webhook": {
         "webhook": {"enabled": False},
-        "mqtt": {"broker": {"dynamicSecurity": {"enabled": False}}},
+        "mqtt": {"identity": {"enabled": False}},
     },
     # The bundled broker in plaintext (asked for), and its certificate from cert-manager or
     # from a Secret of the user's (agents elsewhere: their CA-only Secret named).
-    "broker-plaintext": {"mqtt": {"tls": {"enabled": False}}},
-    # the shared agent login instead of per-node identity (no dynamic security plugin)
-    "broker-shared-login": {"mqtt": {"broker": {"dynamicSecurity": {"enabled": False}}}},
+    "broker-plaintext": {"mqtt": {"tls": {"enabled": False}, "identity": {"enabled": False}}},
+    # the shared agent login instead of per-node identity (no client certificates)
+    "broker-shared-login": {"mqtt": {"identity": {"enabled": False}}},
     "broker-cert-manager": {"mqtt": {"tls": {"certManager": {"enabled": True}}}},
     "broker-tls-existing": {
         "agent": {"namespace": AGENT_NAMESPACE},
@@ -156,6 +167,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
                 "agentExistingSecret": "mqtt-agent",
             },
             "tls": {"existingSecret": "netval-mqtt-cert"},
+            "identity": {"existingSecret": "netval-identity-ca"},
         },
         "webhook": {"existingSecret": "netval-webhook-cert"},
     },

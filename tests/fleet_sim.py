@@ -96,6 +96,31 @@ def _client(broker: MosquittoBroker, client_id: str = "", will: str | None = Non
     return client
 
 
+class Watcher:
+    def __init__(self, client: Any, topic_filter: str) -> None:
+        self.client = client
+        self._latest: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+        client.on_message = self._on_message
+        done = threading.Event()
+        client.on_subscribe = lambda *a: done.set()
+        client.subscribe(topic_filter, qos=1)
+        if not done.wait(10):
+            raise RuntimeError(f"no SUBACK for {topic_filter}")
+
+    def _on_message(self, _c: Any, _u: Any, message: Any) -> None:
+        with self._lock:
+            self._latest[message.topic] = bytes(message.payload)
+
+    def latest(self, topic: str) -> bytes | None:
+        with self._lock:
+            return self._latest.get(topic)
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
 class Agents:
     """Publishes every node's report (what `reports` says for it) every `period` seconds
     while started; `crash` ends a node's own client without a DISCONNECT, so the broker
@@ -186,6 +211,11 @@ class Agents:
         self._thread = threading.Thread(target=run, name="simulated-agents", daemon=True)
         self._thread.start()
         return self
+
+    def watch(self, topic_filter: str, shard: int = 0) -> Watcher:
+        """A subscriber (the broker's login, a client id of its own) keeping the newest
+        payload of each topic `topic_filter` matches."""
+        return Watcher(_client(self.brokers[shard], f"watcher-{time.monotonic_ns()}"), topic_filter)
 
     def reconnect(self, shard: int) -> None:
         """The shared client of `shard` again (after its broker restarted)."""

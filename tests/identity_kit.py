@@ -1,5 +1,5 @@
 """Shared parts of the per-node identity tests (test_identity.py, test_enrollment.py) and of
-bench/enrollment.py: an asyncio loop in a thread (the operator's async parts, driven from a
+bench/identity_scale.py: an asyncio loop in a thread (the operator's async parts, driven from a
 sync test), and a paho MQTT client that records what it receives and how its connection
 ended.
 """
@@ -7,12 +7,14 @@ ended.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import threading
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -58,11 +60,13 @@ class Mqtt:
     def __init__(
         self,
         port: int,
-        username: str,
-        password: str,
+        username: str | None,
+        password: str | None,
         *,
         client_id: str = "",
         will: tuple[str, bytes] | None = None,
+        tls: Any = None,
+        host: str = "127.0.0.1",
     ) -> None:
         import paho.mqtt.client as paho
 
@@ -73,22 +77,37 @@ class Mqtt:
         self.client = paho.Client(
             paho.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv311
         )
-        self.client.username_pw_set(username, password)
+        if username is not None:
+            self.client.username_pw_set(username, password)
+        if tls is not None:  # an ssl.SSLContext (a client certificate in it: per-node identity)
+            self.client.tls_set_context(tls)
         if will is not None:
             self.client.will_set(will[0], will[1], qos=1, retain=True)
         self.client.on_connect = lambda c, u, f, reason, p: self.connacks.append(reason)
         self.client.on_disconnect = lambda c, u, f, reason, p: self.disconnects.append(reason)
         self.client.on_message = self._on_message
         self.port = port
+        self.host = host
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
         with self.lock:
             self.messages.append((message.topic, bytes(message.payload)))
 
     def connect(self) -> Any:
-        self.client.connect("127.0.0.1", self.port, keepalive=30)
+        self.client.connect(self.host, self.port, keepalive=30)
         self.client.loop_start()
         return wait_for(lambda: self.connacks[-1] if self.connacks else None, 10, what="CONNACK")
+
+    def connect_fails(self, timeout: float = 10.0) -> bool:
+        """A connect the broker refuses: a failure CONNACK, or (a certificate it does not
+        accept) a connection lost before any CONNACK."""
+        try:
+            self.client.connect(self.host, self.port, keepalive=30)
+        except OSError:
+            return True
+        self.client.loop_start()
+        wait_for(lambda: self.connacks or self.disconnects, timeout, what="CONNACK or close")
+        return not self.connacks or self.connacks[-1].is_failure
 
     @property
     def accepted(self) -> bool:
@@ -122,7 +141,8 @@ class Mqtt:
         sock = self.client.socket()
         self.client.loop_stop()
         if isinstance(sock, socket.socket):
-            sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):  # already closed by the broker
+                sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
     def close(self) -> None:
@@ -132,9 +152,8 @@ class Mqtt:
 
 class BrokerRestarts:
     """SIGKILL and restart of the Mosquitto `test_chart_broker.run_chart_broker` started in
-    `workdir` (same configuration, port and data directory: the dynamic security state
-    file survives, as in a restarted broker container). Restarted processes are this
-    object's to stop (`close`)."""
+    `workdir` (same configuration and port; `start(empty=True)`: its data directory emptied
+    first, a new broker pod). Restarted processes are this object's to stop (`close`)."""
 
     def __init__(self, workdir: Path, port: int) -> None:
         self.conf = workdir / "mosquitto.conf"
@@ -160,7 +179,11 @@ class BrokerRestarts:
         os.kill(self._pid(), signal.SIGKILL)
         wait_for(lambda: not _listening(self.port), 10, what="the broker gone")
 
-    def start(self) -> None:
+    def start(self, *, empty: bool = False) -> None:
+        if empty:  # a new pod: its emptyDir (retained messages, persistence) starts empty
+            data = self.conf.parent / "data"
+            for path in data.iterdir() if data.is_dir() else ():
+                path.unlink()
         with self.log.open("ab") as log:
             proc = subprocess.Popen(
                 [str(_mosquitto_binary()), "-c", str(self.conf)],
@@ -195,27 +218,27 @@ AGENT_LABELS = {
     "app.kubernetes.io/name": "netval-agent",
     "app.kubernetes.io/managed-by": "netval-operator",
 }
-AGENT_DAEMONSET = "netval-agent-pool"
 
 
-def agent_daemonset(kube: Any, namespace: str) -> dict[str, Any]:
-    """The agents' DaemonSet as the operator renders it (labels, a NetworkValidation as its
-    controller), created once per namespace; the controller reference its pods carry."""
+def agent_daemonset(kube: Any, namespace: str, validation: str = "pool") -> dict[str, Any]:
+    """The agents' DaemonSet of `validation` as the operator renders it (labels, the
+    NetworkValidation as its controller: the validation its pods' certificates are for),
+    created once per namespace and validation; the controller reference its pods carry."""
+    name = f"netval-agent-{validation}"
     found = [
-        d for d in kube.list("apps/v1", "daemonsets", namespace)
-        if d["metadata"]["name"] == AGENT_DAEMONSET
-    ]  # fmt: skip
+        d for d in kube.list("apps/v1", "daemonsets", namespace) if d["metadata"]["name"] == name
+    ]
     ds = found[0] if found else kube.create({
         "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": AGENT_DAEMONSET, "namespace": namespace, "labels": AGENT_LABELS,
+        "metadata": {"name": name, "namespace": namespace, "labels": AGENT_LABELS,
                      "ownerReferences": [{"apiVersion": "netval.io/v1alpha1",
-                                          "kind": "NetworkValidation", "name": "pool",
-                                          "uid": "nv-uid", "controller": True}]},
+                                          "kind": "NetworkValidation", "name": validation,
+                                          "uid": f"nv-uid-{validation}", "controller": True}]},
         "spec": {"selector": {"matchLabels": AGENT_LABELS},
                  "template": {"metadata": {"labels": AGENT_LABELS},
                               "spec": {"containers": [{"name": "agent", "image": "netval"}]}}},
     })  # fmt: skip
-    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": AGENT_DAEMONSET,
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": name,
             "uid": ds["metadata"]["uid"], "controller": True}  # fmt: skip
 
 
@@ -228,13 +251,50 @@ def agent_pod(
     labels: dict[str, str] | None = None,
     service_account: str = "netval-agent",
     owner: dict[str, Any] | None = None,
+    validation: str = "pool",
 ) -> dict[str, Any]:
-    """An agent Pod of the agents' DaemonSet (`owner`: another controller reference)."""
+    """An agent Pod of `validation`'s DaemonSet (`owner`: another controller reference)."""
     return dict(kube.create({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace,
                      "labels": AGENT_LABELS if labels is None else labels,
-                     "ownerReferences": [owner or agent_daemonset(kube, namespace)]},
+                     "ownerReferences": [owner or agent_daemonset(kube, namespace, validation)]},
         "spec": {"nodeName": node, "serviceAccountName": service_account,
                  "containers": [{"name": "agent", "image": "netval"}]},
     }))  # fmt: skip
+
+
+@dataclass
+class IdentityBrokerLogin:
+    """What `operator_processes.OperatorProc` needs of the chart's broker with per-node
+    identity: no login (the operator mints its certificate), and the environment that says
+    so (`env`: TLS to the broker by address, the identity CA)."""
+
+    port: int
+    secrets: dict[str, str]
+    host: str = "127.0.0.1"
+    username: str = ""
+    password: str = ""
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "NETVAL_MQTT_URL": f"mqtts://127.0.0.1:{self.port}",
+            "NETVAL_MQTT_CA_FILE": self.secrets["broker_ca"],
+            "NETVAL_MQTT_USERNAME": "",
+            "NETVAL_MQTT_PASSWORD_FILE": "",
+            "NETVAL_IDENTITY_CA_FILE": self.secrets["identity_ca"],
+            "NETVAL_IDENTITY_CA_KEY_FILE": self.secrets["identity_key"],
+        }
+
+
+def minted_context(secrets: dict[str, str], identity: str) -> Any:
+    """A TLS client context for the chart's broker by address, showing a certificate for
+    `identity` minted by its identity CA."""
+    from netval.infra.mqtt_settings import MqttSettings
+    from netval.operator.identity.authority import IdentityAuthority, MintedIdentity
+
+    ca = IdentityAuthority.from_files(Path(secrets["identity_ca"]), Path(secrets["identity_key"]))
+    settings = MqttSettings("127.0.0.1", 1, tls=True, ca_file=Path(secrets["broker_ca"]),
+                            identity=MintedIdentity(ca, identity))  # fmt: skip
+    return settings.ssl_context()

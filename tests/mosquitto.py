@@ -26,17 +26,6 @@ MOSQUITTO = shutil.which("mosquitto") or next(
     (p for p in ("/usr/sbin/mosquitto", "/sbin/mosquitto") if os.access(p, os.X_OK)), None
 )
 MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd")
-# Mosquitto's dynamic security plugin: Debian ships it under /usr/lib/<arch>/, the
-# eclipse-mosquitto image (the chart's) under /usr/lib/.
-DYNSEC_PLUGIN = next(
-    (
-        str(p)
-        for p in (*Path("/usr/lib").glob("*/mosquitto_dynamic_security.so"),
-                  Path("/usr/lib/mosquitto_dynamic_security.so"))
-        if p.is_file()
-    ),
-    None,
-)  # fmt: skip
 MISSING_REASON = "mosquitto / mosquitto_passwd not installed (Debian: apt-get install -y mosquitto)"
 
 

@@ -33,7 +33,7 @@ from netval.operator.settings import (
     OperatorSettings,
     operator_settings_from_env,
 )
-from tls_certs import make_ca
+from tls_certs import key_pem, make_ca
 
 OWNER: dict[str, Any] = {
     "apiVersion": "netval.io/v1alpha1",
@@ -66,13 +66,28 @@ def _operator_env(variant: str) -> dict[str, str]:
     return {e["name"]: e["value"] for e in env if "value" in e}
 
 
-def settings_of(variant: str, tmp: Path) -> OperatorSettings:
+def _operator_env_files(variant: str, tmp: Path) -> dict[str, str]:
+    """The operator's environment as the chart renders it, its mounted files made real."""
     env = {**_operator_env(variant), **_files(tmp)}
     if not env["NETVAL_MQTT_URL"].startswith("mqtts://"):
         env.pop("NETVAL_MQTT_CA_FILE")  # a plaintext variant mounts no CA
+    if "NETVAL_MQTT_USERNAME" not in env:  # per-node identity: the operator mints its own
+        env.pop("NETVAL_MQTT_PASSWORD_FILE")
+    if "NETVAL_IDENTITY_CA_FILE" in env:  # the identity CA Secret, stood in for
+        ca = make_ca(tmp, "identity-ca")
+        key = tmp / "identity-ca.key"
+        key.write_bytes(key_pem(ca.key))
+        env["NETVAL_IDENTITY_CA_FILE"], env["NETVAL_IDENTITY_CA_KEY_FILE"] = (
+            str(ca.cert_file),
+            str(key),
+        )
     if "NETVAL_ACL_PROBE_PASSWORD_FILE" in env:  # an external broker: the probe's password
         env["NETVAL_ACL_PROBE_PASSWORD_FILE"] = env["NETVAL_MQTT_PASSWORD_FILE"]
-    return operator_settings_from_env(env)
+    return env
+
+
+def settings_of(variant: str, tmp: Path) -> OperatorSettings:
+    return operator_settings_from_env(_operator_env_files(variant, tmp))
 
 
 def daemonset_of(variant: str, tmp: Path) -> dict[str, Any]:
@@ -149,8 +164,7 @@ def test_telemetry_values_reach_the_agents_env(tmp_path: Path) -> None:
 
 def test_release_pull_secrets_reach_the_agents_by_default(tmp_path: Path) -> None:
     env = {
-        **_operator_env("default"),
-        **_files(tmp_path),
+        **_operator_env_files("default", tmp_path),
         "NETVAL_AGENT_IMAGE_PULL_SECRETS": '[{"name": "registry"}, "other", {"name": "registry"}]',
     }
     settings = operator_settings_from_env(env)
@@ -180,7 +194,7 @@ def test_release_pull_secrets_reach_the_agents_by_default(tmp_path: Path) -> Non
     ],
 )
 def test_bad_agent_settings_are_refused(name: str, value: str, error: str, tmp_path: Path) -> None:
-    env = {**_operator_env("default"), **_files(tmp_path), name: value}
+    env = {**_operator_env_files("default", tmp_path), name: value}
     if name == "OTEL_TRACES_SAMPLER_ARG":
         env["OTEL_TRACES_SAMPLER"] = "traceidratio"
     with pytest.raises(OperatorConfigError, match=re.escape(error)):
@@ -189,8 +203,7 @@ def test_bad_agent_settings_are_refused(name: str, value: str, error: str, tmp_p
 
 def test_empty_agent_settings_count_as_unset(tmp_path: Path) -> None:
     env = {
-        **_operator_env("default"),
-        **_files(tmp_path),
+        **_operator_env_files("default", tmp_path),
         "NETVAL_AGENT_NAMESPACE": "",
         "NETVAL_AGENT_PRIORITY_CLASS_NAME": " ",
         "NETVAL_AGENT_IMAGE_PULL_SECRETS": "[]",

@@ -35,6 +35,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+import tls_certs
 from chart_kit import (
     CHART,
     NAMESPACE,
@@ -93,7 +94,10 @@ SRC_OPERATOR_ENV = {
     identity_service.ENV_ENROLL_CERT_FILE,
     identity_service.ENV_ENROLL_KEY_FILE,
     identity_service.ENV_ENROLL_CA_BUNDLE_FILE,
-    identity_service.ENV_CREDENTIAL_LIFETIME,
+    operator_settings.ENV_CREDENTIAL_LIFETIME,
+    operator_settings.ENV_IDENTITY_CA_FILE,
+    operator_settings.ENV_IDENTITY_CA_KEY_FILE,
+    operator_settings.ENV_GATING_ON_ACL_VIOLATION,
     mqtt_settings.ENV_URL,
     mqtt_settings.ENV_USERNAME,
     mqtt_settings.ENV_PASSWORD_FILE,
@@ -301,6 +305,7 @@ def test_operator_environment_builds_real_settings(variant: str, tmp_path: Path)
     if mqtt_settings.ENV_CA_FILE in env:
         assert env[mqtt_settings.ENV_CA_FILE].startswith(mounts["mqtt-ca"] + "/")
         env[mqtt_settings.ENV_CA_FILE] = certifi.where()
+    _identity_ca_files(variant, env, mounts, tmp_path)
     if operator_settings.ENV_ACL_PROBE_PASSWORD_FILE in env:
         assert env[operator_settings.ENV_ACL_PROBE_PASSWORD_FILE].startswith(
             mounts["acl-probe"] + "/"
@@ -313,7 +318,17 @@ def test_operator_environment_builds_real_settings(variant: str, tmp_path: Path)
     assert settings.agent_image == "ghcr.io/netval/netval:0.1.0" == operator_settings.DEFAULT_IMAGE
     values = VARIANTS[variant]
     external = values.get("mqtt", {}).get("external", {})
-    if external.get("enabled"):
+    identity = values.get("mqtt", {}).get("identity", {}).get("enabled", True) and values.get(
+        "webhook", {}
+    ).get("enabled", True)
+    if external.get("clientCertificates"):
+        # the agents enroll, the operator mints its own certificate: no login, no probe login
+        assert settings.mqtt.url == external["url"]
+        assert settings.identity_ca is not None and settings.mqtt.identity is not None
+        assert settings.mqtt.username is None and settings.acl_probe is None
+        assert settings.agent_enroll_url is not None
+        assert not find(variant, "Deployment", "netval-mqtt")
+    elif external.get("enabled"):
         assert settings.mqtt.url == external["url"]
         assert settings.agent_mqtt_secret == external["agentExistingSecret"]
         assert settings.agent_mqtt_ca_secret == external["caSecret"]
@@ -333,8 +348,13 @@ def test_operator_environment_builds_real_settings(variant: str, tmp_path: Path)
         else:
             assert settings.mqtt.url == f"mqtt://netval-mqtt.{NAMESPACE}.svc:1883"
             assert settings.agent_mqtt_ca_secret is None
-        assert settings.mqtt.username == "netval-operator"
-        assert settings.mqtt.password == "s3cret"
+        if identity:
+            # per-node identity: the operator's own session shows a certificate it minted
+            assert settings.mqtt.username is None and settings.mqtt.password is None
+            assert settings.mqtt.identity is not None and settings.identity_ca is not None
+        else:
+            assert settings.mqtt.username == "netval-operator"
+            assert settings.mqtt.password == "s3cret"
         assert settings.acl_probe is None  # the bundled broker: enrollment's own check
         assert settings.agent_mqtt_username == "netval-agent"
         broker = values.get("mqtt", {}).get("broker", {})
@@ -394,6 +414,34 @@ def test_operator_environment_builds_real_settings(variant: str, tmp_path: Path)
     pull = agent.get("imagePullSecrets") or values.get("imagePullSecrets", [])
     assert json.loads(env["NETVAL_AGENT_IMAGE_PULL_SECRETS"]) == pull
     assert env.get("NETVAL_AGENT_PRIORITY_CLASS_NAME") == agent.get("priorityClassName")
+
+
+def _identity_ca_files(
+    variant: str, env: dict[str, str], mounts: dict[str, str], tmp_path: Path
+) -> None:
+    """The identity CA Secret the chart renders, written where the operator reads it."""
+    if operator_settings.ENV_IDENTITY_CA_FILE not in env:
+        return
+    for name in (
+        operator_settings.ENV_IDENTITY_CA_FILE,
+        operator_settings.ENV_IDENTITY_CA_KEY_FILE,
+    ):
+        assert env[name].startswith(mounts["identity-ca"] + "/")
+    secrets = find(variant, "Secret", "netval-mqtt-identity-ca")
+    if secrets:
+        (secret,) = secrets
+        assert secret["type"] == "kubernetes.io/tls"
+        data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    else:  # the user's Secret (GitOps): a CA made here stands for it
+        ca = tls_certs.make_ca(tmp_path, "user-identity-ca")
+        data = {"tls.crt": ca.cert_file.read_bytes(), "tls.key": tls_certs.key_pem(ca.key)}
+    for name, key in (
+        (operator_settings.ENV_IDENTITY_CA_FILE, "tls.crt"),
+        (operator_settings.ENV_IDENTITY_CA_KEY_FILE, "tls.key"),
+    ):
+        path = tmp_path / key
+        path.write_bytes(data[key])
+        env[name] = str(path)
 
 
 def test_image_references_are_pinned() -> None:
@@ -571,7 +619,7 @@ def test_no_webhook_means_no_webhook_objects() -> None:
 def test_operator_replicas_get_distinct_mqtt_client_ids(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    env = env_of(operator_container("default"))
+    env = env_of(operator_container("broker-shared-login"))
     (tmp_path / "password").write_text("pw")
     env[mqtt_settings.ENV_PASSWORD_FILE] = str(tmp_path / "password")
     env[mqtt_settings.ENV_CA_FILE] = certifi.where()  # the mounted CA, stood in for

@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +72,38 @@ def _broker_tls(directory: Path) -> None:
         (directory / key).chmod(0o600)
 
 
-def _broker_parts(variant: str = "default") -> tuple[str, str, dict[str, Any], dict[str, str]]:
+def identity_context(secrets: dict[str, str], identity: str) -> ssl.SSLContext:
+    """A client TLS context as netval's clients build one with per-node identity: the
+    broker verified by the chart's CA and host name, and a client certificate for
+    `identity` (`<validation>/<node>`, or netval-operator) minted by the chart's identity CA."""
+    from netval.infra.mqtt_settings import load_identity
+    from netval.operator.identity.authority import IdentityAuthority
+
+    authority = IdentityAuthority.from_files(
+        Path(secrets["identity_ca"]), Path(secrets["identity_key"])
+    )
+    issued, key = authority.mint(identity, identity.replace("/", "."))
+    context = ssl.create_default_context(cadata=rendered_ca())
+    load_identity(context, _Pem(issued.cert_pem, key))
+    return context
+
+
+@dataclass(frozen=True)
+class _Pem:
+    cert: bytes
+    key: bytes
+
+    def pem(self) -> tuple[bytes, bytes]:
+        return self.cert, self.key
+
+
+def _broker_parts(
+    variant: str = "default",
+) -> tuple[str, str, dict[str, Any] | None, dict[str, str]]:
     config = one(variant, "ConfigMap", "netval-mqtt")["data"]
     deployment = one(variant, "Deployment", "netval-mqtt")
-    (init,) = deployment["spec"]["template"]["spec"]["initContainers"]
+    inits = deployment["spec"]["template"]["spec"].get("initContainers") or [None]
+    (init,) = inits
     passwords = {
         who: base64.b64decode(
             one(variant, "Secret", f"netval-mqtt-{who}")["data"]["password"]
@@ -134,56 +163,85 @@ class _Client:
 
 def plaintext_listener(conf: str) -> str:
     """The chart's configuration with its TLS listener turned plaintext: for tests of the
-    access rules (ACL, dynamic security), which are the same either way; the TLS listener
-    itself is tested on its own below."""
+    shared login's access rules, which are the same either way; the TLS listener itself is
+    tested on its own below. (Per-node identity is a TLS feature: not for it.)"""
     tls = re.compile(r"^(cafile|certfile|keyfile|tls_version) .*\n", re.M)
     assert len(tls.findall(conf)) == 4, conf
+    assert "require_certificate" not in conf, "client certificates need the TLS listener"
     return tls.sub("", conf)
 
 
 @contextlib.contextmanager
 def run_chart_broker(
-    tmp_path: Path, edit: Callable[[str], str] | None = None, variant: str = "default"
+    tmp_path: Path,
+    edit: Callable[[str], str] | None = None,
+    variant: str = "default",
+    *,
+    by_address: bool = False,
 ) -> Iterator[tuple[int, dict[str, str]]]:
-    """The default variant's broker in a real Mosquitto: the init container's password
-    script, the ACL and mosquitto.conf with only its file paths and listener pointed here
-    (and `edit` applied to the configuration, for controls)."""
+    """A variant's broker in a real Mosquitto: the ACL and mosquitto.conf with only its file
+    paths and listener pointed here (and `edit` applied to the configuration, for controls);
+    with per-node identity (the default) the chart's identity CA (yielded as `identity_ca`
+    and `identity_key` file paths: tests mint clients' certificates with it), else the init
+    container's password script (yielded: the passwords and the hashed file)."""
     if not broker_kit.available():
         pytest.skip(broker_kit.MISSING_REASON)
     conf, acl, init, passwords = _broker_parts(variant)
     auth = tmp_path / "auth"
     auth.mkdir()
-    secrets = {}
-    for who, password in passwords.items():
-        (tmp_path / who).mkdir()
-        (tmp_path / who / "password").write_text(password)
-        secrets[who] = tmp_path / who / "password"
-    # The init container's own script, with its file paths pointed at this directory.
-    env = {e["name"]: e["value"] for e in init["env"]}
-    env.update(
-        PASSWD_FILE=str(auth / "passwd"),
-        OPERATOR_PASSWORD_FILE=str(secrets["operator"]),
-        AGENT_PASSWORD_FILE=str(secrets["agent"]),
-        DYNSEC_FILE=str(tmp_path / "data" / "dynamic-security.json"),
-        PATH=os.environ["PATH"] + ":" + str(Path(broker_kit.MOSQUITTO_PASSWD or "").parent),
-    )
-    assert init["command"][:2] == ["/bin/sh", "-ec"]
     (tmp_path / "data").mkdir()
-    subprocess.run(["/bin/sh", "-ec", init["command"][2]], env=env, check=True, timeout=30)
+    extra: dict[str, str] = {}
+    if init is None:  # per-node identity: the broker reads the identity CA's certificate
+        identity = tmp_path / "identity"
+        identity.mkdir()
+        data = one(variant, "Secret", "netval-mqtt-identity-ca")["data"]
+        (identity / "ca.crt").write_bytes(base64.b64decode(data["tls.crt"]))
+        (identity / "ca.key").write_bytes(base64.b64decode(data["tls.key"]))
+        extra = {"identity_ca": str(identity / "ca.crt"), "identity_key": str(identity / "ca.key")}
+    else:
+        secrets = {}
+        for who, password in passwords.items():
+            (tmp_path / who).mkdir()
+            (tmp_path / who / "password").write_text(password)
+            secrets[who] = tmp_path / who / "password"
+        # The init container's own script, with its file paths pointed at this directory.
+        env = {e["name"]: e["value"] for e in init["env"]}
+        env.update(
+            PASSWD_FILE=str(auth / "passwd"),
+            OPERATOR_PASSWORD_FILE=str(secrets["operator"]),
+            AGENT_PASSWORD_FILE=str(secrets["agent"]),
+            PATH=os.environ["PATH"] + ":" + str(Path(broker_kit.MOSQUITTO_PASSWD or "").parent),
+        )
+        assert init["command"][:2] == ["/bin/sh", "-ec"]
+        subprocess.run(["/bin/sh", "-ec", init["command"][2]], env=env, check=True, timeout=30)
+        extra = {"passwd": (auth / "passwd").read_text()}
     (tmp_path / "acl").write_text(acl)
     _broker_tls(tmp_path / "tls")
+    if by_address:
+        # a server certificate for 127.0.0.1 too (yielded: `broker_ca`), for processes that
+        # cannot resolve the chart's Service name (agents run as subprocesses)
+        import tls_certs
+
+        ca = tls_certs.make_ca(tmp_path / "tls", "broker-test-ca")
+        leaf = tls_certs.issue(ca, tmp_path / "tls", "broker-by-address",
+                               dns_names=(BROKER_HOST,), ip_addresses=("127.0.0.1",))  # fmt: skip
+        (tmp_path / "tls" / "tls.crt").write_bytes(leaf.cert_file.read_bytes())
+        (tmp_path / "tls" / "tls.key").write_bytes(leaf.key_file.read_bytes())
+        extra["broker_ca"] = str(ca.cert_file)
     port = _free_port()
     replacements = {
         "listener 8883\n": f"listener {port} 127.0.0.1\n",
         "/mosquitto/tls/": f"{tmp_path / 'tls'}/",
+        "/mosquitto/identity/ca.crt": str(tmp_path / "identity" / "ca.crt"),
         "/mosquitto/auth/passwd": str(auth / "passwd"),
         "/mosquitto/config/acl": str(tmp_path / "acl"),
         "/mosquitto/data/": f"{tmp_path / 'data'}/",
-        "plugin /usr/lib/mosquitto_dynamic_security.so\n": f"plugin {broker_kit.DYNSEC_PLUGIN}\n",
     }
     for old, new in replacements.items():
-        if old.startswith("plugin ") and "plugin " not in conf:
-            continue  # a variant without the dynamic security plugin
+        if old.startswith(("/mosquitto/identity/", "/mosquitto/auth/")) and old not in conf:
+            continue  # the other kind of authentication
+        if old.startswith("listener ") and old not in conf:
+            continue  # plaintext (the variant's, or `edit`'s below)
         assert old in conf, old
         conf = conf.replace(old, new)
     if edit is not None:
@@ -208,7 +266,7 @@ def run_chart_broker(
                 assert time.monotonic() < deadline, "broker did not listen"
                 time.sleep(0.05)
         with _resolving_broker_name():
-            yield port, {**passwords, "passwd": (auth / "passwd").read_text()}
+            yield port, {**passwords, **extra}
     finally:
         proc.terminate()
         proc.wait(10)
@@ -221,37 +279,57 @@ def chart_broker(tmp_path: Path) -> Iterator[tuple[int, dict[str, str]]]:
         yield broker
 
 
-def test_the_shared_agent_login_is_no_broker_user_with_per_node_identity(
+def _cert_client(port: int, context: ssl.SSLContext, client_id: str = "x") -> Any:
+    import paho.mqtt.client as paho
+
+    client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id,
+                         protocol=paho.MQTTv5)  # fmt: skip
+    client.tls_set_context(context)
+    return client
+
+
+def test_per_node_identity_takes_certificates_only(
     chart_broker: tuple[int, dict[str, str]],
 ) -> None:
-    """Default chart (dynamic security on): agents enroll for their own node's client, so the
-    shared agent login is not in the broker's password file at all: it cannot connect, so it
-    can neither speak for a node nor take over an agent's client id (which would end that
-    agent's session and fire its `offline` will)."""
+    """Default chart (per-node identity): the broker asks every client for a certificate of
+    the identity CA and keeps no password file: the operator's and the agents' passwords the
+    chart still renders (for switching back) log nobody in, with or without a certificate of
+    another CA; a certificate of the identity CA does."""
     port, secrets = chart_broker
-    assert [line.split(":", 1)[0] for line in secrets["passwd"].splitlines()] == ["netval-operator"]
-    operator = _Client(port, "netval-operator", secrets["operator"])
-    shared = _Client(port, "netval-agent", secrets["agent"])
+    conf = one("default", "ConfigMap", "netval-mqtt")["data"]["mosquitto.conf"]
+    assert "password_file" not in conf and "plugin " not in conf
+    assert "require_certificate true\nuse_identity_as_username true\n" in conf
+    assert "use_username_as_clientid true\n" in conf
+    for username in ("netval-operator", "netval-agent"):
+        shared = _Client(port, username, secrets["operator" if "operator" in username else "agent"])
+        try:
+            assert not shared.accepted, username  # no certificate: no TLS session at all
+        finally:
+            shared.close()
+    ok = _cert_client(port, identity_context(secrets, "pool/gpu-node-1"))
+    connected = threading.Event()
+    ok.on_connect = lambda *a: connected.set()
+    ok.connect(BROKER_HOST, port, keepalive=10)
+    ok.loop_start()
     try:
-        assert operator.accepted
-        assert shared.reason is not None and shared.reason.is_failure  # refused in the CONNACK
+        assert connected.wait(10)
     finally:
-        operator.close()
-        shared.close()
+        ok.disconnect()
+        ok.loop_stop()
 
 
-def test_dynamic_security_without_the_webhook_does_not_render() -> None:
-    """Without the webhook nobody could enroll, and the plugin's deny-by-default would drop
-    every report in silence: refused at render time, with what to do."""
-    with (
-        helm.Chart.load(CHART) as chart,
-        pytest.raises(helm.HelmError, match=r"needs webhook.enabled"),
-    ):
-        chart.render({"webhook": {"enabled": False}}, name=RELEASE, namespace=NAMESPACE)
+def test_per_node_identity_without_the_webhook_or_tls_does_not_render() -> None:
+    """Without the webhook nobody could enroll, and without TLS there are no client
+    certificates: refused at render time, with what to do."""
+    with helm.Chart.load(CHART) as chart:
+        with pytest.raises(helm.HelmError, match=r"needs webhook.enabled"):
+            chart.render({"webhook": {"enabled": False}}, name=RELEASE, namespace=NAMESPACE)
+        with pytest.raises(helm.HelmError, match=r"needs mqtt.tls.enabled"):
+            chart.render({"mqtt": {"tls": {"enabled": False}}}, name=RELEASE, namespace=NAMESPACE)
 
 
 def test_broker_configuration_works_in_a_real_mosquitto(tmp_path: Path) -> None:
-    """The shared agent login's rules (the chart without dynamic security)."""
+    """The shared agent login's rules (the chart without per-node identity)."""
     with run_chart_broker(tmp_path, variant="broker-shared-login") as chart_broker:
         _shared_login_rules(*chart_broker)
 
@@ -307,7 +385,8 @@ def _shared_login_rules(port: int, secrets: dict[str, str]) -> None:
 def test_broker_password_file_is_private(tmp_path: Path) -> None:
     if not broker_kit.available():
         pytest.skip(broker_kit.MISSING_REASON)
-    _, _, init, _ = _broker_parts()
+    _, _, init, _ = _broker_parts("broker-shared-login")
+    assert init is not None
     (tmp_path / "p").write_text("a")
     env = {
         "PASSWD_FILE": str(tmp_path / "passwd"),
@@ -315,7 +394,6 @@ def test_broker_password_file_is_private(tmp_path: Path) -> None:
         "OPERATOR_PASSWORD_FILE": str(tmp_path / "p"),
         "AGENT_USERNAME": "a",
         "AGENT_PASSWORD_FILE": str(tmp_path / "p"),
-        "DYNSEC_FILE": str(tmp_path / "dynamic-security.json"),
         "PATH": os.environ["PATH"] + ":" + str(Path(broker_kit.MOSQUITTO_PASSWD or "").parent),
     }
     subprocess.run(["/bin/sh", "-ec", init["command"][2]], env=env, check=True, timeout=30)
@@ -512,8 +590,12 @@ def test_broker_limits_come_from_values() -> None:
     assert "max_packet_size" not in custom and "persistent_client_expiration" not in custom
 
 
+# The limits are the same with either authentication; these clients log in with passwords.
+LIMITS_VARIANT = "broker-shared-login"
+
+
 def test_a_burst_reaches_slow_and_absent_subscribers(tmp_path: Path) -> None:
-    with run_chart_broker(tmp_path) as (port, secrets):
+    with run_chart_broker(tmp_path, variant=LIMITS_VARIANT) as (port, secrets):
         start = time.monotonic()
         got = _burst(port, secrets)
         took = time.monotonic() - start
@@ -522,7 +604,7 @@ def test_a_burst_reaches_slow_and_absent_subscribers(tmp_path: Path) -> None:
 
 
 def test_a_resubscribing_operator_gets_every_retained_message(tmp_path: Path) -> None:
-    with run_chart_broker(tmp_path) as (port, secrets):
+    with run_chart_broker(tmp_path, variant=LIMITS_VARIANT) as (port, secrets):
         got, took = _retained_replay(port, secrets)
     print(f"chart limits: {2 * RETAINED_NODES} retained -> {got} received in {took:.2f} s")
     assert got == 2 * RETAINED_NODES
@@ -533,9 +615,9 @@ def test_mosquitto_defaults_would_drop_both(tmp_path: Path) -> None:
     messages, so the tests above measure the chart's limits, not luck."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    with run_chart_broker(tmp_path / "a", _mosquitto_defaults) as (port, secrets):
+    with run_chart_broker(tmp_path / "a", _mosquitto_defaults, LIMITS_VARIANT) as (port, secrets):
         burst = _burst(port, secrets)
-    with run_chart_broker(tmp_path / "b", _mosquitto_defaults) as (port, secrets):
+    with run_chart_broker(tmp_path / "b", _mosquitto_defaults, LIMITS_VARIANT) as (port, secrets):
         replay, _ = _retained_replay(port, secrets)
     print(f"mosquitto defaults: burst -> {burst}, retained {2 * RETAINED_NODES} -> {replay}")
     assert burst["away"] < BURST and burst["slow"] < BURST
@@ -573,7 +655,6 @@ def test_netval_clients_reach_the_chart_broker_over_verified_tls(tmp_path: Path)
 
     from chart_kit import env_of as chart_env
     from chart_kit import operator_container
-    from netval.infra.mqtt_settings import mqtt_settings_from_env
 
     env = chart_env(operator_container("default"))
     assert env["NETVAL_MQTT_URL"] == f"mqtts://{BROKER_HOST}:8883"
@@ -583,19 +664,29 @@ def test_netval_clients_reach_the_chart_broker_over_verified_tls(tmp_path: Path)
     ca_file.write_text(rendered_ca())
     (tmp_path / "broker").mkdir()
     with run_chart_broker(tmp_path / "broker") as (port, secrets):
-        (tmp_path / "password").write_text(secrets["operator"])
         env.update(
-            NETVAL_MQTT_CA_FILE=str(ca_file), NETVAL_MQTT_PASSWORD_FILE=str(tmp_path / "password")
+            NETVAL_MQTT_CA_FILE=str(ca_file),
+            NETVAL_IDENTITY_CA_FILE=secrets["identity_ca"],
+            NETVAL_IDENTITY_CA_KEY_FILE=secrets["identity_key"],
         )
-        settings = dataclasses.replace(mqtt_settings_from_env(env, client_id="op"), port=port)
+        # the operator's own settings: its session shows a certificate it minted
+        from netval.operator.settings import operator_settings_from_env
+
+        env["NETVAL_NAMESPACE"] = NAMESPACE
+        settings = dataclasses.replace(operator_settings_from_env(env).mqtt, port=port)
+        assert settings.identity is not None and settings.username is None
         assert settings.tls and settings.host == BROKER_HOST
         assert _netval_round_trip(settings) == b"online"
         # the certificate names the Service, not an address: by IP, verification refuses it
         with pytest.raises(aiomqtt.MqttError, match=r"not valid for '127\.0\.0\.1'"):
             _netval_round_trip(dataclasses.replace(settings, host="127.0.0.1"))
-        # and the listener speaks TLS only
+        # and the listener speaks TLS only, with a certificate
         with pytest.raises(aiomqtt.MqttError):
-            _netval_round_trip(dataclasses.replace(settings, tls=False, ca_file=None))
+            _netval_round_trip(
+                dataclasses.replace(settings, tls=False, ca_file=None, identity=None)
+            )
+        with pytest.raises(aiomqtt.MqttError, match="does not accept this client's certificate"):
+            _netval_round_trip(dataclasses.replace(settings, identity=None))
 
 
 def _certificate(variant: str, secret: str) -> Any:
@@ -628,7 +719,8 @@ def test_tls_is_the_default_and_only_the_broker_mounts_its_key() -> None:
     from chart_kit import docs, notes
 
     conf = one("default", "ConfigMap", "netval-mqtt")["data"]["mosquitto.conf"]
-    assert "listener 8883\nprotocol mqtt\ncafile /mosquitto/tls/ca.crt\n" in conf
+    assert "listener 8883\nprotocol mqtt\n" in conf
+    assert "\ncafile /mosquitto/identity/ca.crt\nrequire_certificate true\n" in conf
     assert "certfile /mosquitto/tls/tls.crt" in conf and "tls_version tlsv1.2" in conf
     assert conf.count("listener ") == 1  # no plaintext listener next to it
     (port,) = one("default", "Service", "netval-mqtt")["spec"]["ports"]
@@ -737,7 +829,7 @@ def test_the_largest_legal_report_passes_and_a_bigger_packet_ends_only_its_sende
     from netval.model.topics import MAX_REPORT_BYTES, TopicKind
     from netval.model.topics import topic as report_topic
 
-    with run_chart_broker(tmp_path, plaintext_listener) as (port, secrets):
+    with run_chart_broker(tmp_path, plaintext_listener, "broker-shared-login") as (port, secrets):
         clients: list[Any] = []
         got: dict[str, list[bytes]] = {}
         gone: dict[str, list[Any]] = {}

@@ -163,19 +163,31 @@ def _annotations(variant: str, deployment: str) -> dict[str, str]:
 
 
 def test_checksums_follow_the_secrets_the_chart_renders() -> None:
+    variant = "broker-shared-login"
     operator_pw = base64.b64decode(
-        one("default", "Secret", "netval-mqtt-operator")["data"]["password"]
+        one(variant, "Secret", "netval-mqtt-operator")["data"]["password"]
     ).decode()
     agent_pw = base64.b64decode(
-        one("default", "Secret", "netval-mqtt-agent")["data"]["password"]
+        one(variant, "Secret", "netval-mqtt-agent")["data"]["password"]
     ).decode()
-    tls = one("default", "Secret", "netval-webhook-tls")["data"]["tls.crt"]
-    operator = _annotations("default", "netval-operator")
+    tls = one(variant, "Secret", "netval-webhook-tls")["data"]["tls.crt"]
+    operator = _annotations(variant, "netval-operator")
     assert operator["checksum/mqtt-password"] == _checksum(operator_pw)
     assert operator["checksum/webhook-tls"] == _checksum(tls)
-    broker = _annotations("default", "netval-mqtt")
+    broker = _annotations(variant, "netval-mqtt")
     assert broker["checksum/secrets"] == _checksum(f"{operator_pw}\n{agent_pw}")
     assert "checksum/config" in broker
+
+
+def test_checksums_follow_the_identity_ca() -> None:
+    """Per-node identity (the default): the broker reads the identity CA at start only and
+    the operator the CA's key: a new CA restarts both; passwords are used by neither."""
+    ca = one("default", "Secret", "netval-mqtt-identity-ca")["data"]["tls.crt"]
+    operator = _annotations("default", "netval-operator")
+    broker = _annotations("default", "netval-mqtt")
+    assert operator["checksum/identity-ca"] == broker["checksum/identity-ca"] == _checksum(ca)
+    assert "checksum/mqtt-password" not in operator
+    assert "checksum/secrets" not in broker
 
 
 def test_gitops_values_render_no_generated_secret() -> None:
@@ -185,13 +197,15 @@ def test_gitops_values_render_no_generated_secret() -> None:
     assert not find("gitops-secrets", "Secret")
     container = operator_deployment("gitops-secrets")["spec"]["template"]["spec"]
     volumes = {v["name"]: v.get("secret", {}).get("secretName") for v in container["volumes"]}
-    assert volumes["mqtt"] == "mqtt-operator"
+    assert "mqtt" not in volumes  # the operator shows a certificate it mints
     assert volumes["webhook-tls"] == "netval-webhook-cert"
+    assert volumes["identity-ca"] == "netval-identity-ca"
     broker = one("gitops-secrets", "Deployment", "netval-mqtt")["spec"]["template"]["spec"]
     names = {v["name"]: v.get("secret", {}).get("secretName") for v in broker["volumes"]}
-    assert names["operator-password"] == "mqtt-operator"
-    # per-node identity (the default): the broker has no shared agent login to mount
-    assert "agent-password" not in names
+    # per-node identity (the default): the broker mounts the identity CA's certificate, no
+    # password at all
+    assert names["identity-ca"] == "netval-identity-ca"
+    assert "operator-password" not in names and "agent-password" not in names
     assert "checksum/mqtt-password" not in _annotations("gitops-secrets", "netval-operator")
     # Nothing random left in the output: two renders are the same.
     from chart_kit import VARIANTS as variants

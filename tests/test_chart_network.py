@@ -96,14 +96,14 @@ def test_operator_policy_admits_webhook_enrollment_and_metrics_only() -> None:
         {
             "networkPolicy": {"operator": {"enabled": True}},
             "webhook": {"enabled": False},
-            "mqtt": {"broker": {"dynamicSecurity": {"enabled": False}}},
+            "mqtt": {"identity": {"enabled": False}},
         }
     )["netval-operator"]
     assert [r["ports"][0]["port"] for r in no_webhook["spec"]["ingress"]] == ["metrics"]
     # Without per-node identity (shared agent login) there is no enrollment port to open.
     shared = _policies(
         {"networkPolicy": {"operator": {"enabled": True}},
-         "mqtt": {"broker": {"dynamicSecurity": {"enabled": False}}}}
+         "mqtt": {"identity": {"enabled": False}}}
     )["netval-operator"]  # fmt: skip
     assert [r["ports"][0]["port"] for r in shared["spec"]["ingress"]] == ["webhook", "metrics"]
 

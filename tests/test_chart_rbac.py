@@ -78,7 +78,7 @@ WEBHOOK_RULES: dict[Rule, set[str]] = {
     ): {"get", "patch"},
     ("cluster", "", "pods", None): {"get", "list", "patch"},
 }
-# Per-node MQTT identity (bundled broker with the dynamic security plugin, webhook on): who an
+# Per-node MQTT identity (client certificates from the operator's enrollment, webhook on): who an
 # enrolling agent's token belongs to (operator/identity/review.py; the Pod read is the
 # webhook's pods get).
 IDENTITY_RULES: dict[Rule, set[str]] = {
@@ -117,9 +117,10 @@ def expected_rules(values: dict[str, Any]) -> dict[Rule, set[str]]:
     if values.get("deviceTaints", {}).get("enabled", False):
         rules.update(copy.deepcopy(DEVICE_TAINT_RULES))
     mqtt = values.get("mqtt", {})
+    external = mqtt.get("external", {})
     if (
-        not mqtt.get("external", {}).get("enabled", False)
-        and mqtt.get("broker", {}).get("dynamicSecurity", {}).get("enabled", True)
+        (not external.get("enabled", False) or external.get("clientCertificates", False))
+        and mqtt.get("identity", {}).get("enabled", True)
         and values.get("webhook", {}).get("enabled", True)
     ):
         rules.update(copy.deepcopy(IDENTITY_RULES))

@@ -107,6 +107,8 @@ FIELD_VALIDATORS: dict[Callable[..., Any], dict[str, Any]] = {
     spec_module._unique_names: {"x-kubernetes-list-type": "set"},
     # key names and count; the CRD says maxProperties (not compared: no model keyword maps)
     spec_fleet._fact_map: {},
+    # a network in CIDR notation: the operator parses it (the CRD bounds the length only)
+    spec_module._cidr: {},
 }
 
 # Where the CRD says more than the model, and why. Everything else must match exactly.

@@ -213,12 +213,15 @@ def test_broker_without_per_node_acl_fails(
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     """The test broker has no ACL at all, like an external broker set up without netval's
-    rules: the identity may publish a node's report, state and endpoint."""
+    rules: the identity may publish every kind of a node's topics."""
     install(kube, mosquitto_broker)
     code, lines = _doctor(capsys, "--mqtt-password-file", str(password_file))
     assert code == 1
     assert "FAIL" in lines["broker.acl"]
-    assert "may publish report, state, endpoint for a node it does not own" in lines["broker.acl"]
+    assert (
+        "can publish report, publish beat, publish endpoint, publish loadresult, publish state"
+        " of a node it does not own" in lines["broker.acl"]
+    )
     assert "Broker ACL" in lines["broker.acl"]
 
 

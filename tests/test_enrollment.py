@@ -1,8 +1,8 @@
 """Agent enrollment, end to end over real interfaces: the operator's HTTPS enrollment server
-(`IdentityService`), TokenReview and Pod reads against the test API server (tests/kube.py,
-with a token -> pod mapping this file controls, shaped as a real apiserver answers), the
-chart's Mosquitto with the dynamic security plugin, and the agent's `Enroller` and
-`ReportPublisher`.
+(`IdentityService`, signing CSRs with the chart's identity CA), TokenReview and Pod reads
+against the test API server (tests/kube.py, with a token -> pod mapping this file controls,
+shaped as a real apiserver answers), the chart's Mosquitto requiring client certificates,
+and the agent's `Enroller` and `ReportPublisher`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +27,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from identity_kit import LoopThread, Mqtt, agent_pod
+from identity_kit import BrokerRestarts, LoopThread, Mqtt, agent_pod
 from kube import KubeCluster, wait_for
-from netval.agent.enroll import Enroller, EnrollError, EnrollSettings
+from netval.agent.enroll import Credential, Enroller, EnrollError, EnrollSettings, make_csr
 from netval.agent.publish import ReportPublisher
-from netval.infra.mqtt_settings import MqttSettings
+from netval.infra.mqtt_settings import MqttSettings, PemIdentity
+from netval.model.identity import OPERATOR_IDENTITY
 from netval.model.keys import MANAGED_BY_OPERATOR
+from netval.operator.identity.authority import IdentityAuthority, MintedIdentity
 from netval.operator.identity.review import PodTokenReviewer
 from netval.operator.identity.service import IdentityService, IdentitySettings
 from netval.operator.kube import certs
-from test_chart_broker import plaintext_listener, run_chart_broker
+from test_chart_broker import run_chart_broker
 
 NS = "netval-system"
 SA = "netval-agent"
@@ -125,6 +127,9 @@ class TokenAuthority:
 
 
 class Enrollment:
+    """The chart's broker (per-node identity, reachable by address too), the operator's
+    identity service with the chart's identity CA, the test API's TokenReviews."""
+
     def __init__(
         self, tmp_path: Path, kube: KubeCluster, port: int, secrets_: dict[str, str]
     ) -> None:
@@ -132,27 +137,31 @@ class Enrollment:
         self.kube = kube
         self.mqtt_port = port
         self.secrets = secrets_
+        self.broker_ca = Path(secrets_["broker_ca"])
         self.authority = TokenAuthority()
         kube.api.token_reviewer = self.authority.review
         kube.ensure_namespace(NS)
-        self.tls = certs.generate_self_signed(tmp_path / "tls", ["127.0.0.1"])
+        self.tls = certs.generate_self_signed(tmp_path / "enroll-tls", ["127.0.0.1"])
         self.loop = LoopThread()
         self.clients: list[Mqtt] = []
-        self.service = self.start_service(timedelta(hours=24))
+        self.ca = self.identity_ca(timedelta(hours=24))
+        self.service = self.start_service()
 
-    def start_service(self, lifetime: timedelta, min_reissue: float = 0.0) -> IdentityService:
-        operator_mqtt = MqttSettings(host="127.0.0.1", port=self.mqtt_port, username="netval-operator",
-                                     password=self.secrets["operator"], client_id="operator")  # fmt: skip
-        settings = IdentitySettings(
-            "127.0.0.1", 0, self.tls.cert, self.tls.key, lifetime, min_reissue_seconds=min_reissue
+    def identity_ca(self, lifetime: timedelta) -> IdentityAuthority:
+        return IdentityAuthority.from_files(
+            Path(self.secrets["identity_ca"]), Path(self.secrets["identity_key"]), lifetime=lifetime
         )
+
+    def mqtt_settings(self, pem: Any = None, client_id: str = "x") -> MqttSettings:
+        return MqttSettings(host="127.0.0.1", port=self.mqtt_port, tls=True,
+                            ca_file=self.broker_ca, identity=pem, client_id=client_id)  # fmt: skip
+
+    def start_service(self) -> IdentityService:
+        operator_mqtt = self.mqtt_settings(MintedIdentity(self.ca, OPERATOR_IDENTITY), "operator")
+        settings = IdentitySettings("127.0.0.1", 0, self.tls.cert, self.tls.key)
         reviewer = PodTokenReviewer(self.kube.api_client(), namespace=NS)
-        service = IdentityService(settings, operator_mqtt, reviewer)
-        # no runtime here: as the leader's NodeRoleSync would say, these validations target
-        # every node (test_identity.py tests the sync itself)
-        service.issuer.validations_of = lambda node: {"pool", "v"}
+        service = IdentityService(settings, operator_mqtt, reviewer, self.ca)
         self.loop.run(service.start())
-        assert self.loop.run(service.admin.wait_connected(10))
         return service
 
     @property
@@ -184,25 +193,27 @@ class Enrollment:
             text = exc.read()
             return exc.code, json.loads(text) if text else {}
 
-    def enroller(self, token: str, node: str, **kw: Any) -> Enroller:
+    def enroller(self, token: str, node: str, validation: str = "pool", **kw: Any) -> Enroller:
         token_file = self.tmp_path / f"token-{node}-{secrets.token_hex(3)}"
         token_file.write_text(token)
-        return Enroller(EnrollSettings(self.url, token_file, self.tls.ca, node), **kw)
+        return Enroller(EnrollSettings(self.url, token_file, self.tls.ca, node, validation), **kw)
 
-    def mqtt(self, username: str, password: str, **kw: Any) -> Mqtt:
-        client = Mqtt(self.mqtt_port, username, password, **kw)
+    def client(self, pem: Any, **kw: Any) -> Mqtt:
+        context = self.mqtt_settings(pem).ssl_context()
+        client = Mqtt(self.mqtt_port, None, None, tls=context, **kw)
         self.clients.append(client)
         return client
 
+    def node(self, credential: Credential, **kw: Any) -> Mqtt:
+        client = self.client(PemIdentity(credential.cert_pem, credential.key_pem), **kw)
+        assert not client.connect().is_failure
+        return client
+
     def operator(self) -> Mqtt:
-        op = self.mqtt("netval-operator", self.secrets["operator"])
+        op = self.client(MintedIdentity(self.ca, OPERATOR_IDENTITY))
         assert not op.connect().is_failure
         op.subscribe("netval/#")
         return op
-
-    def clients_of(self, node: str) -> list[str]:
-        (response,) = self.loop.run(self.service.admin.execute([{"command": "listClients"}]))
-        return [c for c in response["data"]["clients"] if c.startswith(f"netval-node:{node}:")]
 
     def close(self) -> None:
         for client in self.clients:
@@ -213,7 +224,7 @@ class Enrollment:
 
 @contextlib.contextmanager
 def running_enrollment(tmp_path: Path, kube: KubeCluster) -> Iterator[Enrollment]:
-    with run_chart_broker(tmp_path, plaintext_listener) as (port, secrets_):
+    with run_chart_broker(tmp_path, by_address=True) as (port, secrets_):
         env = Enrollment(tmp_path, kube, port, secrets_)
         try:
             yield env
@@ -231,39 +242,50 @@ def base(node: str) -> str:
     return f"netval/v1/pool/{node}"
 
 
+def csr_for(identity: str) -> str:
+    return make_csr(identity)[1].decode()
+
+
 def test_an_agent_enrolls_and_speaks_for_its_node_only(enrollment: Enrollment) -> None:
     enroller = enrollment.enroller(enrollment.agent_token("agent-a", "node-a"), "node-a")
     credential = enrollment.loop.run(enroller.enroll())
-    assert credential.username == "netval-node:node-a:agent-a"
+    assert credential.identity == "pool/node-a"
     assert (credential.expires_at - credential.issued_at) > timedelta(hours=23)
-    assert credential.password not in repr(credential)
+    assert b"PRIVATE" not in repr(credential).encode() and "BEGIN" not in repr(credential)
     op = enrollment.operator()
-    assert credential.client_id == credential.username
-    a = enrollment.mqtt(credential.username, credential.password, client_id=credential.client_id)
-    assert not a.connect().is_failure
+    a = enrollment.node(credential)
     a.publish(f"{base('node-b')}/report", b"forged")
     a.publish(f"{base('node-a')}/report", b"mine")
     op.wait_message(f"{base('node-a')}/report", b"mine")
     assert op.topics() == {f"{base('node-a')}/report"}
+    assert enrollment.service.server.outcomes == {"issued": 1}
 
 
-def test_a_token_cannot_obtain_or_replace_another_nodes_credential(enrollment: Enrollment) -> None:
+def test_a_token_cannot_obtain_a_certificate_for_another_node(enrollment: Enrollment) -> None:
+    """The node and the validation come from the API server (the token's pod, its
+    DaemonSet's NetworkValidation): a body naming another node is refused, and so is a
+    certificate request for another identity; asking for its own gives the pod its own."""
     b_status, b_answer = enrollment.post(
-        enrollment.agent_token("agent-b", "node-b"), {"node": "node-b"}
+        enrollment.agent_token("agent-b", "node-b"),
+        {"node": "node-b", "csr": csr_for("pool/node-b")},
     )
     assert b_status == 200 and b_answer["node"] == "node-b"
+    assert b_answer["username"] == "pool/node-b" and b_answer["validation"] == "pool"
     a_token = enrollment.agent_token("agent-a", "node-a")
-    status, answer = enrollment.post(a_token, {"node": "node-b"})
-    assert status == 403 and "password" not in answer, answer
+    status, answer = enrollment.post(a_token, {"node": "node-b", "csr": csr_for("pool/node-b")})
+    assert status == 403 and "certificate" not in answer, answer
     assert "node-a" in answer["message"]
-    # B's credential is B's alone and still works; A got nothing for B.
-    assert enrollment.clients_of("node-b") == ["netval-node:node-b:agent-b"]
-    b = enrollment.mqtt(b_answer["username"], b_answer["password"], client_id=b_answer["clientId"])
-    assert not b.connect().is_failure
-    # Asking for its own node (or for none) gives A its own.
-    for body in ({"node": "node-a"}, None, {}):
+    for identity in ("pool/node-b", "other/node-a", "pool/node-a/x", "netval-operator"):
+        status, answer = enrollment.post(a_token, {"node": "node-a", "csr": csr_for(identity)})
+        assert status == 400 and answer["error"] == "bad_csr", (identity, answer)
+        assert "wrong_subject" in answer["message"]
+    for body in (
+        {"node": "node-a", "csr": csr_for("pool/node-a")},
+        {"csr": csr_for("pool/node-a")},
+    ):
         status, answer = enrollment.post(a_token, body)
-        assert (status, answer.get("node")) == (200, "node-a")
+        assert (status, answer.get("username")) == (200, "pool/node-a")
+    assert enrollment.service.server.csr_refusals == {"wrong_subject": 4}
 
 
 def _deny_cases(e: Enrollment) -> dict[str, tuple[str | None, int]]:
@@ -326,11 +348,10 @@ def _deny_cases(e: Enrollment) -> dict[str, tuple[str | None, int]]:
 def test_tokens_that_do_not_prove_an_agent_pod_are_refused(enrollment: Enrollment) -> None:
     cases = _deny_cases(enrollment)
     for what, (token, expected) in cases.items():
-        status, answer = enrollment.post(token, {"node": "node-x"})
+        status, answer = enrollment.post(token, {"node": "node-x", "csr": csr_for("pool/node-x")})
         assert status == expected, (what, answer)
-        assert "password" not in answer, what
-    assert enrollment.service.issuer.issued == 0
-    assert enrollment.clients_of("node-x") == []
+        assert "certificate" not in answer, what
+    assert enrollment.ca.issued == 0
     assert enrollment.service.server.outcomes == {"unauthenticated": 2, "denied": len(cases) - 2}
     # Only tokens that could pass reached the API server: not the malformed, expired or
     # wrong-audience ones.
@@ -347,8 +368,8 @@ def test_the_api_server_unavailable_is_503(enrollment: Enrollment) -> None:
         ]
         << 503
     )
-    status, answer = enrollment.post(token, {"node": "node-a"})
-    assert status == 503 and "password" not in answer
+    status, answer = enrollment.post(token, {"node": "node-a", "csr": csr_for("pool/node-a")})
+    assert status == 503 and "certificate" not in answer
 
 
 _HEADER_TEXT = st.text(
@@ -381,20 +402,23 @@ def test_garbage_requests_get_a_clear_refusal(
     )
     status, answer = enrollment.post(None, raw=raw, header=header)
     assert status in (400, 401, 403), (status, answer)
-    assert "password" not in answer
-    assert enrollment.service.issuer.issued == 0
+    assert "certificate" not in answer
+    assert enrollment.ca.issued == 0
 
 
-def test_rotation_refuses_the_old_password_and_the_agent_reconnects(enrollment: Enrollment) -> None:
+def test_renewal_keeps_the_session_and_the_next_connect_uses_the_new_certificate(
+    enrollment: Enrollment,
+) -> None:
+    """Certificates of 4 s (renewed at 2/3): the session the agent holds goes on through
+    renewals (a broker checks a certificate at the handshake only); after the first one
+    expired, a broker restart finds the agent connecting with the renewed one: no refusal,
+    no extra enrollment."""
     e = enrollment
-    e.loop.run(e.service.stop())
-    e.service = e.start_service(timedelta(seconds=3))  # renewed at 2 s
+    e.ca.lifetime = timedelta(seconds=4)
     enroller = e.enroller(e.agent_token("agent-a", "node-a"), "node-a")
     first = e.loop.run(enroller.enroll())
-    publisher = ReportPublisher(
-        MqttSettings("127.0.0.1", e.mqtt_port, client_id="agent-a"), "pool", "node-a",
-        backoff_base=0.1, backoff_cap=0.5,
-    )  # fmt: skip
+    publisher = ReportPublisher(e.mqtt_settings(client_id="agent-a"), "pool", "node-a",
+                                backoff_base=0.1, backoff_cap=0.5)  # fmt: skip
     publisher.settings = first.apply(publisher.settings)
     stop = e.loop.run(_event())
     op = e.operator()
@@ -402,41 +426,65 @@ def test_rotation_refuses_the_old_password_and_the_agent_reconnects(enrollment: 
     keep = e.loop.call(lambda: asyncio.ensure_future(enroller.keep(publisher, stop, poll=0.1)))
     op.wait_message(f"{base('node-a')}/state", b"online")
     wait_for(lambda: enroller.enrollments >= 2, 15, what="a renewal")
-    second = enroller.credential
-    assert second is not None and second.password != first.password
-    wait_for(lambda: publisher.connected and publisher.settings.password == second.password, 15,
-             what="the publisher reconnected with the new password")  # fmt: skip
-    old = e.mqtt(first.username, first.password, client_id=first.client_id)
-    assert old.connect().is_failure
-    report_count = len(op.received(f"{base('node-a')}/state"))
-    assert report_count >= 2  # online again after the reconnect
-    e.loop.call(stop.set)
-    e.loop.run(publisher.stop())
-    e.loop.run(_wait(keep))
+    renewed = enroller.credential
+    assert renewed is not None and renewed.cert_pem != first.cert_pem
+    assert renewed.key_pem != first.key_pem  # a new key each time
+    assert publisher.stats().reconnects == 0  # the session went on
+    # the first certificate has expired; the broker restarts: the agent comes back with the
+    # certificate it holds now
+    wait_for(lambda: datetime.now(UTC) > first.expires_at, 10, what="the first expired")
+    restarts = BrokerRestarts(e.tmp_path, e.mqtt_port)
+    try:
+        restarts.kill()
+        restarts.start()
+        wait_for(lambda: publisher.stats().reconnects >= 1 and publisher.connected, 30,
+                 what="the agent back after the broker restart")  # fmt: skip
+        assert publisher.stats().credential_refusals == 0
+    finally:
+        e.loop.call(stop.set)
+        e.loop.run(publisher.stop())
+        e.loop.run(_wait(keep))
+        restarts.close()
 
 
-def test_agent_reenrolls_when_the_broker_lost_its_identities(enrollment: Enrollment) -> None:
+def test_an_agent_whose_certificate_the_broker_refuses_enrolls_again(
+    enrollment: Enrollment,
+) -> None:
+    """The operator was away longer than the certificate lived (so it could not be
+    renewed), and the broker restarted: the broker refuses the expired certificate (a TLS
+    alert), which is the one thing that makes the agent enroll again, with reason
+    `refused`, and come back."""
     e = enrollment
-    enroller = e.enroller(e.agent_token("agent-a", "node-a"), "node-a")
+    e.ca.lifetime = timedelta(seconds=3)
+    enroller = e.enroller(e.agent_token("agent-a", "node-a"), "node-a", backoff_base=0.2,
+                          backoff_cap=0.5)  # fmt: skip
     first = e.loop.run(enroller.enroll())
-    publisher = ReportPublisher(
-        MqttSettings("127.0.0.1", e.mqtt_port, client_id="agent-a"), "pool", "node-a",
-        backoff_base=0.1, backoff_cap=0.3,
-    )  # fmt: skip
+    publisher = ReportPublisher(e.mqtt_settings(client_id="agent-a"), "pool", "node-a",
+                                backoff_base=0.1, backoff_cap=0.3)  # fmt: skip
     publisher.settings = first.apply(publisher.settings)
+    e.loop.run(e.service.server.stop())  # no renewal possible
     stop = e.loop.run(_event())
     e.loop.run(publisher.start())
-    keep = e.loop.call(lambda: asyncio.ensure_future(enroller.keep(publisher, stop, poll=0.1)))
     wait_for(lambda: publisher.connected, 10, what="connected")
-    # What a new broker pod looks like to the agent: its identity is gone.
-    e.loop.run(e.service.issuer.revoke_node("node-a"))
-    wait_for(
-        lambda: enroller.enrollments >= 2 and publisher.connected, 20, what="re-enrolled and back"
-    )
-    assert enroller.credential is not None and enroller.credential.password != first.password
-    e.loop.call(stop.set)
-    e.loop.run(publisher.stop())
-    e.loop.run(_wait(keep))
+    keep = e.loop.call(lambda: asyncio.ensure_future(enroller.keep(publisher, stop, poll=0.1)))
+    wait_for(lambda: datetime.now(UTC) > first.expires_at, 10, what="the certificate expired")
+    restarts = BrokerRestarts(e.tmp_path, e.mqtt_port)
+    try:
+        restarts.kill()
+        restarts.start()
+        wait_for(lambda: publisher.stats().credential_refusals >= 1, 30, what="the refusal")
+        e.ca.lifetime = timedelta(hours=1)
+        e.loop.run(e.service.server.start("127.0.0.1", e.service.server.port or 0,
+                                          e.service.cert_reloader.context  # type: ignore[union-attr]
+                                          if e.service.cert_reloader else None))  # fmt: skip
+        wait_for(lambda: enroller.enrollments >= 2 and publisher.connected, 40,
+                 what="enrolled again and back")  # fmt: skip
+        assert enroller.credential is not None and enroller.credential.cert_pem != first.cert_pem
+    finally:
+        e.loop.call(stop.set)
+        e.loop.run(publisher.stop())
+        e.loop.run(_wait(keep))
+        restarts.close()
 
 
 def test_an_unreachable_enrollment_server_is_an_error_not_a_crash(
@@ -445,11 +493,14 @@ def test_an_unreachable_enrollment_server_is_an_error_not_a_crash(
     token = tmp_path / "t"
     token.write_text("x")
     enroller = Enroller(
-        EnrollSettings("https://127.0.0.1:1/v1/enroll", token, enrollment.tls.ca, "n"), timeout=2
+        EnrollSettings("https://127.0.0.1:1/v1/enroll", token, enrollment.tls.ca, "n", "v"),
+        timeout=2,
     )
     with pytest.raises(EnrollError):
         enrollment.loop.run(enroller.enroll())
-    missing = Enroller(EnrollSettings(enrollment.url, tmp_path / "none", enrollment.tls.ca, "n"))
+    missing = Enroller(
+        EnrollSettings(enrollment.url, tmp_path / "none", enrollment.tls.ca, "n", "v")
+    )
     with pytest.raises(EnrollError, match="cannot read"):
         enrollment.loop.run(missing.enroll())
 
@@ -476,36 +527,41 @@ def test_the_agent_process_enrolls_and_reports_for_its_node(
     token = tmp_path / "token"
     token.write_text(e.agent_token("agent-a", "node-a"))
     config = tmp_path / "agent.yaml"
-    config.write_text(yaml.safe_dump(agent_config(LO_CHECKS, interval="5s")))
+    # the validation whose DaemonSet runs the pod (the certificate is for pool/node-a)
+    config.write_text(
+        yaml.safe_dump({**agent_config(LO_CHECKS, interval="5s"), "validation": "pool"})
+    )
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "NETVAL_CONFIG": str(config),
         "NETVAL_NODE_NAME": "node-a",
-        "NETVAL_MQTT_URL": f"mqtt://127.0.0.1:{e.mqtt_port}",
+        "NETVAL_MQTT_URL": f"mqtts://127.0.0.1:{e.mqtt_port}",
+        "NETVAL_MQTT_CA_FILE": str(e.broker_ca),
         "NETVAL_METRICS_ADDR": "off",
         "NETVAL_ENROLL_URL": e.url,
         "NETVAL_ENROLL_TOKEN_FILE": str(token),
         "NETVAL_ENROLL_CA_FILE": str(e.tls.ca),
         # this checkout's code, when the tests run with PYTHONPATH pointing at it
         **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
-    }  # no MQTT user or password: the agent has only its token
+    }  # no MQTT user, password or certificate: the agent has only its token
     op = e.operator()
     log = (tmp_path / "agent.log").open("wb")
     proc = subprocess.Popen([netval_script(), "agent"], env=env, stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL)  # fmt: skip
     try:
-        wait_for(lambda: op.received("netval/v1/v/node-a/report"), 30, what="the agent's report")
-        assert op.received("netval/v1/v/node-a/state")[-1] == b"online"
-        assert e.clients_of("node-a") == ["netval-node:node-a:agent-a"]
+        wait_for(lambda: op.received("netval/v1/pool/node-a/report"), 30,
+                 what="the agent's report")  # fmt: skip
+        assert op.received("netval/v1/pool/node-a/state")[-1] == b"online"
+        assert e.service.server.outcomes == {"issued": 1}
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
-        op.wait_message("netval/v1/v/node-a/state", b"offline")
+        op.wait_message("netval/v1/pool/node-a/state", b"offline")
     finally:
         stop_process(proc)
         log.close()
     agent_log = (tmp_path / "agent.log").read_text()
-    assert "enrolled as netval-node:node-a:agent-a" in agent_log
-    assert token.read_text() not in agent_log
+    assert "enrolled as pool/node-a" in agent_log
+    assert token.read_text() not in agent_log and "PRIVATE KEY" not in agent_log
 
 
 def test_the_agent_process_refuses_a_plaintext_enrollment_url(tmp_path: Path) -> None:

@@ -1,12 +1,11 @@
-"""Per-node identity through the real processes: `netval operator` (serving enrollment),
-three `netval agent` processes, each with its own pod token, and the chart's Mosquitto with
-the dynamic security plugin, SIGKILLed and restarted under them.
+"""Per-node identity through the real processes: `netval operator` (serving enrollment,
+its own session by a certificate it mints), three `netval agent` processes, each with its
+own pod token, and the chart's Mosquitto requiring client certificates, SIGKILLed under them
+and started again with its data kept (a restarted container) or emptied (a new pod).
 
-A broker that is down for a while is no reason to enroll again: the agents' credentials
-are in the broker's dynamic security state, which the restarted broker still has, and a
-new credential would end the session just restored (issue 24 measured 25 s without a stable
-session). Only a broker that refuses the credential (a deleted client: a new broker pod
-without its state) makes an agent enroll again.
+The broker holds no per-client state: either way every agent comes back with the
+certificate it holds, and nobody enrolls again. Only a broker that refuses a certificate
+(expired, another CA) makes an agent enroll again (tests/test_enrollment.py).
 """
 
 from __future__ import annotations
@@ -21,18 +20,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from identity_kit import BrokerRestarts, LoopThread, Mqtt, agent_pod
+from identity_kit import BrokerRestarts, IdentityBrokerLogin, Mqtt, agent_pod, minted_context
 from kube import KubeCluster, wait_for
 from mosquitto import free_port
-from netval.infra.mqtt_settings import MqttSettings
-from netval.operator.identity.dynsec import DynsecAdmin
+from netval.model.identity import OBSERVER_IDENTITY, node_identity
 from netval.operator.kube import certs
-from operator_env import GPU, NS, add_node, validation
+from operator_env import GPU, NS, add_node, status_of, validation
 from operator_processes import OperatorProc
 from test_agent import LO_CHECKS, VALIDATION, agent_config, netval_script, stop_process
-from test_chart_broker import plaintext_listener, run_chart_broker
+from test_chart_broker import run_chart_broker
 from test_enrollment import Claims, TokenAuthority
-from test_identity_replicas import ChartBrokerLogin
 
 NODES = ("gpu-a", "gpu-b", "gpu-c")
 
@@ -65,16 +62,18 @@ class Fleet:
             "NETVAL_ENROLL_CERT_FILE": str(tls.cert), "NETVAL_ENROLL_KEY_FILE": str(tls.key),
             "NETVAL_ENROLL_CA_BUNDLE_FILE": str(tls.ca),
         }  # fmt: skip
-        self.operator = OperatorProc(kube, ChartBrokerLogin(port, secrets["operator"]),
-                                     tmp_path / "op", "op", standalone=True, env=env)  # fmt: skip
-        self.operator_login = secrets["operator"]
+        login = IdentityBrokerLogin(port, secrets)
+        self.operator = OperatorProc(kube, login, tmp_path / "op", "op", standalone=True,
+                                     env={**env, **login.env})  # fmt: skip
+        self.secrets = secrets
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self.metrics_ports: dict[str, int] = {}
         config = tmp_path / "agent.yaml"
         config.write_text(yaml.safe_dump(agent_config(LO_CHECKS, interval="5s")))
         self.agent_env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NETVAL_CONFIG": str(config),
-            "NETVAL_MQTT_URL": f"mqtt://127.0.0.1:{port}",
+            "NETVAL_MQTT_URL": f"mqtts://127.0.0.1:{port}",
+            "NETVAL_MQTT_CA_FILE": secrets["broker_ca"],
             "NETVAL_ENROLL_URL": f"https://127.0.0.1:{enroll_port}/v1/enroll",
             "NETVAL_ENROLL_CA_FILE": str(tls.ca),
             **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
@@ -84,7 +83,7 @@ class Fleet:
         self.tokens: dict[str, Path] = {}
         for node in NODES:
             add_node(kube, node, GPU)
-            pod = agent_pod(kube, f"agent-{node}", node, NS)
+            pod = agent_pod(kube, f"agent-{node}", node, NS, validation=VALIDATION)
             self.tokens[node] = tmp_path / f"token-{node}"
             self.tokens[node].write_text(
                 authority.mint(Claims(f"agent-{node}", pod["metadata"]["uid"], node))
@@ -113,6 +112,9 @@ class Fleet:
     def requests(self) -> float:
         return _metric(_scrape(self.operator.metrics_port), "netval_operator_enrollments_total")
 
+    def client(self, identity: str, **kw: object) -> Mqtt:
+        return Mqtt(self.port, None, None, tls=minted_context(self.secrets, identity), **kw)  # type: ignore[arg-type]
+
     def all_connected(self) -> bool:
         return all(self.agent(n, "netval_mqtt_connected") == 1 for n in NODES)
 
@@ -136,7 +138,7 @@ class Fleet:
 @pytest.fixture
 def fleet(tmp_path: Path, kube: KubeCluster) -> Iterator[tuple[Fleet, BrokerRestarts]]:
     (tmp_path / "broker").mkdir()
-    with run_chart_broker(tmp_path / "broker", plaintext_listener) as (port, secrets):
+    with run_chart_broker(tmp_path / "broker", by_address=True) as (port, secrets):
         restarts = BrokerRestarts(tmp_path / "broker", port)
         f = Fleet(tmp_path, kube, port, secrets)
         try:
@@ -148,8 +150,9 @@ def fleet(tmp_path: Path, kube: KubeCluster) -> Iterator[tuple[Fleet, BrokerRest
         assert "Traceback" not in f.logs(), f.logs()
 
 
-def test_a_broker_restart_restores_sessions_without_enrolling_again(
-    fleet: tuple[Fleet, BrokerRestarts],
+@pytest.mark.parametrize("pod", ["restarted container", "new empty pod"])
+def test_a_broker_replaced_takes_every_agent_back_without_enrolling_again(
+    fleet: tuple[Fleet, BrokerRestarts], pod: str
 ) -> None:
     f, broker = fleet
     wait_for(f.all_connected, 60, what="every agent connected")
@@ -159,25 +162,26 @@ def test_a_broker_restart_restores_sessions_without_enrolling_again(
         assert f.agent(node, "netval_enrolled") == 1
     before = {n: f.agent(n, "netval_mqtt_reconnects_total") for n in NODES}
     broker.kill()
-    # Down until every agent failed to connect twice: the old rule enrolled again here.
+    # Down until every agent failed to connect twice.
     wait_for(
         lambda: all(f.agent(n, "netval_mqtt_reconnects_total") >= before[n] + 2 for n in NODES),
         60, what="every agent failing to reconnect",
     )  # fmt: skip
     assert all(f.agent(n, "netval_mqtt_connected") == 0 for n in NODES)
-    broker.start()
+    broker.start(empty=pod == "new empty pod")
     wait_for(f.all_connected, 60, what="every session restored")
     # Held: each agent publishes again on the restored session (an operator-side subscriber
     # sees a new report or beat from each: a second message on either topic, as the broker
-    # retains one of each), and nobody asked for a credential meanwhile.
-    op = Mqtt(f.port, "netval-operator", f.operator_login)
+    # retains one of each), and nobody asked for a certificate meanwhile.
+    op = f.client(OBSERVER_IDENTITY)
+    topic = f"netval/v1/{VALIDATION}"
 
     def published_again(node: str) -> bool:
-        return any(len(op.received(f"netval/v1/v/{node}/{k}")) >= 2 for k in ("report", "beat"))
+        return any(len(op.received(f"{topic}/{node}/{k}")) >= 2 for k in ("report", "beat"))
 
     try:
         assert not op.connect().is_failure
-        op.subscribe("netval/v1/v/+/report", "netval/v1/v/+/beat")
+        op.subscribe(f"{topic}/+/report", f"{topic}/+/beat")
         for node in NODES:
             wait_for(lambda n=node: published_again(n), 30,
                      what=f"fresh reports or beats from {node}")  # fmt: skip
@@ -191,31 +195,48 @@ def test_a_broker_restart_restores_sessions_without_enrolling_again(
         assert f.agent(node, "netval_enrolled") == 1
 
 
-def test_a_refused_credential_makes_that_agent_enroll_again(
+def test_forged_beats_endpoints_and_wills_from_another_identity_are_refused(
     fleet: tuple[Fleet, BrokerRestarts],
 ) -> None:
+    """Another node's identity (its certificate, as an attacker with root on gpu-x holds
+    it; gpu-x runs no agent here, or the two sessions would end each other: the broker binds
+    the client id to the identity) publishes a beat contradicting gpu-b's report, an
+    endpoint claiming gpu-b, and leaves a last will `offline` on gpu-b's state: the broker
+    delivers none of them, and the operator keeps counting gpu-b fresh and reporting."""
     f, _ = fleet
     wait_for(f.all_connected, 60, what="every agent connected")
-    # What a new broker pod without its state looks like to gpu-b: its client is gone.
-    loop = LoopThread()
-    admin = DynsecAdmin(MqttSettings("127.0.0.1", f.port, username="netval-operator",
-                                     password=f.operator_login, client_id="test-admin"))  # fmt: skip
+    topic = f"netval/v1/{VALIDATION}"
+    wait_for(lambda: (status_of(f.kube, VALIDATION).get("nodes") or {}).get("reporting") == 3,
+             60, what="three nodes reporting")  # fmt: skip
+    watcher = f.client(OBSERVER_IDENTITY)
+    assert not watcher.connect().is_failure
+    watcher.subscribe(f"{topic}/gpu-b/#", f"{topic}/gpu-x/state")
+    forger = f.client(node_identity(VALIDATION, "gpu-x"),
+                      will=(f"{topic}/gpu-b/state", b"offline"))  # fmt: skip
     try:
-        loop.call(admin.start)
-        (answer,) = loop.run(admin.execute([{"command": "deleteClient",
-                                             "username": "netval-node:gpu-b:agent-gpu-b"}]))  # fmt: skip
-        assert "error" not in answer, answer
+        assert not forger.connect().is_failure
+        forged_beat = b'{"schema":1,"seq":99,"cycleAt":"2026-12-07T00:00:00Z","digest":"' + (
+            b"0" * 32 + b'","worst":"fail"}'
+        )
+        forger.publish(f"{topic}/gpu-b/beat", forged_beat)
+        forger.publish(f"{topic}/gpu-b/endpoint", b'{"address":"10.0.0.1","port":7471}')
+        forger.publish(f"{topic}/gpu-b/report", b"{}")
+        forger.drop()  # the will fires, for gpu-b's state
+        # the fence: gpu-x's own state, published by its identity after all of that
+        fence = f.client(node_identity(VALIDATION, "gpu-x"))
+        assert not fence.connect().is_failure
+        fence.publish(f"{topic}/gpu-x/state", b"fence")
+        watcher.wait_message(f"{topic}/gpu-x/state", b"fence")
+        fence.close()
+        got = {t: p for t, p in watcher.messages}
+        assert forged_beat not in got.values() and b"offline" not in [
+            p for t, p in watcher.messages if t == f"{topic}/gpu-b/state"
+        ]
+        assert all(b"10.0.0.1" not in p for _, p in watcher.messages)
+        nodes = status_of(f.kube, VALIDATION).get("nodes") or {}
+        assert nodes.get("reporting") == 3 and nodes.get("stale", 0) == 0
     finally:
-        loop.run(admin.stop())
-        loop.close()
-    wait_for(lambda: f.agent("gpu-b", "netval_enrollments_total") == 2
-             and f.agent("gpu-b", "netval_mqtt_connected") == 1, 60,
-             what="gpu-b enrolled again and connected")  # fmt: skip
-    assert f.issued() == len(NODES) + 1
-    assert f.agent("gpu-b", "netval_mqtt_credential_refusals_total") >= 1
-    assert f.agent("gpu-a", "netval_enrollments_total") == 1
-    assert f.agent("gpu-c", "netval_enrollments_total") == 1
-    assert "the broker refuses the MQTT credential" in (f.tmp_path / "agent-gpu-b.log").read_text()
+        watcher.close()
 
 
 def test_an_agent_waiting_for_enrollment_is_alive_and_says_so(tmp_path: Path) -> None:
@@ -282,7 +303,7 @@ def test_refused_publishes_ask_for_a_new_credential_after_the_grace_and_once() -
 
     now = [0.0]
     rule = PublishRefusals(grace=300.0, clock=lambda: now[0])
-    login = ("netval-node:a:pod", "pw")
+    login = (None, None, b"cert-a")
     rule.refused(0x97, login)  # quota exceeded: counted, not the credential's fault
     rule.refused(0x87, login)
     now[0] = 299.0
@@ -290,9 +311,9 @@ def test_refused_publishes_ask_for_a_new_credential_after_the_grace_and_once() -
     assert not rule.asks(login) and rule.credential_refusals == 0  # a role being updated
     now[0] = 300.0
     rule.refused(0x86, login)
-    assert rule.asks(login) and not rule.asks(("other", "pw"))
+    assert rule.asks(login) and not rule.asks((None, None, b"cert-b"))
     assert (rule.refusals, rule.credential_refusals) == (4, 1)
-    new = ("netval-node:a:pod", "pw2")  # the new credential is refused as well: no second ask
+    new = (None, None, b"cert-a2")  # the new credential is refused as well: no second ask
     now[0] = 1000.0
     rule.refused(0x87, new)
     assert not rule.asks(new) and rule.credential_refusals == 1

@@ -18,6 +18,7 @@ import mosquitto as broker_kit
 import tls_certs
 from kube import wait_for
 from netval.infra.mqtt_settings import MqttSettings
+from netval.operator.identity.authority import IdentityAuthority
 from netval.operator.identity.service import IdentityService, IdentitySettings
 
 
@@ -68,9 +69,10 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path, loop:
     shutil.copy(old.cert_file, cert)
     shutil.copy(old.key_file, key)
     settings = IdentitySettings("127.0.0.1", 0, cert, key, cert_reload_every=0.05)
-    # no broker: the handshake does not need one (the admin connection just retries)
+    # no broker: enrollment does not need one
     mqtt = MqttSettings(host="127.0.0.1", port=broker_kit.free_port(), client_id="op")
-    service = IdentityService(settings, mqtt, reviewer=None)  # type: ignore[arg-type]
+    authority = IdentityAuthority(old_ca.cert, old_ca.key)
+    service = IdentityService(settings, mqtt, reviewer=None, authority=authority)  # type: ignore[arg-type]
     port = loop.run(service.start())
     try:
         assert _issuer_of_presented_cert(port, old_ca.cert_file) == "old-ca"

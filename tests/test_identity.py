@@ -1,28 +1,39 @@
-"""Per-node MQTT identity, enforced by the broker: the chart's rendered Mosquitto (plugin,
-password_file, acl_file; tests/test_chart_broker.py runs it) with clients the operator's
-`CredentialIssuer` creates through the dynamic security plugin.
+"""Per-node MQTT identity, enforced by the broker: the chart's rendered Mosquitto (TLS
+listener with `require_certificate`, `use_identity_as_username`, `use_username_as_clientid`
+and the pattern ACL; tests/test_chart_broker.py runs it) with clients whose certificates the
+operator's identity CA (`IdentityAuthority`) signs, as enrollment leaves them.
 
-Mosquitto acknowledges an unauthorised publish and drops it, so every "refused" below is
-checked at a subscriber: the forbidden messages go first, then a permitted one from the same
-client (QoS 1, one publisher: delivered in order), and once that one arrived the forbidden
-ones can no longer come.
+Mosquitto acknowledges an unauthorised publish from an MQTT 3.1.1 client and drops it, so
+every "refused" below is checked at a subscriber: the forbidden messages go first, then a
+permitted one from the same client (QoS 1, one publisher: delivered in order), and once that
+one arrived the forbidden ones can no longer come.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import datetime as dt
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from identity_kit import LoopThread, Mqtt
-from kube import wait_for
-from netval.infra.mqtt_settings import MqttSettings
-from netval.operator.identity.credentials import CredentialIssuer, IssuedCredential
-from netval.operator.identity.dynsec import DynsecAdmin
-from test_chart_broker import plaintext_listener, run_chart_broker
+from netval.infra.broker_acl import AclVerdict, Outcome, probe_broker_acl
+from netval.infra.mqtt_settings import MqttSettings, PemIdentity
+from netval.model.identity import (
+    OBSERVER_IDENTITY,
+    OPERATOR_IDENTITY,
+    amqp_identity,
+    node_identity,
+)
+from netval.operator.identity.authority import IdentityAuthority
+from netval.operator.identity.review import EnrollmentDenied, PodRef, agent_node_of, pod_ref_of
+from test_chart_broker import BROKER_HOST, rendered_ca, run_chart_broker
 
 V = "roce-pool"
 
@@ -32,39 +43,40 @@ def base(node: str, validation: str = V) -> str:
 
 
 class Identity:
-    """The chart's broker, the operator's issuer on it, and MQTT clients to close."""
+    """The chart's broker, the identity CA it trusts, and MQTT clients to close."""
 
-    def __init__(self, port: int, secrets: dict[str, str]) -> None:
+    def __init__(self, tmp_path: Path, port: int, secrets: dict[str, str]) -> None:
         self.port = port
-        self.secrets = secrets
-        self.loop = LoopThread()
-        settings = MqttSettings(
-            host="127.0.0.1", port=port, username="netval-operator",
-            password=secrets["operator"], client_id="operator-identity",
-        )  # fmt: skip
-        self.admin = DynsecAdmin(settings, timeout=10)
-        # as the leader's NodeRoleSync would say: these validations target every node
-        self.issuer = CredentialIssuer(self.admin, validations_of=lambda node: {V, "vx", "vy"})
-        self.loop.call(self.admin.start)
-        self.loop.run(self.issuer.prepare())
+        self.authority = IdentityAuthority.from_files(
+            Path(secrets["identity_ca"]), Path(secrets["identity_key"])
+        )
+        self.ca_file = tmp_path / "broker-ca.crt"
+        self.ca_file.write_text(rendered_ca())
         self.clients: list[Mqtt] = []
 
-    def issue(self, node: str, pod: str | None = None) -> IssuedCredential:
-        return self.loop.run(self.issuer.issue(node, pod or f"agent-{node}"))
+    def pem(self, identity: str, authority: IdentityAuthority | None = None) -> PemIdentity:
+        issued, key = (authority or self.authority).mint(identity, identity.replace("/", "."))
+        return PemIdentity(issued.cert_pem, key)
 
-    def client(self, username: str, password: str, **kw: Any) -> Mqtt:
-        client = Mqtt(self.port, username, password, **kw)
+    def settings(self, pem: PemIdentity | None, client_id: str = "x") -> MqttSettings:
+        return MqttSettings(host=BROKER_HOST, port=self.port, tls=True, ca_file=self.ca_file,
+                            identity=pem, client_id=client_id)  # fmt: skip
+
+    def client(self, identity: str | None, *, pem: PemIdentity | None = None, **kw: Any) -> Mqtt:
+        """A paho client showing a certificate for `identity` (or `pem`, or none)."""
+        pem = pem or (self.pem(identity) if identity is not None else None)
+        context = self.settings(pem).ssl_context()
+        client = Mqtt(self.port, None, None, tls=context, host=BROKER_HOST, **kw)
         self.clients.append(client)
         return client
 
-    def node(self, cred: IssuedCredential, **kw: Any) -> Mqtt:
-        kw.setdefault("client_id", cred.client_id)  # the broker binds the credential to it
-        client = self.client(cred.username, cred.password, **kw)
+    def node(self, node: str, validation: str = V, **kw: Any) -> Mqtt:
+        client = self.client(node_identity(validation, node), **kw)
         assert client.connect().is_failure is False
         return client
 
     def operator(self, *filters: str) -> Mqtt:
-        op = self.client("netval-operator", self.secrets["operator"])
+        op = self.client(OPERATOR_IDENTITY)
         assert op.connect().is_failure is False
         op.subscribe(*(filters or ("netval/#",)))
         return op
@@ -72,126 +84,90 @@ class Identity:
     def close(self) -> None:
         for client in self.clients:
             client.close()
-        self.loop.run(self.admin.stop())
-        self.loop.close()
 
 
 @pytest.fixture
 def identity(tmp_path: Path) -> Iterator[Identity]:
-    with run_chart_broker(tmp_path, plaintext_listener) as (port, secrets):
-        ident = Identity(port, secrets)
+    with run_chart_broker(tmp_path) as (port, secrets):
+        ident = Identity(tmp_path, port, secrets)
         try:
             yield ident
         finally:
             ident.close()
 
 
-def test_a_node_publishes_only_for_itself(identity: Identity) -> None:
-    a = identity.node(identity.issue("node-a"))
-    b = identity.node(identity.issue("node-b"))
+def test_a_node_publishes_only_for_itself_in_its_own_validation(identity: Identity) -> None:
+    """Every kind a node publishes, on its own node's topics of its own validation, arrives;
+    the same kinds for another node, or for its own node under another validation, do not."""
     op = identity.operator()
-    for kind in ("report", "state", "beat", "endpoint"):  # as node B, in two validations
-        a.publish(f"{base('node-b')}/{kind}", b"forged")
-        a.publish(f"{base('node-b', 'other')}/{kind}", b"forged")
-    a.publish(f"{base('node-b')}/assignment", b"forged")
-    a.publish(f"{base('node-a')}/assignment", b"forged")  # its own assignment: operator's
-    a.publish("netval/v1/x", b"forged")
-    for kind in ("report", "state", "beat", "endpoint"):
-        a.publish(f"{base('node-a')}/{kind}", b"a")
-        b.publish(f"{base('node-b')}/{kind}", b"b")
-    op.wait_message(f"{base('node-a')}/endpoint", b"a")
-    op.wait_message(f"{base('node-b')}/endpoint", b"b")
-    # The operator got every legitimate message, and nothing forged.
-    assert sorted(op.messages) == sorted(
-        [(f"{base(n)}/{k}", n[-1].encode()) for n in ("node-a", "node-b")
-         for k in ("report", "state", "beat", "endpoint")]
-    )  # fmt: skip
+    a = identity.node("node-a")
+    kinds = ("report", "beat", "endpoint", "loadresult", "state")
+    for kind in kinds:
+        a.publish(f"{base('node-b')}/{kind}", b"forged")  # another node
+        a.publish(f"{base('node-a', 'other-validation')}/{kind}", b"forged")  # another validation
+        a.publish(f"netval/v1/{V}/+/{kind}".replace("+", "node-a/x"), b"forged")  # deeper
+    a.publish(f"{base('node-a')}/assignment", b"forged")  # the operator's topic
+    for kind in kinds:
+        a.publish(f"{base('node-a')}/{kind}", b"own " + kind.encode())
+    op.wait_message(f"{base('node-a')}/state", b"own state")
+    assert {t for t in op.topics()} == {f"{base('node-a')}/{k}" for k in kinds}
+    assert b"forged" not in [p for _, p in op.messages]
 
 
-def test_a_node_reads_only_its_own_assignment_not_even_peers_endpoints(
-    identity: Identity,
-) -> None:
-    """Its peers' endpoints come inside its assignment (issue 24): reading every endpoint
-    of a validation was N messages per node after each broker restart."""
+def test_a_node_reads_only_its_own_assignment_and_plan(identity: Identity) -> None:
     op = identity.operator()
-    b = identity.node(identity.issue("node-b"))
-    b.publish(f"{base('node-b')}/report", b"b-report")
-    b.publish(f"{base('node-b')}/state", b"online")
-    b.publish(f"{base('node-b')}/endpoint", b"b-endpoint")
-    op.wait_message(f"{base('node-b')}/endpoint", b"b-endpoint")
-    a = identity.node(identity.issue("node-a"))
-    # Everything it might try; the broker grants or refuses each filter.
-    a.subscribe("#", "netval/#", "$CONTROL/#", f"{base('node-b')}/assignment",
-                f"{base('node-b')}/report", f"{V}/+/+/endpoint", "netval/v1/+/+/endpoint",
-                f"{base('node-a')}/assignment", "$SYS/#")  # fmt: skip
-    # The operator issues another node's credential: its answer travels on $CONTROL.
-    identity.issue("node-c")
-    op.publish(f"{base('node-b')}/assignment", b"b-domain")
-    op.publish(f"{base('node-a')}/assignment", b"a-domain")
-    a.wait_message(f"{base('node-a')}/assignment", b"a-domain")
-    assert a.topics() == {f"{base('node-a')}/assignment"}
+    a = identity.node("node-a")
+    a.subscribe(f"{base('node-b')}/assignment", f"{base('node-b')}/loadplan",
+                f"netval/v1/{V}/+/endpoint", f"netval/v1/{V}/+/report",
+                f"{base('node-a')}/loadplan", f"{base('node-a')}/assignment")  # fmt: skip
+    op.publish(f"{base('node-b')}/assignment", b"b's peers", retain=False)
+    op.publish(f"{base('node-b')}/loadplan", b"b's plan", retain=False)
+    b = identity.node("node-b")
+    b.publish(f"{base('node-b')}/endpoint", b"b's endpoint")
+    b.publish(f"{base('node-b')}/report", b"b's report")
+    op.wait_message(f"{base('node-b')}/report", b"b's report")
+    op.publish(f"{base('node-a')}/loadplan", b"a's plan", retain=False)
+    op.publish(f"{base('node-a')}/assignment", b"a's peers", retain=False)
+    a.wait_message(f"{base('node-a')}/assignment", b"a's peers")
+    assert a.topics() == {f"{base('node-a')}/loadplan", f"{base('node-a')}/assignment"}
 
 
 def test_offline_comes_only_from_the_node_itself(identity: Identity) -> None:
-    op = identity.operator(f"{V}/#", "netval/v1/+/+/state")
-    b_cred = identity.issue("node-b")
-    b = identity.node(b_cred, will=(f"{base('node-b')}/state", b"offline"))
+    """A last will on another node's state is never published (Mosquitto checks it against
+    the ACL when it fires); a node's own will is."""
+    op = identity.operator(f"netval/v1/{V}/+/state")
+    forger = identity.node("node-a", will=(f"{base('node-b')}/state", b"offline"))
+    honest = identity.node("node-c", will=(f"{base('node-c')}/state", b"offline"))
+    forger.drop()
+    honest.drop()
+    op.wait_message(f"{base('node-c')}/state", b"offline")
+    late = identity.node("node-a")  # a fence: published after both wills were handled
+    late.publish(f"{base('node-a')}/state", b"online")
+    op.wait_message(f"{base('node-a')}/state", b"online")
+    assert op.received(f"{base('node-b')}/state") == []
+
+
+def test_a_node_cannot_take_over_another_nodes_session(identity: Identity) -> None:
+    """The broker takes the client id from the certificate (use_username_as_clientid): a
+    connection asking for node B's client id with node A's certificate is node A's session,
+    so it neither ends B's session nor fires B's will."""
+    op = identity.operator(f"netval/v1/{V}/+/state")
+    b_id = node_identity(V, "node-b")
+    b = identity.node("node-b", client_id=b_id, will=(f"{base('node-b')}/state", b"offline"))
     b.publish(f"{base('node-b')}/state", b"online")
     op.wait_message(f"{base('node-b')}/state", b"online")
-    # Node A: an explicit offline for B, and a will on B's state that the broker would fire.
-    a_cred = identity.issue("node-a")
-    a = identity.client(a_cred.username, a_cred.password, client_id=a_cred.client_id,
-                        will=(f"{base('node-b')}/state", b"offline"))  # fmt: skip
-    a.connect()  # Mosquitto 2.0 refuses a will the ACL forbids; either way it must not fire
-    if a.accepted:
-        a.publish(f"{base('node-b')}/state", b"offline")
-        a.publish(f"{base('node-a')}/state", b"online")
-        op.wait_message(f"{base('node-a')}/state", b"online")
-        a.drop()
-    sentinel = identity.node(a_cred)
-    sentinel.publish(f"{base('node-a')}/state", b"sentinel")
-    op.wait_message(f"{base('node-a')}/state", b"sentinel")
-    assert op.received(f"{base('node-b')}/state") == [b"online"]
-    # B's own will does fire.
-    b.drop()
-    op.wait_message(f"{base('node-b')}/state", b"offline")
-
-
-def test_revocation_disconnects_and_refuses(identity: Identity) -> None:
-    op = identity.operator()
-    a_cred, b_cred = identity.issue("node-a"), identity.issue("node-b")
-    a, b = identity.node(a_cred), identity.node(b_cred)
-    revoked = identity.loop.run(identity.issuer.revoke_node("node-a"))
-    assert revoked == [a_cred.username]
-    wait_for(lambda: a.disconnects, 10, what="node A disconnected")
-    a.close()
-    again = identity.client(a_cred.username, a_cred.password, client_id=a_cred.client_id)
-    assert again.connect().is_failure
-    # B is untouched; the operator still gets its reports.
-    b.publish(f"{base('node-b')}/report", b"b")
-    op.wait_message(f"{base('node-b')}/report", b"b")
+    thief = identity.node("node-a", client_id=b_id)
+    thief.publish(f"{base('node-a')}/state", b"online")
+    op.wait_message(f"{base('node-a')}/state", b"online")
     assert not b.disconnects
-
-
-def test_rotation_refuses_the_old_password(identity: Identity) -> None:
-    first = identity.issue("node-a", "agent-1")
-    a = identity.node(first)
-    second = identity.issue("node-a", "agent-1")
-    assert second.username == first.username and second.password != first.password
-    wait_for(lambda: a.disconnects, 10, what="the old session disconnected")
-    a.close()
-    old = identity.client(first.username, first.password, client_id=first.client_id)
-    assert old.connect().is_failure
-    op = identity.operator()
-    new = identity.node(second)
-    new.publish(f"{base('node-a')}/report", b"rotated")
-    op.wait_message(f"{base('node-a')}/report", b"rotated")
+    assert op.received(f"{base('node-b')}/state") == [b"online"]
 
 
 def test_two_agent_pods_on_one_node_do_not_evict_each_other(identity: Identity) -> None:
-    one, two = identity.issue("node-a", "agent-x"), identity.issue("node-a", "agent-y")
-    x, y = identity.node(one), identity.node(two)
+    """Two validations on one node: two identities (`vx/n`, `vy/n`), two sessions."""
     op = identity.operator()
+    x = identity.node("node-a", "vx")
+    y = identity.node("node-a", "vy")
     x.publish(f"{base('node-a', 'vx')}/report", b"x")
     y.publish(f"{base('node-a', 'vy')}/report", b"y")
     op.wait_message(f"{base('node-a', 'vy')}/report", b"y")
@@ -199,28 +175,145 @@ def test_two_agent_pods_on_one_node_do_not_evict_each_other(identity: Identity) 
     assert not x.disconnects and not y.disconnects
 
 
-def test_expired_credentials_are_deleted(identity: Identity) -> None:
-    from datetime import UTC, datetime, timedelta
+def test_certificates_the_broker_must_refuse(identity: Identity, tmp_path: Path) -> None:
+    """No certificate, one of another CA, an expired one: the broker ends the TLS session,
+    and netval's client says so as a refusal of the credential (the agent enrolls again),
+    at once rather than after a timeout."""
+    from netval.infra.mqtt_client import CertificateRefused, credential_refused, make_client
 
-    cred = identity.issue("node-a")
-    a = identity.node(cred)
-    later = datetime.now(UTC) + timedelta(days=2)
-    identity.issuer.clock = lambda: later
-    assert identity.loop.run(identity.issuer.expire()) == [cred.username]
-    wait_for(lambda: a.disconnects, 10, what="the expired client disconnected")
+    other = IdentityAuthority(*_ca(tmp_path))
+    expired = IdentityAuthority(
+        identity.authority.ca_cert, identity.authority.ca_key,
+        clock=lambda: dt.datetime.now(dt.UTC) - dt.timedelta(days=3),
+    )  # fmt: skip
+    cases = {
+        "none": None,
+        "another CA": identity.pem(node_identity(V, "node-a"), other),
+        "expired": identity.pem(node_identity(V, "node-a"), expired),
+    }
+
+    async def attempt(pem: PemIdentity | None) -> BaseException:
+        settings = identity.settings(pem)
+        try:
+            async with make_client(settings, keepalive=10, timeout=20,
+                                   tls_context=settings.ssl_context()):  # fmt: skip
+                pass
+        except Exception as exc:
+            return exc
+        raise AssertionError("connected")
+
+    loop = LoopThread()
+    try:
+        for what, pem in cases.items():
+            exc = loop.run(attempt(pem))
+            assert isinstance(exc, CertificateRefused), (what, exc)
+            assert credential_refused(exc), what
+    finally:
+        loop.close()
+    good = identity.client(node_identity(V, "node-a"))
+    assert not good.connect().is_failure
 
 
-# --- the pure checks of what the API server said (operator/identity/review.py) ----------------
+def _ca(tmp_path: Path) -> tuple[Any, Any]:
+    import tls_certs
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+    ca = tls_certs.make_ca(tmp_path, "another-ca")
+    return ca.cert, ca.key
 
-from netval.operator.identity.review import (  # noqa: E402
-    EnrollmentDenied,
-    PodRef,
-    agent_node_of,
-    pod_ref_of,
-)
+
+def test_the_acl_probe_finds_the_chart_broker_enforcing(identity: Identity) -> None:
+    """The operator's start check against the chart's broker: every topic kind of another
+    node, both directions and the last will, refused or dropped; the probe identity's own
+    topics get through (the fences)."""
+    own = ("_netval-acl-probe", "_netval-acl-prober")
+    probe = identity.settings(identity.pem(node_identity(*own)), node_identity(*own))
+    observer = identity.settings(identity.pem(OBSERVER_IDENTITY), OBSERVER_IDENTITY)
+    result = probe_broker_acl(probe, probe.ssl_context(), observer=observer,
+                              observer_tls=observer.ssl_context(), own=own,
+                              exact_client_id=True, timeout=10)  # fmt: skip
+    assert result.error is None, result.error
+    assert result.control is True
+    assert set(result.outcomes) == {
+        "publish report", "publish beat", "publish endpoint", "publish loadresult",
+        "publish state", "read assignment", "read loadplan", "will state",
+    }  # fmt: skip
+    assert all(o in (Outcome.REFUSED, Outcome.DROPPED) for o in result.outcomes.values()), (
+        result.outcomes
+    )
+    assert result.verdict is AclVerdict.ENFORCED
+
+
+def test_a_certificate_names_the_identity_for_every_broker() -> None:
+    """The common name is what Mosquitto, EMQX and VerneMQ take as the user name; the DNS
+    name is RabbitMQ's form of it (`/` read as `.` in routing keys)."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    import tls_certs
+
+    with __import__("tempfile").TemporaryDirectory() as tmp:
+        ca = tls_certs.make_ca(Path(tmp), "ca")
+        authority = IdentityAuthority(ca.cert, ca.key)
+        issued, _ = authority.mint(node_identity(V, "gpu-1"), amqp_identity(V, "gpu-1"))
+    cert = x509.load_pem_x509_certificate(issued.cert_pem)
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "roce-pool/gpu-1"
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["roce-pool.gpu-1"]
+    cert.verify_directly_issued_by(ca.cert)
+
+
+def test_a_publish_the_broker_refuses_counts_as_refused_and_asks_for_a_new_credential(
+    identity: Identity,
+) -> None:
+    """The agent's publisher over MQTT 5: a report the broker refuses (PUBACK 0x87: here a
+    node's certificate publishing for another node) is counted as refused, never as
+    published, and once refusals lasted the grace the credential is reported refused (the
+    enroller enrolls again on it); the same publisher for its own node publishes."""
+    from netval.agent.publish import ReportPublisher, login_of
+    from netval.model import Report, Status
+
+    settings = identity.settings(identity.pem(node_identity(V, "node-a")))
+
+    def report(node: str) -> Report:
+        return Report(validation=V, generation=1, node=node, started_at=dt.datetime.now(dt.UTC),
+                      duration_ms=1.0, status=Status.PASS, results=[])  # fmt: skip
+
+    async def run(node: str, grace: float = 0.0) -> tuple[Any, bool]:
+        publisher = ReportPublisher(settings, V, node, backoff_base=0.05, backoff_cap=0.3,
+                                    publish_refusal_grace=grace)  # fmt: skip
+        await publisher.start()
+        await publisher.publish(report(node))
+        try:
+            async with asyncio.timeout(15):
+                # polls counters, bounded by the timeout
+                while not (publisher.stats().published or publisher.stats().publish_refusals):  # noqa: ASYNC110
+                    await asyncio.sleep(0.02)
+            return publisher.stats(), publisher.refused(login_of(settings))
+        finally:
+            await publisher.stop()
+
+    loop = LoopThread()
+    try:
+        forged, refused = loop.run(run("node-b"))
+        assert forged.published == 0 and forged.publish_refusals >= 1
+        assert forged.credential_refusals >= 1 and refused
+        forged, refused = loop.run(run("node-b", grace=300.0))
+        assert forged.published == 0 and forged.publish_refusals >= 1 and not refused
+        own, refused = loop.run(run("node-a"))
+        assert own.published == 1 and own.publish_refusals == 0 and not refused
+    finally:
+        loop.close()
+
+
+def test_the_agent_certificate_goes_into_a_tls_context_without_a_file(identity: Identity) -> None:
+    """The key is loaded through an anonymous memory file: nothing is written anywhere."""
+    before = set(Path("/tmp").iterdir())
+    settings = identity.settings(identity.pem(node_identity(V, "node-a")))
+    assert settings.ssl_context() is not None
+    assert set(Path("/tmp").iterdir()) == before
+    assert "PRIVATE" not in repr(settings) and "BEGIN" not in repr(settings)
+    assert dataclasses.replace(settings).identity is settings.identity
+
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=20),
@@ -316,145 +409,3 @@ def test_the_node_comes_from_the_pod_not_the_token_alone() -> None:
         agent_node_of(PodRef("ns", "agent-a", "u1", "node-b"), pod)
     with pytest.raises(EnrollmentDenied, match="node name"):
         agent_node_of(ref, {**pod, "spec": {**pod["spec"], "nodeName": "a/b"}})
-
-
-def test_a_node_cannot_take_over_another_nodes_session(identity: Identity) -> None:
-    """Mosquitto disconnects a session when another connection uses its client id; with
-    node A's credential that must not end node B's session (nor fire B's will)."""
-    op = identity.operator("netval/v1/+/+/state")
-    b_cred = identity.issue("node-b")
-    b = identity.node(b_cred, client_id=b_cred.client_id,
-                      will=(f"{base('node-b')}/state", b"offline"))  # fmt: skip
-    b.publish(f"{base('node-b')}/state", b"online")
-    op.wait_message(f"{base('node-b')}/state", b"online")
-    a_cred = identity.issue("node-a")
-    thief = identity.client(a_cred.username, a_cred.password, client_id=b_cred.client_id)
-    assert thief.connect().is_failure  # the credential is bound to its own client id
-    a = identity.node(a_cred, client_id=a_cred.client_id)
-    a.publish(f"{base('node-a')}/state", b"online")
-    op.wait_message(f"{base('node-a')}/state", b"online")
-    assert not b.disconnects
-    assert op.received(f"{base('node-b')}/state") == [b"online"]
-
-
-def test_a_publish_the_broker_refuses_counts_as_refused_and_asks_for_a_new_credential(
-    identity: Identity,
-) -> None:
-    """The agent's publisher over MQTT 5: a report the broker refuses (PUBACK 0x87, here a
-    node's credential publishing for another node, as after its role stopped covering a
-    topic) is counted as refused, never as published, and once refusals lasted the grace the
-    credential is reported refused (the enroller enrolls again on it); the same publisher
-    for its own node publishes."""
-    import datetime as dt
-
-    from netval.agent.publish import ReportPublisher
-    from netval.model import Report, Status
-
-    cred = identity.issue("node-a")
-    settings = MqttSettings(host="127.0.0.1", port=identity.port, username=cred.username,
-                            password=cred.password, client_id=cred.client_id)  # fmt: skip
-
-    def report(node: str) -> Report:
-        return Report(validation=V, generation=1, node=node, started_at=dt.datetime.now(dt.UTC),
-                      duration_ms=1.0, status=Status.PASS, results=[])  # fmt: skip
-
-    async def run(node: str, grace: float = 0.0) -> tuple[Any, bool]:
-        publisher = ReportPublisher(settings, V, node, backoff_base=0.05, backoff_cap=0.3,
-                                    publish_refusal_grace=grace)  # fmt: skip
-        await publisher.start()
-        await publisher.publish(report(node))
-        try:
-            async with asyncio.timeout(10):
-                # polls counters, bounded by the timeout
-                while not (publisher.stats().published or publisher.stats().publish_refusals):  # noqa: ASYNC110
-                    await asyncio.sleep(0.02)
-            return publisher.stats(), publisher.refused(cred.username, cred.password)
-        finally:
-            await publisher.stop()
-
-    forged, refused = identity.loop.run(run("node-b"))
-    assert forged.published == 0 and forged.publish_refusals >= 1
-    assert forged.credential_refusals >= 1 and refused
-    # by default only refusals that last 5 min ask for a new credential (a role being
-    # updated for a new validation is not the credential's fault)
-    forged, refused = identity.loop.run(run("node-b", grace=300.0))
-    assert forged.published == 0 and forged.publish_refusals >= 1 and not refused
-    own, refused = identity.loop.run(run("node-a"))
-    assert own.published == 1 and own.publish_refusals == 0 and not refused
-
-
-def test_a_node_role_covers_only_the_validations_that_target_it(identity: Identity) -> None:
-    """The leader's NodeRoleSync keeps each node's role to the validations that target it:
-    a node's credential can neither publish nor read under another validation; once one
-    starts targeting it, it can (after one sync), and it cannot once it stopped."""
-    from netval.operator.identity.node_roles import NodeRoleSync
-
-    sync = NodeRoleSync(identity.admin, retry=0.2, hold=0.0)
-    identity.issuer.validations_of = sync.validations_of
-    task = identity.loop.call(lambda: asyncio.ensure_future(sync.run()))
-
-    def set_targets(targets: dict[str, set[str]]) -> None:
-        identity.loop.call(sync.update, {n: frozenset(v) for n, v in targets.items()})
-        wait_for(lambda: sync.synced.is_set(), 10, what="roles synced")
-
-    try:
-        set_targets({"node-a": {"pool-1"}, "node-b": {"pool-1", "pool-2"}})
-        a = identity.node(identity.issue("node-a"))
-        identity.node(identity.issue("node-b"))  # a peer that exists, unread by A
-        op = identity.operator()
-        a.subscribe(
-            f"{base('node-a', 'pool-1')}/assignment", f"{base('node-a', 'pool-2')}/assignment"
-        )
-        op.publish(f"{base('node-a', 'pool-2')}/assignment", b"p2")  # not for A to read
-        a.publish(f"{base('node-a', 'pool-2')}/report", b"forged")  # not A's validation
-        a.publish(f"{base('node-a', 'pool-1')}/report", b"a1")
-        op.publish(f"{base('node-a', 'pool-1')}/assignment", b"p1")
-        a.wait_message(f"{base('node-a', 'pool-1')}/assignment", b"p1")
-        op.wait_message(f"{base('node-a', 'pool-1')}/report", b"a1")
-        assert op.received(f"{base('node-a', 'pool-2')}/report") == []
-        assert a.received(f"{base('node-a', 'pool-2')}/assignment") == []
-
-        # pool-2 starts targeting node-a: one modifyRole, and A may publish there
-        sent = sync.commands
-        set_targets({"node-a": {"pool-1", "pool-2"}, "node-b": {"pool-1", "pool-2"}})
-        assert sync.commands - sent == 1
-        a.publish(f"{base('node-a', 'pool-2')}/report", b"a2")
-        op.wait_message(f"{base('node-a', 'pool-2')}/report", b"a2")
-
-        # and pool-1 stops targeting it
-        set_targets({"node-a": {"pool-2"}, "node-b": {"pool-1", "pool-2"}})
-        a.publish(f"{base('node-a', 'pool-1')}/report", b"late")
-        a.publish(f"{base('node-a', 'pool-2')}/report", b"a2-again")
-        op.wait_message(f"{base('node-a', 'pool-2')}/report", b"a2-again")
-        assert op.received(f"{base('node-a', 'pool-1')}/report") == [b"a1"]
-
-        # a new term reads the broker's roles back: nothing to send
-        sent = sync.commands
-        identity.loop.call(sync.restart)
-        identity.loop.call(sync.update, dict(sync.desired))
-        wait_for(lambda: sync.synced.is_set(), 10, what="roles read back")
-        assert sync.commands == sent
-    finally:
-        identity.loop.call(task.cancel)
-
-
-def test_roles_gain_a_validation_at_once_and_lose_one_only_after_the_hold() -> None:
-    """A term's first view of targeting may be partial (Nodes still being listed): a role is
-    narrowed only once a validation has not targeted the node for the hold."""
-    from netval.operator.identity.node_roles import role_changes
-
-    since: dict[str, float] = {}
-    applied = {"a": frozenset({"p1"}), "b": frozenset({"p1", "p2"})}
-    desired = {"a": frozenset({"p1", "p2"}), "c": frozenset({"p2"})}  # b not listed yet
-    assert role_changes(desired, applied, since, 0.0, 60.0) == {
-        "a": frozenset({"p1", "p2"}),
-        "c": frozenset({"p2"}),
-    }
-    assert role_changes(desired, applied, since, 59.0, 60.0) == {
-        "a": frozenset({"p1", "p2"}),
-        "c": frozenset({"p2"}),
-    }
-    assert role_changes(desired, applied, since, 60.0, 60.0)["b"] == frozenset()
-    # b came back before the hold ran out: nothing to take away, the clock starts over
-    desired["b"] = frozenset({"p1", "p2"})
-    assert "b" not in role_changes(desired, applied, since, 61.0, 60.0) and "b" not in since

@@ -1,7 +1,8 @@
 """The operator's identity service inside the real operator (in-process Kopf running
-netval's handlers against the test API, the chart's Mosquitto): it starts with the operator,
-publishes the enrollment CA for the agents, revokes a deleted Node's identity at once, and
-the credential of an agent Pod that is gone.
+netval's handlers against the test API, the chart's Mosquitto with per-node identity): it
+starts with the operator, publishes the enrollment CA for the agents, signs an agent's
+request, and the leader's broker ACL check finds the chart's broker enforcing (gating not
+held). A deleted Node's pods must pass a TokenReview again.
 """
 
 from __future__ import annotations
@@ -9,43 +10,39 @@ from __future__ import annotations
 import json
 import ssl
 import urllib.request
-from datetime import timedelta
 from pathlib import Path
 
 import kopf
 
-from identity_kit import Mqtt, agent_pod
+from identity_kit import IdentityBrokerLogin, agent_pod
 from kopf_harness import kopf_operator
 from kube import KubeCluster, wait_for
+from netval.agent.enroll import make_csr
 from netval.infra.mqtt_settings import MqttSettings
 from netval.operator.identity.service import IdentityService, IdentitySettings
 from netval.operator.kube import certs
-from netval.operator.settings import OperatorSettings
+from netval.operator.settings import OperatorSettings, operator_settings_from_env
 from operator_env import GPU, NS, add_node
-from test_chart_broker import plaintext_listener, run_chart_broker
+from test_chart_broker import run_chart_broker
 from test_enrollment import Claims, TokenAuthority
 
 
-def test_a_deleted_node_or_agent_pod_loses_its_identity(tmp_path: Path, kube: KubeCluster) -> None:
+def test_the_identity_service_runs_in_the_operator_and_checks_the_broker(
+    tmp_path: Path, kube: KubeCluster
+) -> None:
     kube.ensure_namespace(NS)
     add_node(kube, "gpu-a", GPU)
-    add_node(kube, "gpu-b", GPU)
     authority = TokenAuthority()
     kube.api.token_reviewer = authority.review
     tls = certs.generate_self_signed(tmp_path / "enroll-tls", ["127.0.0.1"])
-    with run_chart_broker(tmp_path, plaintext_listener) as (port, secrets):
-        mqtt = MqttSettings("127.0.0.1", port, username="netval-operator",
-                            password=secrets["operator"], client_id="netval-operator-test")  # fmt: skip
-        settings = OperatorSettings(
-            namespace=NS, agent_image="registry.example/netval:test", mqtt=mqtt,
-            agent_mqtt_url="mqtt://netval-mqtt.netval-system.svc:1883",
-            agent_mqtt_username="netval-agent", agent_mqtt_secret="netval-mqtt-agent",
-            agent_mqtt_ca_secret=None, status_window=0.2,
-            agent_enroll_url="https://netval-webhook.netval-system.svc:9444/v1/enroll",
-            agent_enroll_ca_configmap="netval-enroll-ca",
-        )  # fmt: skip
-        identity = IdentitySettings("127.0.0.1", 0, tls.cert, tls.key, timedelta(hours=1), tls.ca,
-                                    departed_every=0.5)  # fmt: skip
+    with run_chart_broker(tmp_path, by_address=True) as (port, secrets):
+        env = {**IdentityBrokerLogin(port, secrets).env, "NETVAL_NAMESPACE": NS,
+               "NETVAL_AGENT_ENROLL_URL": "https://netval-webhook.netval-system.svc:9444/v1/enroll",
+               "NETVAL_AGENT_ENROLL_CA_CONFIGMAP": "netval-enroll-ca",
+               "NETVAL_STATUS_WINDOW_SECONDS": "0.2"}  # fmt: skip
+        settings = operator_settings_from_env(env)
+        assert settings.mqtt.identity is not None and settings.mqtt.username is None
+        identity = IdentitySettings("127.0.0.1", 0, tls.cert, tls.key, tls.ca)
         memo = kopf.Memo(settings=settings, metrics_addr=("127.0.0.1", 0), identity=identity)
         with kopf_operator(kube, modules=["netval.operator.handlers"], memo=memo):
             service = wait_for(
@@ -58,62 +55,44 @@ def test_a_deleted_node_or_agent_pod_loses_its_identity(tmp_path: Path, kube: Ku
             # What the agents mount: it verifies the enrollment server.
             (tmp_path / "agent-ca.crt").write_text(ca["data"]["ca.crt"])
             context = ssl.create_default_context(cafile=str(tmp_path / "agent-ca.crt"))
-            creds = {}
-            for node in ("gpu-a", "gpu-b"):
-                pod = agent_pod(kube, f"agent-{node}", node, NS)
-                token = authority.mint(Claims(f"agent-{node}", pod["metadata"]["uid"], node))
-                request = urllib.request.Request(
-                    f"https://127.0.0.1:{service.server.port}/v1/enroll", data=b"", method="POST",
-                    headers={"Authorization": f"Bearer {token}"},
-                )  # fmt: skip
-                with urllib.request.urlopen(request, context=context, timeout=20) as response:
-                    creds[node] = json.loads(response.read())
-            clients = {}
-            for node, cred in creds.items():
-                clients[node] = Mqtt(
-                    port, cred["username"], cred["password"], client_id=cred["clientId"]
-                )
-                assert not clients[node].connect().is_failure
-            try:
-                kube.delete("v1", "Node", "gpu-a")
-                wait_for(lambda: clients["gpu-a"].disconnects, 20, what="gpu-a disconnected")
-                again = Mqtt(
-                    port,
-                    creds["gpu-a"]["username"],
-                    creds["gpu-a"]["password"],
-                    client_id=creds["gpu-a"]["clientId"],
-                )
-                assert again.connect().is_failure
-                again.close()
-                assert not clients["gpu-b"].disconnects
-                # gpu-b's agent Pod goes (a rollout, or gpu-b left every validation) while the
-                # Node stays: the leader's sweep revokes that pod's credential.
-                kube.delete("v1", "Pod", "agent-gpu-b", namespace=NS)
-                wait_for(lambda: clients["gpu-b"].disconnects, 20, what="gpu-b's pod revoked")
-                assert kube.get("v1", "Node", "gpu-b")
-                runtime = memo["runtime"]
-                metrics_port = runtime.metrics_server.sockets[0].getsockname()[1]
+            pod = agent_pod(kube, "agent-gpu-a", "gpu-a", NS)
+            token = authority.mint(Claims("agent-gpu-a", pod["metadata"]["uid"], "gpu-a"))
+            body = json.dumps({"csr": make_csr("pool/gpu-a")[1].decode()}).encode()
+            request = urllib.request.Request(
+                f"https://127.0.0.1:{service.server.port}/v1/enroll", data=body, method="POST",
+                headers={"Authorization": f"Bearer {token}"},
+            )  # fmt: skip
+            with urllib.request.urlopen(request, context=context, timeout=20) as response:
+                answer = json.loads(response.read())
+            assert (
+                answer["username"] == "pool/gpu-a" and "BEGIN CERTIFICATE" in answer["certificate"]
+            )
+            runtime = memo["runtime"]
+            metrics_port = runtime.metrics_server.sockets[0].getsockname()[1]
 
-                def metrics() -> str:
-                    url = f"http://127.0.0.1:{metrics_port}/metrics"
-                    with urllib.request.urlopen(url, timeout=10) as r:
-                        return str(r.read().decode())
+            def metrics() -> str:
+                url = f"http://127.0.0.1:{metrics_port}/metrics"
+                with urllib.request.urlopen(url, timeout=10) as r:
+                    return str(r.read().decode())
 
-                # The start check's probe identity (a reserved node's) may not publish for
-                # another node on the chart's broker; its credential is revoked after.
-                def checked() -> str | None:
-                    text = metrics()
-                    return text if "netval_broker_acl_violations" in text else None
+            # The start check's probe identity (a reserved node's certificate) gets nothing
+            # of another node through the chart's broker, both ways: gating goes on.
+            def checked() -> str | None:
+                text = metrics()
+                return text if "netval_broker_acl_violations" in text else None
 
-                text = wait_for(checked, 20, what="the broker ACL check")
-                assert "netval_broker_acl_violations 0.0" in text
-                assert 'netval_operator_enrollments_total{outcome="issued"} 2.0' in text
-                # gpu-a's, the probe identity's and gpu-b's pod's
-                assert 'netval_operator_mqtt_credentials_total{event="revoked"} 3.0' in text
-                assert "netval_operator_dynsec_connected 1.0" in text
-            finally:
-                for client in clients.values():
-                    client.close()
+            text = wait_for(checked, 60, what="the broker ACL check")
+            assert "netval_broker_acl_violations 0.0" in text
+            assert "netval_operator_gating_held 0.0" in text
+            assert 'netval_operator_enrollments_total{outcome="issued"} 1.0' in text
+            assert "netval_operator_mqtt_certificates_total" in text
+            # A deleted Node: its pods' cached reviews go.
+            reviews = authority.reviews
+            kube.delete("v1", "Node", "gpu-a")
+            wait_for(lambda: len(service.server.reviews) == 0, 20, what="the review forgotten")
+            with urllib.request.urlopen(request, context=context, timeout=20):
+                pass
+            assert authority.reviews == reviews + 1
 
 
 def test_the_agent_daemonset_enrolls_with_a_projected_token() -> None:
@@ -151,7 +130,7 @@ def test_the_agent_daemonset_enrolls_with_a_projected_token() -> None:
     )
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert "NETVAL_MQTT_PASSWORD_FILE" not in env  # no shared password on any node
-    enroll = agent_enroll.enroll_settings_from_env(env, "gpu-a")
+    enroll = agent_enroll.enroll_settings_from_env(env, "gpu-a", "pool")
     assert enroll is not None and enroll.url == settings.agent_enroll_url
     assert str(enroll.token_file) == f"{manifests.ENROLL_DIR}/token"
     assert str(enroll.ca_file) == f"{manifests.ENROLL_DIR}/ca.crt"

@@ -1,11 +1,11 @@
 """Enrollment on two real `netval operator` replicas (the chart's two, behind one Service
-that routes an agent to either): the standby issues credentials as the leader does, the
-leader alone writes the agents' CA ConfigMap and runs the broker ACL check, and after a
-SIGKILL of the leader the new one takes the leader's duties on its running service: a Node
-deleted while nobody led loses its identity as the new term starts.
+that routes an agent to either, one identity CA mounted into both): the standby signs
+agents' certificates as the leader does, the leader alone writes the agents' CA ConfigMap
+and runs the broker ACL check, and after a SIGKILL of the leader the new one takes the
+leader's duties on its running service while the agents' certificates keep working.
 
-The broker is the chart's Mosquitto with dynamic security (tests/test_chart_broker.py); the
-test API answers TokenReview as an apiserver does (tests/test_enrollment.py)."""
+The broker is the chart's Mosquitto with per-node identity (tests/test_chart_broker.py);
+the test API answers TokenReview as an apiserver does (tests/test_enrollment.py)."""
 
 from __future__ import annotations
 
@@ -15,33 +15,24 @@ import socket
 import ssl
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from identity_kit import Mqtt, agent_pod
+from identity_kit import IdentityBrokerLogin, Mqtt, agent_pod
 from kube import KubeCluster, wait_for
 from mosquitto import free_port
+from netval.agent.enroll import make_csr
 from netval.operator.kube import certs
 from operator_env import GPU, NS, add_node
 from operator_processes import FAST_LEASE, OperatorProc, writes
-from test_chart_broker import plaintext_listener, run_chart_broker
+from test_chart_broker import run_chart_broker
 from test_enrollment import Claims, TokenAuthority
 
 CA_CONFIGMAP = "netval-enroll-ca"
-# The defaults' 15 s lease: after the SIGKILL nobody leads for ~14 s, ample time to delete a
-# Node unseen on a loaded machine; a fast retry so the standby takes over soon after.
+# The defaults' 15 s lease; a fast retry so the standby takes over soon after the SIGKILL.
 LEASE = {**FAST_LEASE, "NETVAL_LEASE_DURATION_SECONDS": "15",
          "NETVAL_LEASE_RENEW_DEADLINE_SECONDS": "10"}  # fmt: skip
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
-
-
-@dataclass
-class ChartBrokerLogin:
-    port: int
-    password: str
-    host: str = "127.0.0.1"
-    username: str = "netval-operator"
 
 
 def _listening(port: int) -> bool:
@@ -56,10 +47,10 @@ def _metrics(proc: OperatorProc) -> str:
         return str(response.read().decode())
 
 
-def _enroll(port: int, token: str, context: ssl.SSLContext) -> dict[str, Any]:
+def _enroll(port: int, token: str, context: ssl.SSLContext, csr: bytes) -> dict[str, Any]:
     request = urllib.request.Request(
-        f"https://127.0.0.1:{port}/v1/enroll", data=b"", method="POST",
-        headers={"Authorization": f"Bearer {token}"},
+        f"https://127.0.0.1:{port}/v1/enroll", data=json.dumps({"csr": csr.decode()}).encode(),
+        method="POST", headers={"Authorization": f"Bearer {token}"},
     )  # fmt: skip
     with urllib.request.urlopen(request, context=context, timeout=20) as response:
         answer: dict[str, Any] = json.loads(response.read())
@@ -78,8 +69,8 @@ def test_a_standby_enrolls_agents_and_a_new_leader_takes_the_duties(
     tls = certs.generate_self_signed(tmp_path / "enroll-tls", ["127.0.0.1"])
     context = ssl.create_default_context(cafile=str(tls.ca))
     (tmp_path / "broker").mkdir()
-    with run_chart_broker(tmp_path / "broker", plaintext_listener) as (port, secrets):
-        login = ChartBrokerLogin(port, secrets["operator"])
+    with run_chart_broker(tmp_path / "broker", by_address=True) as (port, secrets):
+        login = IdentityBrokerLogin(port, secrets)
         procs: dict[str, OperatorProc] = {}
         enroll_ports: dict[str, int] = {}
         for token in ("op-a", "op-b"):
@@ -92,6 +83,7 @@ def test_a_standby_enrolls_agents_and_a_new_leader_takes_the_duties(
                 "NETVAL_ENROLL_CA_BUNDLE_FILE": str(tls.ca),
                 "NETVAL_AGENT_ENROLL_URL": "https://netval-webhook.netval-system.svc:9444/v1/enroll",
                 "NETVAL_AGENT_ENROLL_CA_CONFIGMAP": CA_CONFIGMAP,
+                **login.env,  # one identity CA for both, as the chart mounts one Secret
             }
             procs[token] = OperatorProc(kube, login, tmp_path / "ops", token, env=env)
         try:
@@ -124,22 +116,26 @@ def test_a_standby_enrolls_agents_and_a_new_leader_takes_the_duties(
                 for node, pod in pods.items()
             }
             # gpu-a through the standby, gpu-b through the leader: both work on the broker.
+            keys = {node: make_csr(f"pool/{node}") for node in ("gpu-a", "gpu-b")}
             creds = {
-                "gpu-a": _enroll(enroll_ports[standby], tokens["gpu-a"], context),
-                "gpu-b": _enroll(enroll_ports[leader], tokens["gpu-b"], context),
+                "gpu-a": _enroll(enroll_ports[standby], tokens["gpu-a"], context, keys["gpu-a"][1]),
+                "gpu-b": _enroll(enroll_ports[leader], tokens["gpu-b"], context, keys["gpu-b"][1]),
             }
             assert creds["gpu-a"]["node"] == "gpu-a" and creds["gpu-b"]["node"] == "gpu-b"
             clients = {
-                node: Mqtt(port, c["username"], c["password"], client_id=c["clientId"])
+                node: Mqtt(port, None, None, host="127.0.0.1", tls=_context(
+                    secrets, c["certificate"].encode(), keys[node][0]))
                 for node, c in creds.items()
-            }
+            }  # fmt: skip
             try:
                 for client in clients.values():
                     assert not client.connect().is_failure
                 # The standby names the node by the token's pod, as the leader does.
                 forged = urllib.request.Request(
                     f"https://127.0.0.1:{enroll_ports[standby]}/v1/enroll",
-                    data=json.dumps({"node": "gpu-b"}).encode(), method="POST",
+                    data=json.dumps({"node": "gpu-b",
+                                     "csr": make_csr("pool/gpu-b")[1].decode()}).encode(),
+                    method="POST",
                     headers={"Authorization": f"Bearer {tokens['gpu-a']}",
                              "Content-Type": "application/json"},
                 )  # fmt: skip
@@ -151,7 +147,6 @@ def test_a_standby_enrolls_agents_and_a_new_leader_takes_the_duties(
 
                 standby_metrics = _metrics(procs[standby])
                 assert 'netval_operator_enrollments_total{outcome="issued"} 1.0' in standby_metrics
-                assert "netval_operator_dynsec_connected 1.0" in standby_metrics
                 assert "netval_broker_acl_violations" not in standby_metrics
                 # The leader's duties, on its /metrics: the start check ran on the chart's ACL.
                 leader_metrics = wait_for(
@@ -166,21 +161,17 @@ def test_a_standby_enrolls_agents_and_a_new_leader_takes_the_duties(
                 by_standby = [w for w in writes(kube) if w[1] == standby]
                 assert by_standby and {w[3] for w in by_standby} == {TOKEN_REVIEWS}
 
-                # SIGKILL the leader and delete a Node while nobody leads (the Lease has ~14 s
-                # to run): no replica sees that deletion, yet the new leader revokes the
-                # node's identity when it takes the duties on its running service.
+                # SIGKILL the leader: the standby takes the duties on its running service
+                # (its ACL check), and the agents' certificates keep working meanwhile.
                 procs[leader].kill()
-                kube.delete("v1", "Node", "gpu-b")
                 assert "netval_operator_leader 0.0" in _metrics(procs[standby])
                 wait_for(lambda: "netval_operator_leader 1.0" in _safe_metrics(procs[standby]), 40,
                          what="the standby leading")  # fmt: skip
-                wait_for(lambda: clients["gpu-b"].disconnects, 30, what="gpu-b disconnected")
-                wait_for(lambda: "netval_broker_acl_violations" in _safe_metrics(procs[standby]), 30,
-                         what="the new leader's broker ACL check")  # fmt: skip
-                assert not clients["gpu-a"].disconnects
-                assert (
-                    "node gpu-b holds an MQTT identity but no longer exists" in procs[standby].log()
-                )
+                wait_for(lambda: "netval_broker_acl_violations 0.0" in _safe_metrics(procs[standby]),
+                         60, what="the new leader's broker ACL check")  # fmt: skip
+                for node, client in clients.items():
+                    client.publish(f"netval/v1/pool/{node}/state", b"online")
+                assert not clients["gpu-a"].disconnects and not clients["gpu-b"].disconnects
             finally:
                 for client in clients.values():
                     client.close()
@@ -189,6 +180,16 @@ def test_a_standby_enrolls_agents_and_a_new_leader_takes_the_duties(
                 proc.terminate()
             for token, proc in procs.items():
                 assert "Traceback" not in proc.log(), f"{token}:\n{proc.log()[-3000:]}"
+
+
+def _context(secrets: dict[str, str], cert: bytes, key: bytes) -> ssl.SSLContext:
+    from netval.infra.mqtt_settings import MqttSettings, PemIdentity
+
+    settings = MqttSettings("127.0.0.1", 1, tls=True, ca_file=Path(secrets["broker_ca"]),
+                            identity=PemIdentity(cert, key))  # fmt: skip
+    context = settings.ssl_context()
+    assert context is not None
+    return context
 
 
 def _safe_metrics(proc: OperatorProc) -> str:

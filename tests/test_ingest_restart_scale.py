@@ -1,5 +1,6 @@
 """A restarted operator against the bundled broker as the chart renders it (its mosquitto.conf
-with the per-client limits, ACL and passwords, run in a real Mosquitto by
+with the per-client limits, ACL and passwords of the shared-login variant: the limits are what
+is measured, the same with per-node certificates; run in a real Mosquitto by
 tests/test_chart_broker.py's `run_chart_broker`) holding 10,000 nodes' retained reports:
 the operator's real ingest gets every one back, and every node's newest report is folded
 (counted node by node). With Mosquitto's default limits most of them were lost.
@@ -21,6 +22,7 @@ from netval.operator.state.store import Store
 from operator_env import GPU, report, report_msg
 from test_chart_broker import (
     BROKER_HOST,
+    LIMITS_VARIANT,
     _agent_publisher,
     _broker_parts,
     _publish_all,
@@ -47,7 +49,7 @@ def test_the_chart_limits_used_by_the_ingest_tests_are_the_rendered_ones() -> No
 def test_a_restarted_operator_folds_every_node_of_10000_retained(tmp_path: Path) -> None:
     now = datetime.now(UTC)
     older, newest = now - timedelta(seconds=20), now - timedelta(seconds=10)
-    with run_chart_broker(tmp_path) as (port, secrets):
+    with run_chart_broker(tmp_path, variant=LIMITS_VARIANT) as (port, secrets):
         agents = _agent_publisher(port, secrets["operator"])
         try:
             # a tenth of the agents reported twice: the broker retains only the newest

@@ -180,10 +180,14 @@ def test_the_spine_block_is_named_only_when_the_spine_answers_from_one_address(
     with contextlib.ExitStack() as stack:
         a, b = routed_fabric(stack, "10.255.0.1" if loopback else None)
         seen = {"a": spines_seen(a, "10.1.2.2"), "b": spines_seen(b, "10.1.1.2")}
-    leaves = {"a": "10.1.1.1", "b": "10.1.2.1"}  # their next hops: two leaves
+    # their next hops: two leaves; a block needs two nodes of a leaf to agree, and a second
+    # node of each leaf would trace the same path
+    leaves = {"a": "10.1.1.1", "a2": "10.1.1.1", "b": "10.1.2.1", "b2": "10.1.2.1"}
+    both = seen | {"a2": seen["a"], "b2": seen["b"]}
     if loopback:
         assert seen == {"a": ["10.255.0.1"], "b": ["10.255.0.1"]}
-        assert spine_blocks(seen, leaves, {}) == {"a": "10.255.0.1", "b": "10.255.0.1"}
+        assert spine_blocks(both, leaves, {}) == dict.fromkeys(both, "10.255.0.1")
+        assert spine_blocks(seen, leaves, {}) == {}  # one node per leaf: nobody agrees
     else:  # per-link addresses: each leaf sees its own, so no block is named
         assert seen == {"a": ["10.0.1.2"], "b": ["10.0.2.2"]}
-        assert spine_blocks(seen, leaves, {}) == {}
+        assert spine_blocks(both, leaves, {}) == {}

@@ -125,6 +125,9 @@ def _validation() -> dict[str, Any]:
                     "port": PORT,
                     "maxLatencyMs": 500.0,
                     "topologyKey": LEAF_KEY,
+                    # the endpoints and rails are on the fabric (rail 0's network), not among
+                    # the Nodes' addresses
+                    "fabricCidrs": ["10.89.0.0/24"],
                 },
             },
             # status.topology (and its domainPairs) is written when levels are declared

@@ -27,7 +27,6 @@ from netval.model.loadplan import (
 from netval.model.loadtest import Expectations, NetworkLoadTestStatus
 from netval.model.spec import NetworkValidationSpec
 from netval.model.topics import MAX_REPORT_PACKET_BYTES, TopicKind, parse_topic, topic
-from netval.operator.identity.acl import node_acls
 from netval.operator.loadtest.aggregate import Received, aggregate
 from netval.operator.loadtest.plan import RunPlan, plan_run
 from netval.operator.loadtest.rails import NodeRails
@@ -282,13 +281,16 @@ def test_plans_and_results_live_under_the_node_s_own_topic_level() -> None:
         assert name == f"netval/v1/pool/node-0-00/{kind.value}"
         parsed = parse_topic(name)
         assert parsed is not None and (parsed.node, parsed.kind) == ("node-0-00", kind)
-    # the per-node ACL: everything a node may publish starts with its own level in the
-    # validations that target it; it reads its own plan and publishes its own results
-    own = "netval/v1/pool/node-0-00/"
-    acls = node_acls("node-0-00", ["pool"])
-    sends = [a["topic"] for a in acls if a["acltype"] == "publishClientSend"]
-    reads = [a["topic"] for a in acls if a["acltype"] == "subscribePattern"]
-    assert all(t.startswith(own) for t in sends)
-    assert f"{own}loadresult" in sends and f"{own}loadplan" in reads
-    assert f"{own}beat" in sends and not any(t.endswith("/beat") for t in reads)
+    # the per-node ACL (the chart's, user name <validation>/<node>): everything a node may
+    # publish is under its own level of its own validation; it reads its own plan and
+    # publishes its own results
+    from chart_kit import one
+
+    acl = one("default", "ConfigMap", "netval-mqtt")["data"]["acl"]
+    patterns = [line.split() for line in acl.splitlines() if line.startswith("pattern ")]
+    sends = [t for _, access, t in patterns if "write" in access]
+    reads = [t for _, access, t in patterns if "read" in access]
+    assert all(t.startswith("netval/v1/%u/") for t in sends + reads)
+    assert "netval/v1/%u/loadresult" in sends and "netval/v1/%u/loadplan" in reads
+    assert "netval/v1/%u/beat" in sends and not any(t.endswith("/beat") for t in reads)
     assert not any("loadplan" in t for t in sends) and not any("loadresult" in t for t in reads)

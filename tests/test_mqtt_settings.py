@@ -116,14 +116,41 @@ def test_password_file_errors(tmp_path: Path) -> None:
         )
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
 def test_unreadable_password_file(tmp_path: Path) -> None:
+    """A Secret mounted with modes the process cannot read. Root reads any file (it has
+    CAP_DAC_OVERRIDE), so as root the read runs in a child without it (setpriv, as the
+    agent's non-root uid): the test runs either way, never skips."""
     pw = tmp_path / "pw"
     pw.write_text("x")
     pw.chmod(0)
     env = {"NETVAL_MQTT_URL": "mqtt://b", "NETVAL_MQTT_USERNAME": "u"}
-    with pytest.raises(ValueError, match="NETVAL_MQTT_PASSWORD_FILE"):
-        mqtt_settings_from_env(env | {"NETVAL_MQTT_PASSWORD_FILE": str(pw)})
+    if os.geteuid() != 0:
+        with pytest.raises(ValueError, match=r"NETVAL_MQTT_PASSWORD_FILE=.*cannot read"):
+            mqtt_settings_from_env(env | {"NETVAL_MQTT_PASSWORD_FILE": str(pw)})
+        return
+    import shutil
+    import subprocess
+    import sys
+
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) drops root's file access override here"
+    tmp_path.chmod(0o755)  # the directory is traversable; the file is not readable
+    code = (
+        "import sys; from netval.infra.mqtt_settings import mqtt_settings_from_env as f\n"
+        "try: f({'NETVAL_MQTT_URL': 'mqtt://b', 'NETVAL_MQTT_USERNAME': 'u',"
+        f" 'NETVAL_MQTT_PASSWORD_FILE': {str(pw)!r}}})\n"
+        "except ValueError as e: print(e); sys.exit(3)\n"
+    )
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    done = subprocess.run(
+        [setpriv, "--reuid=65532", "--regid=65532", "--clear-groups", "--inh-caps=-all",
+         "--bounding-set=-all", sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": src},
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert "NETVAL_MQTT_PASSWORD_FILE=" in done.stdout and "cannot read" in done.stdout
+    assert "Permission denied" in done.stdout
 
 
 def test_ca_file_errors(tmp_path: Path) -> None:

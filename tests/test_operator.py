@@ -495,6 +495,11 @@ def test_east_west_assignments_and_matrix(
     wait_for(lambda: domains(asyncio.run(assignments())) == expected, what=f"{expected}")
     # no agent announced itself: empty peer sets; then two do, and each gets the other
     assert all(doc["peers"] == {} for doc in asyncio.run(assignments()).values())
+    # the endpoints count at the nodes' own addresses (ingest.endpoint_check)
+    for node, address in (("gpu-b", "10.0.0.2"), ("gpu-c", "10.0.0.3")):
+        cluster.patch("v1", "nodes", node,
+                      {"status": {"addresses": [{"type": "InternalIP", "address": address}]}},
+                      subresource="status")  # fmt: skip
     publish(mosquitto_broker, [
         ("netval/v1/pool-a/gpu-b/endpoint", b'{"address": "10.0.0.2", "port": 7471}'),
         ("netval/v1/pool-a/gpu-c/endpoint", b'{"address": "10.0.0.3", "port": 7471}'),

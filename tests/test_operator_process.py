@@ -35,6 +35,7 @@ from operator_processes import (
     status_writes,
     writes,
 )
+from tls_certs import key_pem, make_ca
 
 PEERING_KEYS = ("kopf.dev/v1/clusterkopfpeerings", "kopf.dev/v1/kopfpeerings")
 
@@ -133,7 +134,15 @@ def test_enrollment_port_taken_exits_2_before_leading(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = {"NETVAL_ENROLL_ADDR": f"127.0.0.1:{port}"}
+        # enrollment signs with the identity CA, and client certificates need mqtts://
+        ca = make_ca(tmp_path, "identity-ca")
+        key = tmp_path / "identity-ca.key"
+        key.write_bytes(key_pem(ca.key))
+        env = {"NETVAL_ENROLL_ADDR": f"127.0.0.1:{port}",
+               "NETVAL_MQTT_URL": f"mqtts://127.0.0.1:{mosquitto_broker.port}",
+               "NETVAL_MQTT_CA_FILE": str(ca.cert_file), "NETVAL_MQTT_USERNAME": "",
+               "NETVAL_MQTT_PASSWORD_FILE": "", "NETVAL_IDENTITY_CA_FILE": str(ca.cert_file),
+               "NETVAL_IDENTITY_CA_KEY_FILE": str(key)}  # fmt: skip
         proc = OperatorProc(cluster, mosquitto_broker, tmp_path, "op-a", env=env).start()
         assert proc.proc is not None
         assert proc.proc.wait(60) == 2

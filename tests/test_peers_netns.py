@@ -909,7 +909,13 @@ def test_six_agents_and_the_operator_report_a_capacity_ratio_and_name_a_dead_nod
                 "checks": {
                     "link": {"interfaces": ["f0"]},
                     "mtu": {"interfaces": ["f0"], "interfaceMTU": FABRIC_MTU},
-                    "peers": {**CHECKS, "interface": "f0", "port": AGENT_PORT},
+                    # the endpoints are on the fabric, not among the Nodes' addresses
+                    "peers": {
+                        **CHECKS,
+                        "interface": "f0",
+                        "port": AGENT_PORT,
+                        "fabricCidrs": ["10.88.0.0/24"],
+                    },
                 },
             },
         }

@@ -1,6 +1,6 @@
 """The one reconnect rule of netval's MQTT connections (`netval.infra.mqtt_client`:
-`ReconnectRule`, `reconnect_loop`), used by the agent's publisher, the operator's ingest and
-the dynamic-security admin. Pure and deterministic: a fake clock, a seeded RNG, sessions
+`ReconnectRule`, `reconnect_loop`), used by the agent's publisher and the operator's ingest
+(each with its policy). Pure and deterministic: a fake clock, a seeded RNG, sessions
 and pauses that are plain coroutines. The connections themselves go through a real broker
 in test_broker_restart.py, test_agent_faults.py, test_ingest_faults.py and
 test_enrollment_storms.py."""
@@ -155,15 +155,33 @@ def test_a_cancelled_loop_stops_at_once() -> None:
 
 
 def test_every_mqtt_connection_reconnects_by_the_one_rule() -> None:
-    """The agent's publisher, the ingest and the dynsec admin run `reconnect_loop` and keep no
-    backoff of their own (`backoff_delay` is the rule's; enrollment's HTTP retries aside)."""
+    """The agent's publisher and the ingest run `reconnect_loop` and keep no backoff of
+    their own (`backoff_delay` is the rule's; enrollment's HTTP retries aside)."""
     import inspect
 
     from netval.agent import publish
-    from netval.operator.identity import dynsec
     from netval.operator.ingest import subscriber
 
-    for module in (publish, subscriber, dynsec):
+    for module in (publish, subscriber):
         source = inspect.getsource(module)
         assert "reconnect_loop(" in source and "ReconnectRule(" in source, module.__name__
         assert "backoff_delay" not in source and "asyncio.sleep(backoff" not in source
+
+
+def test_the_operator_tries_at_once_then_backs_off_briefly() -> None:
+    """The operator is one client, not the fleet: its first attempt after losing the broker
+    goes at once, the next ones wait at most 2 s (the agents' ceiling stays 30 s)."""
+    import random
+
+    from netval.infra.mqtt_client import OPERATOR_RECONNECT, ReconnectPolicy, ReconnectRule
+
+    now = [0.0]
+    rule = ReconnectRule(OPERATOR_RECONNECT, rng=random.Random(3), clock=lambda: now[0])
+    rule.connected()
+    now[0] = 100.0  # a session that held: the count starts over
+    delays = [rule.ended(ConnectionError("lost")).delay for _ in range(12)]
+    assert delays[0] == 0.0
+    assert all(0 <= d <= OPERATOR_RECONNECT.cap for d in delays[1:])
+    assert max(delays) <= 2.0 and sum(delays) < 20.0
+    fleet = ReconnectRule(ReconnectPolicy(), rng=random.Random(3), clock=lambda: now[0])
+    assert fleet.ended(ConnectionError("lost")).delay > 0  # jittered, never "at once"

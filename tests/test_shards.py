@@ -29,7 +29,7 @@ from netval.operator.settings import OperatorConfigError, operator_settings_from
 from tls_certs import make_ca
 
 PATTERN = "mqtts://netval-mqtt-{shard}.netval-system.svc:8883"
-NO_DYNSEC = {"broker": {"dynamicSecurity": {"enabled": False}}}
+NO_DYNSEC = {"identity": {"enabled": False}}
 OWNER: dict[str, Any] = {
     "apiVersion": "netval.io/v1alpha1",
     "kind": "NetworkValidation",

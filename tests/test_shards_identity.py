@@ -1,9 +1,9 @@
-"""Per-node MQTT identity over two broker shards: the chart's rendered Mosquitto (dynamic
-security plugin, tests/test_chart_broker.py runs it) twice, and the operator's
-`IdentityService` built with both. Each node's credential is created on its own shard
-(`shard_of`): the broker of that shard accepts it, the other refuses it; revocation and the
-listing of enrolled clients reach the right shard; with one shard down only its nodes'
-enrollments fail, the other shard's go on.
+"""Per-node MQTT identity over two broker shards: the chart's rendered Mosquitto twice, both
+trusting the chart's one identity CA. A node's certificate is good on every shard (no shard
+holds anything of it; the operator drops a node's messages on a shard not its own, counted
+as `wrong_shard`, tests/test_shards_brokers.py), so a reshard costs no enrollment; the
+operator's ACL check runs on the shard of its reserved probe node; signing needs no broker
+at all: with every shard down, agents still get their certificates.
 """
 
 from __future__ import annotations
@@ -14,104 +14,86 @@ from pathlib import Path
 
 import pytest
 
-from identity_kit import LoopThread, Mqtt
-from kube import wait_for
-from netval.infra.mqtt_settings import MqttSettings
+from identity_kit import BrokerRestarts, LoopThread, Mqtt
+from netval.agent.enroll import make_csr
+from netval.infra.broker_acl import PROBER_NODE, AclVerdict
+from netval.infra.mqtt_settings import MqttSettings, PemIdentity
+from netval.model.identity import OPERATOR_IDENTITY, node_identity
 from netval.model.shards import shard_of
-from netval.operator.identity.dynsec import DynsecError
+from netval.operator.identity.authority import IdentityAuthority, MintedIdentity
 from netval.operator.identity.service import IdentityService, IdentitySettings
-from netval.operator.identity.shards import ShardedAdmin, ShardedIssuer, ShardedRoles
-from test_chart_broker import plaintext_listener, run_chart_broker
+from test_chart_broker import run_chart_broker
 
 SHARDS = 2
-NODES = [f"gpu-{i}" for i in range(6)]
 
 
-class ShardedIdentity:
+class Shards:
     def __init__(self, stack: contextlib.ExitStack, tmp_path: Path) -> None:
-        self.brokers: list[contextlib.ExitStack] = []
         self.ports: list[int] = []
-        settings = []
+        self.workdirs: list[Path] = []
+        secrets: dict[str, str] = {}
         for i in range(SHARDS):
-            own = contextlib.ExitStack()
-            stack.enter_context(own)
             workdir = tmp_path / f"shard-{i}"
             workdir.mkdir()
-            port, secrets = own.enter_context(run_chart_broker(workdir, plaintext_listener))
-            self.brokers.append(own)
+            port, secrets = stack.enter_context(run_chart_broker(workdir, by_address=True))
             self.ports.append(port)
-            login = {"username": "netval-operator", "password": secrets["operator"]}
-            settings.append(MqttSettings("127.0.0.1", port, client_id="operator", **login))
-        self.loop = LoopThread()
-        stack.callback(self.loop.close)
-        self.service = IdentityService(
-            IdentitySettings("127.0.0.1", 0),
-            settings[0],
-            reviewer=None,  # type: ignore[arg-type]  # no enrollment server: the issuer alone
-            shards=settings,
+            self.workdirs.append(workdir)
+        self.secrets = secrets
+        self.ca = IdentityAuthority.from_files(
+            Path(secrets["identity_ca"]), Path(secrets["identity_key"])
         )
-        assert isinstance(self.service.admin, ShardedAdmin)
-        assert isinstance(self.service.issuer, ShardedIssuer)
-        assert isinstance(self.service.roles, ShardedRoles)
-        self.admin, self.issuer = self.service.admin, self.service.issuer
-        self.loop.call(self.admin.start)
-        stack.callback(lambda: self.loop.run(self.admin.stop()))
-        wait_for(lambda: not self.admin.shards_down, 20, what="both admin connections")
-        self.loop.run(self.issuer.prepare())
-        self.service.roles.update({n: frozenset({"pool-a"}) for n in NODES})
+        self.settings = [
+            self.mqtt(i, MintedIdentity(self.ca, OPERATOR_IDENTITY)) for i in range(SHARDS)
+        ]
         self.clients: list[Mqtt] = []
         stack.callback(lambda: [c.close() for c in self.clients])
 
-    def connect(self, shard: int, username: str, password: str) -> bool:
-        client = Mqtt(self.ports[shard], username, password, client_id=username)
+    def mqtt(self, shard: int, identity: object) -> MqttSettings:
+        # every shard's broker certificate here is signed by its own test CA: verify each
+        # with its own (in a cluster one CA signs every shard's)
+        ca = self.workdirs[shard] / "tls" / "broker-test-ca.crt"
+        return MqttSettings("127.0.0.1", self.ports[shard], tls=True, ca_file=ca,
+                            identity=identity, client_id="operator")  # type: ignore[arg-type]  # fmt: skip
+
+    def connect(self, shard: int, pem: PemIdentity) -> bool:
+        context = self.mqtt(shard, pem).ssl_context()
+        client = Mqtt(self.ports[shard], None, None, tls=context)
         self.clients.append(client)
         return not client.connect().is_failure
 
 
 @pytest.fixture
-def sharded(tmp_path: Path) -> Iterator[ShardedIdentity]:
+def shards(tmp_path: Path) -> Iterator[Shards]:
     with contextlib.ExitStack() as stack:
-        yield ShardedIdentity(stack, tmp_path)
+        yield Shards(stack, tmp_path)
 
 
-def test_a_credential_works_on_its_nodes_shard_only(sharded: ShardedIdentity) -> None:
-    on = {n: shard_of(n, SHARDS) for n in NODES}
-    assert set(on.values()) == {0, 1}
-    creds = {n: sharded.loop.run(sharded.issuer.issue(n, f"agent-{n}")) for n in NODES}
-    for node, cred in creds.items():
-        assert sharded.connect(on[node], cred.username, cred.password), node
-        assert not sharded.connect(1 - on[node], cred.username, cred.password), node
-    assert sharded.issuer.issued == len(NODES)
-    # the roles follow their node: each shard's role sync holds its nodes only
-    for i, sync in enumerate(sharded.service.roles.shards):  # type: ignore[union-attr]
-        assert set(sync.desired) == {n for n in NODES if on[n] == i}
-
-    enrolled = sharded.loop.run(sharded.issuer.enrolled())
-    assert {node for node, _pod in enrolled.values()} == set(NODES)
-    # revoking by client name reaches the client's shard
-    first, second = (next(n for n in NODES if on[n] == i) for i in range(SHARDS))
-    sharded.loop.run(sharded.issuer.revoke_clients([creds[first].username, creds[second].username]))
-    left = sharded.loop.run(sharded.issuer.enrolled())
-    assert {node for node, _pod in left.values()} == set(NODES) - {first, second}
-    for node in (first, second):
-        assert not sharded.connect(on[node], creds[node].username, creds[node].password)
-    third = next(n for n in NODES if n not in (first, second))
-    sharded.loop.run(sharded.issuer.revoke_node(third))
-    assert not sharded.connect(on[third], creds[third].username, creds[third].password)
+def test_a_certificate_is_good_on_every_shard_and_signing_needs_none(shards: Shards) -> None:
+    key, csr = make_csr("pool/gpu-3")
+    issued = shards.ca.issue_node(csr, "pool", "gpu-3")
+    pem = PemIdentity(issued.cert_pem, key)
+    assert all(shards.connect(i, pem) for i in range(SHARDS))
+    for i, workdir in enumerate(shards.workdirs):
+        BrokerRestarts(workdir, shards.ports[i]).kill()
+    # every broker down: the identity CA still signs
+    key, csr = make_csr("pool/gpu-4")
+    assert shards.ca.issue_node(csr, "pool", "gpu-4").identity == "pool/gpu-4"
 
 
-def test_a_shard_down_fails_only_its_nodes_enrollments(sharded: ShardedIdentity) -> None:
-    down = 1
-    sharded.brokers[down].close()  # the broker process of shard 1 ends
-    wait_for(lambda: sharded.admin.shards_down == [down], 20, what="shard 1's admin down")
-    assert sharded.admin.connected  # the other shard's is up: enrollment is served
-    for node in NODES:
-        if shard_of(node, SHARDS) == down:
-            with pytest.raises(DynsecError):
-                sharded.loop.run(sharded.issuer.issue(node, f"agent-{node}"))
-        else:
-            cred = sharded.loop.run(sharded.issuer.issue(node, f"agent-{node}"))
-            assert sharded.connect(1 - down, cred.username, cred.password)
-    # the sweep goes on for the shard that answers
-    sharded.loop.run(sharded.issuer.expire())
-    sharded.loop.run(sharded.issuer.prepare())
+def test_the_acl_check_runs_on_the_probe_nodes_shard(shards: Shards, tmp_path: Path) -> None:
+    service = IdentityService(
+        IdentitySettings("127.0.0.1", 0), shards.settings[0],
+        reviewer=None,  # type: ignore[arg-type]  # no enrollment here: the check alone
+        authority=shards.ca, shards=shards.settings,
+    )  # fmt: skip
+    check = service.check()
+    shard = shard_of(PROBER_NODE, SHARDS)
+    assert check.settings.port == shards.ports[shard]
+    assert check.observer is not None and check.observer.port == shards.ports[shard]
+    assert check.settings.client_id == node_identity("_netval-acl-probe", PROBER_NODE)
+    loop = LoopThread()
+    try:
+        result = loop.run(check.run(), timeout=90)
+    finally:
+        loop.close()
+    assert result.verdict is AclVerdict.ENFORCED, (result.error, result.outcomes)

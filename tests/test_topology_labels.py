@@ -210,22 +210,50 @@ def test_a_next_hop_leaf_only_without_lldp_and_only_when_shared() -> None:
 def test_spine_blocks_group_the_spines_nodes_saw_and_need_two_leaves() -> None:
     from netval.operator.topology.routed import spine_blocks
 
-    leaves = {"a1": "L1", "a2": "L1", "b1": "L2", "c1": "L3", "d1": "L4"}
+    leaves = {"a1": "L1", "a2": "L1", "a3": "L1", "b1": "L2", "b2": "L2", "c1": "L3", "c2": "L3"}
+    leaves |= {"d1": "L4", "d2": "L4"}
     seen = {
+        # ECMP: the leaf's nodes name different spines of one block; two of them saw each
         "a1": ["10.0.0.2"],
-        "a2": ["10.0.0.1"],  # ECMP: another spine seen from the same leaf, so the same block
+        "a2": ["10.0.0.1", "10.0.0.2"],
+        "a3": ["10.0.0.1"],
         "b1": ["10.0.0.2"],
-        "c1": ["10.9.0.1"],  # pod 2's spines, one leaf only: says nothing the leaf does not
+        "b2": ["10.0.0.2"],
+        "c1": ["10.9.0.1"],  # pod 2's spines, one leaf each: says nothing the leaf does not
+        "c2": ["10.9.0.1"],
         "d1": ["10.9.0.2"],
+        "d2": ["10.9.0.2"],
     }
     blocks = spine_blocks(seen, leaves, {})
-    assert blocks == {"a1": "10.0.0.1", "a2": "10.0.0.1", "b1": "10.0.0.1"}
+    assert blocks == dict.fromkeys(["a1", "a2", "a3", "b1", "b2"], "10.0.0.1")
     # A value the block's nodes carry that names one of its spines is kept (no renaming when
     # a smaller address shows up later).
     assert spine_blocks(seen, leaves, {"a1": "10.0.0.2", "b1": "10.0.0.2"})["a2"] == "10.0.0.2"
     # Spines answering from per-link addresses: each leaf sees its own, so nothing is named.
-    per_link = {"a1": ["10.0.1.2"], "a2": ["10.0.1.2"], "b1": ["10.0.2.2"]}
+    per_link = {"a1": ["10.0.1.2"], "a2": ["10.0.1.2"], "b1": ["10.0.2.2"], "b2": ["10.0.2.2"]}
     assert spine_blocks(per_link, leaves, {}) == {}
+
+
+def test_one_node_cannot_merge_two_spine_blocks() -> None:
+    from netval.operator.topology.routed import leaf_spines, spine_blocks
+
+    leaves = {f"{leaf.lower()}{i}": leaf for leaf in ("A", "B", "C", "D") for i in (1, 2)}
+    pod1, pod2 = ["10.0.0.1"], ["10.9.0.1"]
+    honest = {"a1": pod1, "a2": pod1, "b1": pod1, "b2": pod1}
+    honest |= {"c1": pod2, "c2": pod2, "d1": pod2, "d2": pod2}
+    two_blocks = spine_blocks(honest, leaves, {})
+    assert {two_blocks["a1"], two_blocks["c1"]} == {"10.0.0.1", "10.9.0.1"}
+    # a1's trace names a spine of the other pod (forged, or a path that left the fabric):
+    # no other node of leaf A saw it, so it joins nothing and a1 keeps its leaf's block
+    forged = honest | {"a1": [*pod1, *pod2]}
+    assert leaf_spines(forged, leaves)["A"] == {"10.0.0.1"}
+    assert spine_blocks(forged, leaves, {}) == two_blocks
+    # a node without a leaf value labels only itself, by a spine some leaf agreed on
+    assert spine_blocks(forged | {"x": pod2 + pod1}, leaves, {})["x"] == "10.0.0.1"
+    assert spine_blocks(forged | {"x": ["10.7.7.7"]}, leaves, {}) == two_blocks
+    # two nodes of a leaf that agree are the leaf's word: the blocks merge
+    merged = spine_blocks(honest | {"a1": pod1 + pod2, "a2": pod1 + pod2}, leaves, {})
+    assert set(merged.values()) == {"10.0.0.1"}
 
 
 def test_one_patch_per_node_for_leaf_and_spine() -> None:
@@ -244,18 +272,20 @@ def test_a_routed_fabric_gets_leaf_and_spine_labels_once(
     runtime, _ = operator
     writer = runtime.topology_labels
     # gpu-a/b under the ToR 10.1.1.1, gpu-c/d under 10.1.2.1; ECMP over spines .1 and .2
+    # (each spine of a leaf's block seen by two of its nodes: the leaf agrees on it)
     fabric = {
-        "gpu-a": ("10.1.1.1", "10.0.0.1", "10.1.2.1"),
-        "gpu-b": ("10.1.1.1", "10.0.0.2", "10.1.2.1"),
-        "gpu-c": ("10.1.2.1", "10.0.0.2", "10.1.1.1"),
-        "gpu-d": ("10.1.2.1", "10.0.0.1", "10.1.1.1"),
+        "gpu-a": ("10.1.1.1", ("10.0.0.1", "10.0.0.2"), "10.1.2.1"),
+        "gpu-b": ("10.1.1.1", ("10.0.0.2", "10.0.0.1"), "10.1.2.1"),
+        "gpu-c": ("10.1.2.1", ("10.0.0.2",), "10.1.1.1"),
+        "gpu-d": ("10.1.2.1", ("10.0.0.1", "10.0.0.2"), "10.1.1.1"),
     }
 
     def send() -> None:
         messages = []
-        for node, (gateway, spine, far) in fabric.items():
+        for node, (gateway, spines, far) in fabric.items():
+            paths = [[gateway, spine, far] for spine in spines]
             r = report(node, started=datetime.now(UTC)).model_copy(
-                update={"topology": routed_report(gateway, [gateway, spine, far])}
+                update={"topology": routed_report(gateway, *paths)}
             )
             messages.append(report_msg(r))
         publish(mosquitto_broker, messages)

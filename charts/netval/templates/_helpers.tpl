@@ -230,13 +230,14 @@ Secrets and checksum annotations in every file see the same one.
 {{- define "netval.mqttUsername" -}}
 {{- if .Values.mqtt.external.enabled -}}
 {{- .Values.mqtt.external.username -}}
-{{- else -}}
+{{- else if not (include "netval.brokerIdentity" .) -}}
 {{- .Values.mqtt.broker.operatorUsername -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "netval.mqttPasswordSecret" -}}
-{{- if .Values.mqtt.external.enabled -}}
+{{- if include "netval.brokerIdentity" . -}}
+{{- else if .Values.mqtt.external.enabled -}}
 {{- if .Values.mqtt.external.username -}}
 {{- required "mqtt.external.existingSecret is required when mqtt.external.username is set" .Values.mqtt.external.existingSecret -}}
 {{- end -}}
@@ -303,7 +304,18 @@ seccompProfile:
 # host name. No plaintext listener.
 listener {{ int $b.tlsPort }}
 protocol mqtt
+{{- if include "netval.brokerIdentity" . }}
+# Per-node identity (docs/architecture.md "Broker identity"): every client shows a certificate
+# of the identity CA; its common name (<validation>/<node>, or netval-operator) is the user
+# name the ACL's patterns expand, and the client id, so no certificate can take over another
+# identity's session. No password file, no per-client state.
+cafile /mosquitto/identity/ca.crt
+require_certificate true
+use_identity_as_username true
+use_username_as_clientid true
+{{- else }}
 cafile /mosquitto/tls/ca.crt
+{{- end }}
 certfile /mosquitto/tls/tls.crt
 keyfile /mosquitto/tls/tls.key
 tls_version tlsv1.2
@@ -313,19 +325,14 @@ listener {{ int $b.port }}
 protocol mqtt
 {{- end }}
 allow_anonymous false
+{{- if not (include "netval.brokerIdentity" .) }}
 password_file /mosquitto/auth/passwd
+{{- end }}
 {{- if $b.acl }}
 acl_file /mosquitto/config/acl
 {{- end }}
-{{- if $b.dynamicSecurity.enabled }}
-# Per-node identities (docs/operations.md "Per-node MQTT identity"): clients the plugin does
-# not know (the operator's, in password_file) fall through to password_file and acl_file.
-plugin {{ $b.dynamicSecurity.plugin }}
-plugin_opt_config_file /mosquitto/data/dynamic-security.json
-{{- end }}
 # Send small packets at once: without it a request answered by two packets (PUBACK, then a
-# reply) waits for the peer's delayed ACK, ~40 ms a round trip (measured: 100 sequential
-# dynamic security requests take 4.6 s without, 0.09 s with; bench/enrollment.py).
+# reply) waits for the peer's delayed ACK, ~40 ms a round trip.
 set_tcp_nodelay true
 {{- if $b.persistence }}
 persistence true
@@ -354,25 +361,36 @@ log_timestamp_format %Y-%m-%dT%H:%M:%S
 {{- end -}}
 
 {{/*
-The broker's ACL. Topics: netval/v1/<validation>/<node>/{report,beat,state,endpoint,assignment}
-(docs/architecture.md "MQTT"). The operator reads everything and writes assignments; the agents write
-their reports, beats, states (the last will included) and endpoint announcements, read their
-assignments (which carry their peers' endpoints), and may not write assignments.
+The broker's ACL. Topics: netval/v1/<validation>/<node>/{report,beat,state,endpoint,assignment,
+loadplan,loadresult} (docs/architecture.md "MQTT"). The operator reads everything and writes
+assignments and plans; an agent writes its reports, beats, states (the last will included),
+endpoint announcements and load-test results, and reads its assignment and plan. With
+per-node identity the user name is the certificate's <validation>/<node>, so `%u` confines
+each agent to its own node's topics of its own validation; with the shared login every
+agent may write any node's topics (docs/operations.md "Broker ACL").
 */}}
 {{- define "netval.brokerAcl" -}}
 {{- $b := .Values.mqtt.broker -}}
-user {{ $b.operatorUsername }}
+user {{ ternary "netval-operator" $b.operatorUsername (not (empty (include "netval.brokerIdentity" .))) }}
 topic readwrite netval/#
-{{- if $b.dynamicSecurity.enabled }}
-# The operator creates, rotates and deletes the per-node clients.
-topic readwrite $CONTROL/dynamic-security/#
-{{- end }}
+{{- if include "netval.brokerIdentity" . }}
 
-{{- if $b.dynamicSecurity.enabled }}
+# The operator's ACL check observes with its own identity (one session per identity: the
+# operator's would end the ingest's); it reads netval's topics (so can an admin with its
+# certificate) and writes only the reserved probe validation's assignment and plan.
+user netval-observer
+topic read netval/#
+topic write netval/v1/_netval-acl-probe/+/assignment
+topic write netval/v1/_netval-acl-probe/+/loadplan
 
-# Agents enroll for their own per-node client (dynamic security). The shared agent login is
-# not in the password file either: one Secret can no longer speak for every node, nor take
-# over an agent's client id.
+# Every agent: its own node's topics of its own validation (user name <validation>/<node>).
+pattern write netval/v1/%u/report
+pattern write netval/v1/%u/beat
+pattern readwrite netval/v1/%u/state
+pattern write netval/v1/%u/endpoint
+pattern write netval/v1/%u/loadresult
+pattern read netval/v1/%u/assignment
+pattern read netval/v1/%u/loadplan
 {{- else }}
 
 user {{ $b.agentUsername }}
@@ -462,12 +480,37 @@ the Secret and the operator's checksum annotation see the same one.
 {{- end -}}
 
 {{/*
-Per-node MQTT identity (docs/operations.md "Per-node MQTT identity"): "true" when the bundled
-broker loads the dynamic security plugin and the operator serves HTTPS (the enrollment
-endpoint uses the webhook's certificate and Service).
+Per-node MQTT identity (docs/architecture.md "Broker identity"): "true" when the agents
+enroll for client certificates of the identity CA (mqtt.identity.enabled, the webhook's
+server and certificate serving enrollment) and the broker authenticates by them: the bundled
+one, or an external one with mqtt.external.clientCertificates.
 */}}
 {{- define "netval.identityEnabled" -}}
-{{- if and (not .Values.mqtt.external.enabled) .Values.mqtt.broker.dynamicSecurity.enabled .Values.webhook.enabled -}}true{{- end -}}
+{{- if and .Values.mqtt.identity.enabled .Values.webhook.enabled (or (not .Values.mqtt.external.enabled) .Values.mqtt.external.clientCertificates) -}}true{{- end -}}
+{{- end -}}
+{{/* The bundled broker authenticates by client certificate (no password file). */}}
+{{- define "netval.brokerIdentity" -}}
+{{- if and (not .Values.mqtt.external.enabled) (include "netval.identityEnabled" .) -}}true{{- end -}}
+{{- end -}}
+{{- define "netval.identityCaSecret" -}}{{ default (printf "%s-mqtt-identity-ca" (include "netval.fullname" .)) .Values.mqtt.identity.existingSecret }}{{- end -}}
+{{/*
+The identity CA made by the chart (no mqtt.identity.existingSecret): the existing Secret's
+(lookup: kept across `helm upgrade`), else a new one. JSON {"crt", "key"} (base64), cached in
+.Values so the Secret and the checksum annotations see the same one.
+*/}}
+{{- define "netval.identityCa" -}}
+{{- if not (hasKey .Values "__netvalIdentityCa") -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "netval.identityCaSecret" .) -}}
+{{- $ca := dict -}}
+{{- if and $existing $existing.data (hasKey $existing.data "tls.crt") (hasKey $existing.data "tls.key") -}}
+{{- $ca = dict "crt" (index $existing.data "tls.crt") "key" (index $existing.data "tls.key") -}}
+{{- else -}}
+{{- $gen := genCA (printf "%s-mqtt-identity-ca" (include "netval.fullname" .)) (int .Values.mqtt.identity.selfSigned.validityDays) -}}
+{{- $ca = dict "crt" ($gen.Cert | b64enc) "key" ($gen.Key | b64enc) -}}
+{{- end -}}
+{{- $_ := set .Values "__netvalIdentityCa" $ca -}}
+{{- end -}}
+{{- toJson (get .Values "__netvalIdentityCa") -}}
 {{- end -}}
 {{- define "netval.enrollCaConfigMap" -}}{{ include "netval.fullname" . }}-enroll-ca{{- end -}}
 

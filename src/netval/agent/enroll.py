@@ -1,17 +1,20 @@
-"""The agent's per-node MQTT identity: enroll with the pod's projected ServiceAccount token,
-use the credential the operator issues, renew it before it expires.
+"""The agent's per-node MQTT identity: enroll with the pod's projected ServiceAccount token
+and a certificate signing request, connect with the client certificate the operator's
+identity CA signs, renew it before it expires.
 
 `NETVAL_ENROLL_URL` (https://.../v1/enroll) turns it on; the token is read from
 `NETVAL_ENROLL_TOKEN_FILE` at every enrollment (the kubelet rotates the file) and the server
-is verified with `NETVAL_ENROLL_CA_FILE` (hostname included). The agent enrolls at start, at
-2/3 of the credential's lifetime, and when the broker refuses the credential it holds (a
-CONNACK saying bad user name or password, or not authorized: `netval.agent.refusal`), e.g. a
-new broker pod without its dynamic security state. Nothing else makes it enroll again: a
-broker that is restarting, DNS, TCP, TLS or timeouts say nothing about the credential, and
-a new one would end the session the publisher just restored. Each request says why
-(`reason`: start, renew, refused): the server hands a fresh credential back unchanged unless
-the broker refused it. A 429 or 503 answer's `Retry-After` is honoured. The answer is a
-trust boundary: validated with pydantic; the password never appears in logs or reprs.
+is verified with `NETVAL_ENROLL_CA_FILE` (hostname included). Each enrollment makes a new
+P-256 key in memory (it never touches a disk: the TLS context loads it from an anonymous
+memory file, `netval.infra.mqtt_settings.load_identity`) and sends only a CSR for this
+pod's identity, `<validation>/<node>` (`netval.model.identity`). The agent enrolls at start,
+at 2/3 of the certificate's lifetime, and when the broker refuses the certificate it holds
+(a TLS alert: expired, unknown CA; or a CONNACK saying not authorized:
+`netval.agent.refusal`). A broker that restarts, a new empty broker pod, DNS, TCP or
+timeouts say nothing about the certificate: the brokers keep no state of it, so the agent
+just reconnects. A renewal does not end the session: the new certificate is used at the
+next connect. A 429 or 503 answer's `Retry-After` is honoured. The answer is a trust
+boundary: validated with pydantic and checked against the key and identity asked for.
 """
 
 from __future__ import annotations
@@ -31,10 +34,16 @@ from pathlib import Path
 from typing import Annotated, Final, Protocol
 
 import aiohttp
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
+from netval.agent.refusal import Login
 from netval.infra.mqtt_client import backoff_delay
-from netval.infra.mqtt_settings import MqttSettings
+from netval.infra.mqtt_settings import MqttSettings, PemIdentity
+from netval.model.identity import node_identity
 
 log = logging.getLogger("netval.agent.enroll")
 
@@ -43,7 +52,7 @@ ENV_ENROLL_TOKEN_FILE: Final = "NETVAL_ENROLL_TOKEN_FILE"
 ENV_ENROLL_CA_FILE: Final = "NETVAL_ENROLL_CA_FILE"
 DEFAULT_TOKEN_FILE: Final = "/var/run/secrets/netval.io/enroll/token"
 RENEW_AT: Final = 2 / 3  # of the lifetime
-MAX_ANSWER: Final = 8192
+MAX_ANSWER: Final = 16384  # the certificate and the CA, PEM
 MAX_RETRY_AFTER: Final = 300.0  # seconds: a server's Retry-After is honoured up to this
 
 
@@ -66,30 +75,41 @@ class EnrollError(Exception):
 
 class _Answer(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
-    username: Annotated[str, Field(min_length=1, max_length=1024)]
-    password: Annotated[str, Field(min_length=16, max_length=1024)]
+    username: Annotated[str, Field(min_length=1, max_length=520)]
+    certificate: Annotated[str, Field(min_length=64, max_length=8192)]
     expiresAt: AwareDatetime
-    clientId: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     node: Annotated[str, Field(min_length=1, max_length=253)]
+    validation: Annotated[str, Field(min_length=1, max_length=253)]
 
 
 @dataclass(frozen=True, slots=True)
 class Credential:
-    username: str
-    password: str = field(repr=False)
+    """A client certificate and the key it certifies (in memory only)."""
+
+    identity: str  # <validation>/<node>: the certificate's common name
+    cert_pem: bytes = field(repr=False)
+    key_pem: bytes = field(repr=False)
     expires_at: datetime
     issued_at: datetime
-    client_id: str | None = None  # the one the broker binds the credential to
 
     def renew_at(self) -> datetime:
         return self.issued_at + (self.expires_at - self.issued_at) * RENEW_AT
 
+    @property
+    def login(self) -> Login:
+        return None, None, self.cert_pem
+
     def apply(self, settings: MqttSettings) -> MqttSettings:
+        """The broker knows the agent by its certificate alone (it takes the common name as
+        the user name, and the client id from it); no password goes with it."""
         return dataclasses.replace(
             settings,
-            username=self.username,
-            password=self.password,
-            client_id=self.client_id or settings.client_id,
+            username=None,
+            password=None,
+            cert_file=None,
+            key_file=None,
+            identity=PemIdentity(self.cert_pem, self.key_pem),
+            client_id=self.identity,
         )
 
 
@@ -99,9 +119,54 @@ class EnrollSettings:
     token_file: Path
     ca_file: Path | None
     node: str
+    validation: str = ""
+
+    @property
+    def identity(self) -> str:
+        return node_identity(self.validation, self.node)
 
 
-def enroll_settings_from_env(env: Mapping[str, str], node: str) -> EnrollSettings | None:
+def make_csr(identity: str) -> tuple[bytes, bytes]:
+    """A new P-256 key (PEM, unencrypted: it lives in this process's memory only) and a CSR
+    for `identity`: a common name and nothing else (the CA decides every extension)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, identity)]))
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return key_pem, csr.public_bytes(serialization.Encoding.PEM)
+
+
+def check_certificate(pem: str, key_pem: bytes, identity: str, now: datetime) -> datetime:
+    """The certificate's expiry, if it certifies our key for `identity` and is valid now;
+    else EnrollError (a confused or hostile server must not hand us another's identity)."""
+    try:
+        cert = x509.load_pem_x509_certificate(pem.encode())
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except ValueError as exc:
+        raise EnrollError(200, f"the certificate does not parse: {exc}") from None
+    public = cert.public_key()
+    if (
+        not isinstance(public, ec.EllipticCurvePublicKey)
+        or not isinstance(key, ec.EllipticCurvePrivateKey)
+        or public.public_numbers() != key.public_key().public_numbers()
+    ):
+        raise EnrollError(200, "the certificate is not for the key this agent sent")
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if [a.value for a in names] != [identity]:
+        raise EnrollError(200, f"the certificate names {cert.subject.rfc4514_string()!r}")
+    if not cert.not_valid_before_utc <= now < cert.not_valid_after_utc:
+        raise EnrollError(200, "the certificate is not valid now (clock skew?)")
+    return cert.not_valid_after_utc
+
+
+def enroll_settings_from_env(
+    env: Mapping[str, str], node: str, validation: str = ""
+) -> EnrollSettings | None:
     url = env.get(ENV_ENROLL_URL, "").strip()
     if not url:
         return None
@@ -109,7 +174,7 @@ def enroll_settings_from_env(env: Mapping[str, str], node: str) -> EnrollSetting
         raise ValueError(f"{ENV_ENROLL_URL}={url!r}: must be an https:// URL")
     ca = env.get(ENV_ENROLL_CA_FILE, "").strip()
     token = env.get(ENV_ENROLL_TOKEN_FILE, "").strip() or DEFAULT_TOKEN_FILE
-    return EnrollSettings(url, Path(token), Path(ca) if ca else None, node)
+    return EnrollSettings(url, Path(token), Path(ca) if ca else None, node, validation)
 
 
 class Publisher(Protocol):
@@ -118,7 +183,7 @@ class Publisher(Protocol):
     @property
     def connected(self) -> bool: ...
 
-    def refused(self, username: str | None, password: str | None) -> bool: ...
+    def refused(self, login: Login) -> bool: ...
 
 
 class Enroller:
@@ -159,13 +224,19 @@ class Enroller:
                 0, f"cannot read {self.settings.token_file}: {exc.strerror}"
             ) from None
         headers = {"Authorization": f"Bearer {token}"}
+        identity = self.settings.identity
+        key_pem, csr_pem = make_csr(identity)
         timeout = aiohttp.ClientTimeout(total=self.timeout)
         try:
             async with (
                 aiohttp.ClientSession(timeout=timeout) as session,
                 session.post(
                     self.settings.url,
-                    json={"node": self.settings.node, "reason": reason.value},
+                    json={
+                        "node": self.settings.node,
+                        "reason": reason.value,
+                        "csr": csr_pem.decode(),
+                    },
                     headers=headers,
                     ssl=self._tls,
                 ) as response,  # fmt: skip
@@ -183,15 +254,17 @@ class Enroller:
             answer = _Answer.model_validate_json(raw)
         except ValidationError as exc:
             raise EnrollError(status, f"unexpected answer ({exc.error_count()} errors)") from None
-        if answer.node != self.settings.node:
-            raise EnrollError(status, f"issued for node {answer.node!r}, not this one")
-        credential = Credential(
-            answer.username, answer.password, answer.expiresAt, self.clock(), answer.clientId
-        )
+        if answer.node != self.settings.node or answer.validation != self.settings.validation:
+            raise EnrollError(
+                status, f"issued for {answer.validation}/{answer.node}, not {identity}"
+            )
+        now = self.clock()
+        expires = check_certificate(answer.certificate, key_pem, identity, now)
+        credential = Credential(identity, answer.certificate.encode(), key_pem, expires, now)
         self.credential = credential
         self.refused = False
         self.enrollments += 1
-        log.info("enrolled as %s until %s", credential.username, credential.expires_at.isoformat())
+        log.info("enrolled as %s until %s", identity, credential.expires_at.isoformat())
         return credential
 
     async def enroll_until(
@@ -223,14 +296,12 @@ class Enroller:
 
     async def keep(self, publisher: Publisher, stop: asyncio.Event, *, poll: float = 1.0) -> None:
         """Renew at 2/3 of the lifetime, or when the broker refuses the credential held (and
-        only then: see the module docstring); hand each new credential to the publisher
-        (the broker disconnects the old session)."""
+        only then: see the module docstring); hand each new credential to the publisher,
+        which connects with it the next time it connects."""
         while not stop.is_set():
             credential = self.credential
             due = credential is None or self.clock() >= credential.renew_at()
-            self.refused = credential is not None and publisher.refused(
-                credential.username, credential.password
-            )
+            self.refused = credential is not None and publisher.refused(credential.login)
             if due or self.refused:
                 if self.refused:
                     log.warning("the broker refuses the MQTT credential: enrolling again")
@@ -261,6 +332,6 @@ def _error_message(raw: bytes) -> str:
     return str(message)[:300] if message else "refused"
 
 
-def enroller_from_env(env: Mapping[str, str], node: str) -> Enroller | None:
-    settings = enroll_settings_from_env(env, node)
+def enroller_from_env(env: Mapping[str, str], node: str, validation: str) -> Enroller | None:
+    settings = enroll_settings_from_env(env, node, validation)
     return Enroller(settings) if settings is not None else None

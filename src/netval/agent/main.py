@@ -67,7 +67,8 @@ async def run_agent(
         except OSError as exc:
             # Probing matters more than being scraped: run on without metrics.
             log.error("cannot serve metrics on %s: %s", settings.metrics_addr, exc)
-    enroller = enroller_from_env(env, settings.node)  # per-node MQTT identity, if configured
+    # per-node MQTT identity, if configured
+    enroller = enroller_from_env(env, settings.node, settings.config.validation)
     if enroller is not None:
         metrics.attach_enroller(enroller)
         credential = await enroller.enroll_until(stop)

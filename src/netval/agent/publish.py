@@ -44,7 +44,12 @@ from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
 from netval.agent.publish_extras import ExtraTopics
-from netval.agent.refusal import PUBLISH_REFUSAL_GRACE, PublishRefusals, credential_refused
+from netval.agent.refusal import (
+    PUBLISH_REFUSAL_GRACE,
+    Login,
+    PublishRefusals,
+    credential_refused,
+)
 from netval.agent.report_digest import ReportCadence
 from netval.infra.mqtt_client import (
     PublishRefused,
@@ -121,7 +126,7 @@ class ReportPublisher:
             raise ValueError("need 0 < backoff_base <= backoff_cap")
         if subscriptions and on_message is None:
             raise ValueError("subscriptions need an on_message handler")
-        self.settings = settings
+        self._settings = settings
         self.validation = validation
         self.node = node
         self.prefix = topic_prefix(validation, node)
@@ -142,7 +147,8 @@ class ReportPublisher:
         self._stop_timeout = stop_timeout
         self._subscriptions = tuple(subscriptions)
         self._on_message = on_message
-        self._tls_context = settings.ssl_context()  # load the CA once, not per reconnect
+        # built once per credential, not per reconnect (`settings` setter)
+        self._tls_context = settings.ssl_context()
         # PRODUCER spans for report publishes (none without a tracer: a no-op one)
         self._tracer = tracer or trace.NoOpTracer()
 
@@ -161,14 +167,33 @@ class ReportPublisher:
         self._replaced = 0
         self._reconnects = 0
         self._attempts = 0
-        self._login: tuple[str | None, str | None] = (None, None)  # of the current attempt
+        self._login: Login = (None, None, None)  # of the current attempt
         self._connect_failures = 0
         self._credential_refusals = 0
         self._publish_refusals = PublishRefusals(publish_refusal_grace)
-        # (username, password) of the last connect the broker refused for the credential;
-        # None once a connect succeeds (netval.agent.enroll re-enrolls on it, nothing else)
-        self._refused: tuple[str | None, str | None] | None = None
+        # the login of the last connect the broker refused for the credential; None once a
+        # connect succeeds (netval.agent.enroll re-enrolls on it, nothing else)
+        self._refused: Login | None = None
         self._connected = False
+
+    @property
+    def settings(self) -> MqttSettings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, settings: MqttSettings) -> None:
+        """A new credential (enrollment): used from the next connect; the TLS context is
+        built again when it carries a client certificate."""
+        if settings.tls and (
+            settings.identity is not self._settings.identity
+            or settings.cert_file != self._settings.cert_file
+        ):
+            self._tls_context = settings.ssl_context()
+        self._settings = settings
+
+    @property
+    def login(self) -> Login:
+        return login_of(self._settings)
 
     # ---- counters -------------------------------------------------------------------
     @property
@@ -209,12 +234,12 @@ class ReportPublisher:
     def connect_failures(self) -> int:
         return self._connect_failures
 
-    def refused(self, username: str | None, password: str | None) -> bool:
-        """The last connect with this user name and password was refused for the credential
-        (CONNACK 0x86/0x87, v3 rc 4/5) and none succeeded since, or a publish with it was
-        (PUBACK 0x86/0x87) and none succeeded since (a reconnect does not clear that: the
-        broker takes the connection and refuses the publish again)."""
-        login = (username, password)
+    def refused(self, login: Login) -> bool:
+        """The last connect with this login was refused for the credential (CONNACK
+        0x86/0x87, v3 rc 4/5, a TLS alert about the client certificate) and none succeeded
+        since, or a publish with it was (PUBACK 0x86/0x87) and none succeeded since (a
+        reconnect does not clear that: the broker takes the connection and refuses the
+        publish again)."""
         return (not self._connected and self._refused == login) or self._publish_refusals.asks(
             login
         )
@@ -337,7 +362,7 @@ class ReportPublisher:
         if self._attempts:
             self._reconnects += 1
         self._attempts += 1
-        self._login = (self.settings.username, self.settings.password)
+        self._login = login_of(self.settings)
         await self._session()
 
     def _ended(self, end: SessionEnd) -> None:
@@ -489,4 +514,10 @@ class ReportPublisher:
         session ends (the caller raises) and is retried with backoff. Whether it asks for a
         new credential: `PublishRefusals`."""
         log.warning("MQTT %s: %s", self.settings.url, exc)
-        self._publish_refusals.refused(exc.reason, (self.settings.username, self.settings.password))
+        self._publish_refusals.refused(exc.reason, login_of(self.settings))
+
+
+def login_of(settings: MqttSettings) -> Login:
+    """What the broker knows these settings by (a credential refused is refused for it)."""
+    cert = settings.identity.pem()[0] if settings.identity is not None else None
+    return settings.username, settings.password, cert

@@ -2,7 +2,8 @@
 
 Only a CONNACK that says so (`netval.infra.mqtt_client.credential_refused`, the refusal
 hook of every MQTT connection's `ReconnectRule`): MQTT v5 reason codes 0x86 (bad user name
-or password) and 0x87 (not authorized), MQTT 3.1.1 return codes 4 and 5. Everything else
+or password) and 0x87 (not authorized), MQTT 3.1.1 return codes 4 and 5, or a TLS alert
+about this client's certificate (expired, unknown CA, none given). Everything else
 (DNS, TCP refused, TLS, a timeout, a broker that is restarting, "server unavailable") says
 nothing about the credential, and enrolling again then would only rotate a credential that
 still works (docs/operations.md, "Per-node MQTT identity").
@@ -20,7 +21,8 @@ __all__ = ["PUBLISH_REFUSAL_GRACE", "PublishRefusals", "credential_refused"]
 
 PUBLISH_REFUSAL_GRACE: Final = 300.0  # seconds of refused publishes before a new credential
 
-Login = tuple[str | None, str | None]  # (user name, password)
+# What the broker knows the agent by: (user name, password, client certificate PEM)
+Login = tuple[str | None, str | None, bytes | None]
 
 
 class PublishRefusals:
@@ -29,10 +31,10 @@ class PublishRefusals:
     Every refusal is counted (`refusals`). Not authorized (0x87) or a bad user name or
     password (0x86) counts as a credential refusal, and `asks(login)` says so, only after
     `grace` seconds (default 5 min) of such refusals without a publish taken, and once until
-    one is taken: with per-node identity a node's role follows the validations that target
-    it, so a new validation's first reports are refused until the leader updated the role
-    (seconds; minutes for a whole fleet), which a new password would not change. What a new
-    credential does fix (a client changed by hand) waits the grace.
+    one is taken: with certificates the broker's pattern ACL follows the identity itself, so
+    a refused publish means a broker whose ACLs do not match netval's (an external broker
+    being reconfigured), which a new certificate of the same identity does not change; the
+    grace keeps a misconfigured broker from turning into an enrollment storm.
     """
 
     def __init__(

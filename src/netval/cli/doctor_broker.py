@@ -5,9 +5,12 @@ socket, then maybe a TLS one); a failing check ends the chain and the later ones
 with why. More checks (per-node identities, ACLs) append to `BROKER_CHECKS`.
 
 The login is a bare MQTT 3.1.1 CONNECT/CONNACK over the socket (no client library, no
-subscription, nothing published), then DISCONNECT. The ACL check then publishes, as the same
-identity, to the topics of a node nobody owns (`netval.infra.broker_acl`): a broker that takes
-them lets any credential speak for any node.
+subscription, nothing published), then DISCONNECT; a client certificate
+(`NETVAL_MQTT_CERT_FILE`/`_KEY_FILE`, e.g. a node's) goes with the TLS handshake. The ACL
+check then tries, as the same identity, every topic kind of a node nobody owns
+(`netval.infra.broker_acl`: publish report, beat, endpoint, loadresult, state; subscribe to
+assignment, loadplan): a broker that lets it lets any credential speak for any node. Doctor
+has no observer login, so an acknowledged publish counts as taken.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from netval.cli.doctor_result import CheckResult, fail, ok, skip
-from netval.infra.broker_acl import AclVerdict, probe_node_topics
+from netval.infra.broker_acl import AclVerdict, probe_broker_acl
 from netval.infra.mqtt_settings import MqttSettings
 
 CONNACK_CODES: Final = {
@@ -157,22 +160,25 @@ def check_login(p: BrokerProbe) -> CheckResult:
 
 def check_acl(p: BrokerProbe) -> CheckResult:
     s = p.settings
-    probe = probe_node_topics(s.with_client_id("netval-doctor"), s.ssl_context(), timeout=p.timeout)
+    probe = probe_broker_acl(s.with_client_id("netval-doctor"), s.ssl_context(), timeout=p.timeout)
     verdict = probe.verdict
     if verdict is AclVerdict.UNCHECKED:
         return fail("broker.acl", f"cannot probe the ACL: {probe.error}", "see broker.login")
     if verdict is AclVerdict.VIOLATED:
-        kinds = ", ".join(t.rsplit("/", 1)[1] for t in probe.violations)
         return fail(
             "broker.acl",
-            f"{probe.identity!r} may publish {kinds} for a node it does not own",
+            f"{probe.identity!r} can {', '.join(probe.violations)} of a node it does not own",
             "the broker does not enforce netval's per-node ACL: any credential can speak for "
             'any node (docs/operations.md "Broker ACL")',
         )
     if verdict is AclVerdict.UNCONFIRMED:
-        return fail("broker.acl", f"no acknowledgement for {len(probe.unacknowledged)} probe "
-                    "publish(es)", "is the broker overloaded?")  # fmt: skip
-    return ok("broker.acl", f"{probe.identity!r} cannot publish for another node (refused)")
+        return fail("broker.acl", "no answer for " + ", ".join(probe.unacknowledged),
+                    "is the broker overloaded?")  # fmt: skip
+    return ok(
+        "broker.acl",
+        f"{probe.identity!r} cannot publish for another node nor read its topics "
+        f"({len(probe.outcomes)} kinds refused)",
+    )
 
 
 BROKER_CHECKS: Final[tuple[tuple[str, Callable[[BrokerProbe], CheckResult]], ...]] = (

@@ -34,7 +34,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     setup_logging()
     try:
         settings = agent_settings_from_env(os.environ)
-        enroll_settings_from_env(os.environ, settings.node)  # checked before it starts
+        # checked before it starts
+        enroll_settings_from_env(os.environ, settings.node, settings.config.validation)
     except (AgentConfigError, ValueError) as exc:
         raise BadInput(str(exc)) from None
     asyncio.run(run_agent(settings))
@@ -54,7 +55,11 @@ def cmd_operator(args: argparse.Namespace) -> int:
     setup_logging()
     try:
         settings = operator_settings_from_env(os.environ)
-        identity_settings_from_env(os.environ)  # checked before it starts
+        if identity_settings_from_env(os.environ) is not None and settings.identity_ca is None:
+            raise OperatorConfigError(
+                "NETVAL_ENROLL_ADDR needs the identity CA (NETVAL_IDENTITY_CA_FILE and "
+                "NETVAL_IDENTITY_CA_KEY_FILE): it signs the agents' certificates"
+            )
     except OperatorConfigError as exc:
         raise BadInput(str(exc)) from None
     try:

@@ -17,12 +17,15 @@ from dataclasses import dataclass
 from typing import Any, Final, Self
 
 import aiomqtt
+import paho.mqtt.client as paho
 from aiomqtt import MqttError, ProtocolVersion, Will
 from aiomqtt.exceptions import MqttConnectError
 
 from netval.infra.mqtt_settings import ENV_CA_FILE, MqttSettings
 
 __all__ = [
+    "OPERATOR_RECONNECT",
+    "CertificateRefused",
     "NetvalMqttClient",
     "PublishRefused",
     "ReconnectPolicy",
@@ -41,6 +44,19 @@ _warned_plaintext: set[str] = set()
 # (not authorized), MQTT 3.1.1 return codes 4 and 5
 V5_REFUSALS: Final = frozenset({0x86, 0x87})
 V3_REFUSALS: Final = frozenset({4, 5})
+# TLS alerts a broker sends when it does not accept this client's certificate (OpenSSL's
+# words, as an SSLError's message has them): expired, not signed by a CA it trusts, none
+# given, revoked. Not "certificate verify failed": that is this client refusing the broker's.
+CERTIFICATE_ALERTS: Final = (
+    "alert certificate expired",
+    "alert unknown ca",
+    "alert bad certificate",
+    "alert certificate required",
+    "alert certificate revoked",
+    "alert certificate unknown",
+    "alert unsupported certificate",
+    "alert access denied",
+)
 # The message id of the publish this task just handed to paho: aiomqtt does not return it.
 _last_mid: contextvars.ContextVar[int | None] = contextvars.ContextVar("mid", default=None)
 
@@ -55,12 +71,30 @@ class PublishRefused(MqttError):
         self.reason = reason
 
 
+class CertificateRefused(MqttError):
+    """The broker ended the TLS session with an alert about this client's certificate
+    (expired, unknown CA, none given): with a client-certificate identity, a refusal of the
+    credential, like a CONNACK 0x86."""
+
+
+def certificate_alert(error: str) -> str | None:
+    """The certificate alert `error` (an SSLError's text) reports, if any."""
+    lowered = error.lower()
+    return next((a for a in CERTIFICATE_ALERTS if a in lowered), None)
+
+
 def explain_connect_error(error: str, settings: MqttSettings) -> str:
     """A connect failure in words an operator can act on; `error` as aiomqtt gave it."""
     if not settings.tls:
         return error
     trust = f"{ENV_CA_FILE}={settings.ca_file}" if settings.ca_file else "the system trust store"
     lowered = error.lower()
+    alert = certificate_alert(error)
+    if alert is not None:
+        return (
+            f"TLS to {settings.url} refused: the broker does not accept this client's "
+            f"certificate ({alert.removeprefix('alert ')}): it enrolls again"
+        )
     if "hostname mismatch" in lowered or "ip address mismatch" in lowered:
         why = (
             f"the broker's certificate is not valid for {settings.host!r} (host names are "
@@ -97,6 +131,26 @@ class NetvalMqttClient(aiomqtt.Client):
             return info
 
         self._client.publish = publish  # type: ignore[method-assign]
+        self._last_error: str | None = None  # paho's last error log line (a TLS alert)
+        self._client.on_log = self._on_log
+
+    def _on_log(self, client: Any, userdata: Any, level: int, buf: str) -> None:
+        if level == paho.MQTT_LOG_ERR:
+            self._last_error = buf
+
+    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any,
+                       properties: Any = None) -> None:  # fmt: skip
+        """A connection lost before its CONNACK ends the connect at once (aiomqtt waits for
+        its timeout): with TLS 1.3 a broker refuses a client certificate after the client's
+        side of the handshake, with an alert read as the first bytes, which paho only logs."""
+        connected = self._connected
+        if not connected.done():
+            error = self._last_error or f"connection lost before CONNACK ({reason_code})"
+            alert = certificate_alert(error)
+            exc: MqttError = CertificateRefused(error) if alert else MqttError(error)
+            connected.set_exception(exc)
+            return
+        super()._on_disconnect(client, userdata, flags, reason_code, properties)
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any,
                     properties: Any) -> None:  # fmt: skip
@@ -123,6 +177,8 @@ class NetvalMqttClient(aiomqtt.Client):
             explained = explain_connect_error(str(exc), self._netval_settings)
             if explained == str(exc):
                 raise
+            if isinstance(exc, CertificateRefused) or certificate_alert(str(exc)):
+                raise CertificateRefused(explained) from None
             raise MqttError(explained) from None
 
 
@@ -155,7 +211,7 @@ def make_client(
         username=settings.username,
         password=settings.password,
         identifier=settings.client_id,
-        protocol=ProtocolVersion.V5,
+        protocol=ProtocolVersion.V5 if settings.protocol == "5" else ProtocolVersion.V311,
         will=will,
         keepalive=keepalive,
         timeout=timeout,
@@ -171,9 +227,12 @@ def backoff_delay(failures: int, *, base: float, cap: float, rng: random.Random)
 
 
 def credential_refused(exc: BaseException) -> bool:
-    """True when `exc` is a CONNACK refusing the user name/password or the client. Nothing
-    else (DNS, TCP refused, TLS, a timeout, a restarting broker, "server unavailable") says
-    anything about the credential."""
+    """True when `exc` is a CONNACK refusing the user name/password or the client, or a TLS
+    alert refusing the client's certificate. Nothing else (DNS, TCP refused, a broker
+    certificate this client does not trust, a timeout, a restarting broker, "server
+    unavailable") says anything about the credential."""
+    if isinstance(exc, CertificateRefused):
+        return True
     if not isinstance(exc, MqttConnectError):
         return False
     rc = exc.rc
@@ -188,15 +247,27 @@ class ReconnectPolicy:
     """Delays before the next connect: full jitter up to `base * 2**(failures-1)`, at most
     `cap`; a session that stayed up `stable_after` seconds starts the count over (a broker
     restart after a quiet week is retried at once, a broker that accepts and then drops the
-    client at once, e.g. a client-id takeover fight, is not hammered at the base delay)."""
+    client at once, e.g. a client-id takeover fight, is not hammered at the base delay).
+
+    The default is the fleet's: thousands of agents that lost the broker together spread
+    their returns over up to 30 s. `immediate`: the first attempt after a session ended goes
+    at once (no jitter): what one client (the operator) wants, which must be back before
+    the fleet it listens to (`OPERATOR_RECONNECT`)."""
 
     base: float = 0.5
     cap: float = 30.0
     stable_after: float = 10.0
+    immediate: bool = False
 
     def __post_init__(self) -> None:
         if self.base <= 0 or self.cap < self.base or self.stable_after < 0:
             raise ValueError("need 0 < base <= cap and stable_after >= 0")
+
+
+# The operator's sessions (ingest, one per shard): at once, then 0.25 s doubling to 2 s. One
+# client, not thousands: no herd to spread, and every second it is away its nodes' silence
+# grows; behind the fleet's 30 s ceiling it would come back after the agents it waits for.
+OPERATOR_RECONNECT: Final = ReconnectPolicy(base=0.25, cap=2.0, immediate=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +284,7 @@ class SessionEnd:
 
 class ReconnectRule:
     """The reconnect rule of every MQTT connection of netval (agent publisher, operator
-    ingest, dynamic-security admin). Pure: the session calls `connected()` once up, and
+    ingest, the broker ACL check's sessions). Pure: the session calls `connected()` once up, and
     `ended(error)` says what the end means and how long to wait; `clock` and `rng` are
     injected (tests use a fake clock and a seeded RNG)."""
 
@@ -242,13 +313,22 @@ class ReconnectRule:
             self.failures = 0
         self.failures += 1
         p = self.policy
+        if p.immediate:
+            # at once, then the backoff (its first step is the base): one attempt early
+            delay = (
+                0.0
+                if self.failures == 1
+                else backoff_delay(self.failures - 1, base=p.base, cap=p.cap, rng=self.rng)
+            )
+        else:
+            delay = backoff_delay(self.failures, base=p.base, cap=p.cap, rng=self.rng)
         return SessionEnd(
             error=error,
             connected=up is not None,
             refused=error is not None and self.refused(error),
             reset=reset,
             failures=self.failures,
-            delay=backoff_delay(self.failures, base=p.base, cap=p.cap, rng=self.rng),
+            delay=delay,
         )
 
 

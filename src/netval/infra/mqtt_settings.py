@@ -13,6 +13,14 @@ One immutable object per process, built once at start from the environment (docs
 - ``NETVAL_MQTT_CERT_FILE`` / ``NETVAL_MQTT_KEY_FILE``: optional client certificate and key
   (PEM, ``mqtts`` only, both or neither) for brokers that authenticate clients by certificate.
 
+- ``NETVAL_MQTT_PROTOCOL``: ``5`` (MQTT 5, the default) or ``3.1.1``, for brokers without
+  MQTT 5 (RabbitMQ before 3.13). With 3.1.1 a refused publish has no reason code: the broker
+  drops it silently or closes the connection.
+
+A client certificate can also be held in memory (`ClientIdentity`: the agent's enrolled one,
+the operator's own, minted by its identity CA), read each time a TLS context is built, so a
+renewed one is used at the next connect; it never touches a file system.
+
 Sharded brokers (``mqtt.shards`` > 1, docs/operations.md "Brokers beyond one process"):
 
 - ``NETVAL_MQTT_SHARDS``: how many (1..64; unset or 1: one broker, the URL above).
@@ -37,11 +45,12 @@ This module imports neither the agent nor the operator, nor aiomqtt: both sides 
 from __future__ import annotations
 
 import dataclasses
+import os
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 from urllib.parse import urlsplit
 
 from netval.model.shards import MAX_SHARDS, MIN_SHARDS, shard_of, shard_url
@@ -54,12 +63,44 @@ ENV_CERT_FILE: Final = "NETVAL_MQTT_CERT_FILE"
 ENV_KEY_FILE: Final = "NETVAL_MQTT_KEY_FILE"
 ENV_SHARDS: Final = "NETVAL_MQTT_SHARDS"
 ENV_URL_PATTERN: Final = "NETVAL_MQTT_URL_PATTERN"
+ENV_PROTOCOL: Final = "NETVAL_MQTT_PROTOCOL"
+PROTOCOLS: Final = ("5", "3.1.1")
 
 DEFAULT_PORTS: Final[Mapping[str, int]] = {"mqtt": 1883, "mqtts": 8883}
 
 # MQTT client identifiers: the spec guarantees 1..23 chars of [0-9a-zA-Z]; brokers
 # (Mosquitto included) accept up to 65535 UTF-8 bytes. Keep a sane bound.
 _MAX_CLIENT_ID: Final = 256
+
+
+class ClientIdentity(Protocol):
+    """A client certificate held in memory: its PEM chain and its key's PEM."""
+
+    def pem(self) -> tuple[bytes, bytes]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PemIdentity:
+    """A fixed certificate and key (the agent's, as enrollment issued them)."""
+
+    cert_pem: bytes = field(repr=False)
+    key_pem: bytes = field(repr=False)
+
+    def pem(self) -> tuple[bytes, bytes]:
+        return self.cert_pem, self.key_pem
+
+
+def load_identity(context: ssl.SSLContext, identity: ClientIdentity) -> None:
+    """Load an in-memory certificate and key into `context` through an anonymous memory
+    file (`memfd_create`): Python's ssl module loads key material from paths only, and the
+    key must never land on a disk (the agent's root file system is read-only anyway)."""
+    cert, key = identity.pem()
+    fd = os.memfd_create("netval-mqtt-identity", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, cert + b"\n" + key)
+        context.load_cert_chain(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +118,10 @@ class MqttSettings:
     # None lets the broker assign one (MQTT v5). Two live connections with the same id
     # kick each other off (session takeover), so a fixed id must be unique per process.
     client_id: str | None = None
+    # a client certificate in memory (instead of cert_file/key_file), read at each
+    # ssl_context(): per-node identity (netval.model.identity)
+    identity: ClientIdentity | None = field(default=None, repr=False, compare=False)
+    protocol: str = "5"  # MQTT 5, or "3.1.1" for a broker without it
 
     def __post_init__(self) -> None:
         if not self.host:
@@ -89,8 +134,12 @@ class MqttSettings:
             raise ValueError("an MQTT CA file needs TLS (mqtts://)")
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("an MQTT client certificate needs its key, and a key its certificate")
-        if self.cert_file is not None and not self.tls:
+        if (self.cert_file is not None or self.identity is not None) and not self.tls:
             raise ValueError("an MQTT client certificate needs TLS (mqtts://)")
+        if self.cert_file is not None and self.identity is not None:
+            raise ValueError("an MQTT client certificate from files or from memory, not both")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"MQTT protocol {self.protocol!r}: one of {', '.join(PROTOCOLS)}")
         if self.client_id is not None and not 0 < len(self.client_id) <= _MAX_CLIENT_ID:
             raise ValueError(f"MQTT client id must be 1..{_MAX_CLIENT_ID} characters")
 
@@ -105,7 +154,10 @@ class MqttSettings:
         """A client TLS context verifying the broker (hostname included), or None for mqtt://."""
         if not self.tls:
             return None
-        return _client_context(self.ca_file, self.cert_file, self.key_file)
+        context = _client_context(self.ca_file, self.cert_file, self.key_file)
+        if self.identity is not None:
+            load_identity(context, self.identity)
+        return context
 
     def with_client_id(self, client_id: str | None) -> MqttSettings:
         """A copy with another client id (e.g. one derived from the node name)."""
@@ -251,6 +303,9 @@ def mqtt_settings_from_env(env: Mapping[str, str], *, client_id: str | None = No
             raise ValueError(f"{ENV_CERT_FILE} is set but {ENV_URL}={url!r} is not mqtts://")
         cert_file, key_file = _check_client_cert(cert_path, key_path)
 
+    protocol = _get(env, ENV_PROTOCOL) or "5"
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"{ENV_PROTOCOL}={protocol!r}: one of {', '.join(PROTOCOLS)}")
     return MqttSettings(
         host=host,
         port=port,
@@ -261,6 +316,7 @@ def mqtt_settings_from_env(env: Mapping[str, str], *, client_id: str | None = No
         cert_file=cert_file,
         key_file=key_file,
         client_id=client_id,
+        protocol=protocol,
     )
 
 

@@ -6,6 +6,7 @@ unknown fields and bounds its values; defaults are documented in docs/checks.md.
 
 from __future__ import annotations
 
+import ipaddress
 from enum import StrEnum
 from typing import Annotated, Any, Final
 
@@ -338,9 +339,26 @@ class StorageChecks(_Spec):
 DEFAULT_PEER_TOPOLOGY_KEY: Final = "topology.kubernetes.io/zone"
 
 
+def _cidr(value: str) -> str:
+    """A network in CIDR notation, normalised (host bits set: refused, not masked)."""
+    try:
+        return str(ipaddress.ip_network(value, strict=True))
+    except ValueError as exc:
+        raise ValueError(f"not a network in CIDR notation: {value!r} ({exc})") from None
+
+
+Cidr = Annotated[str, Field(min_length=2, max_length=43), AfterValidator(_cidr)]
+MAX_FABRIC_CIDRS: Final = 64
+
+
 class PeerChecks(_Spec):
     enabled: bool = False
     interface: IfName | None = None
+    # the networks an announced east-west endpoint may be in besides the Node's own
+    # addresses (status.addresses): the fabric NICs' subnets (docs/checks.md "The endpoint check")
+    fabric_cidrs: Annotated[list[Cidr], Field(max_length=MAX_FABRIC_CIDRS)] = Field(
+        default_factory=list
+    )
     # the node's fabric rails, in order (a NetworkLoadTest loads each, rail i to rail i of
     # a peer); the first is the probes' interface when `interface` is not set
     interfaces: Annotated[list[IfName], Field(max_length=16), AfterValidator(_unique_names)] = (

@@ -43,6 +43,8 @@ class Reason(StrEnum):
     INVALID_SPEC = "InvalidSpec"
     BREAKER_TRIPPED = "BreakerTripped"
     GATING_ACTIVE = "GatingActive"
+    # Gating False: the broker ACL check found an identity that can speak for another node
+    BROKER_ACL_VIOLATED = "BrokerAclViolated"
     CAPACITY_AVAILABLE = "CapacityAvailable"
     TOO_MANY_FAILING = "TooManyFailing"
     NO_HEALTHY_NODES = "NoHealthyNodes"
@@ -59,6 +61,10 @@ class EventReason(StrEnum):
     EVENTS_SUPPRESSED = "EventsSuppressed"  # Warning: transitions past the rate cap, counted
     BREAKER_TRIPPED = "BreakerTripped"  # Warning: the breaker withheld taints or held labels
     PEER_PORT_CONFLICT = "PeerPortConflict"  # Warning: two validations share a peers port
+    # Warning: gating held, the broker lets one node's identity speak for another
+    BROKER_ACL_VIOLATED = "BrokerAclViolated"
+    # Warning: an announced east-west endpoint is not the node's address, refused
+    ENDPOINT_REFUSED = "EndpointRefused"
     DEPRECATED_FIELD = "DeprecatedField"  # Warning: the spec sets a field read another way now
     # Warning: the Kueue Topology cannot be kept (no Kueue, no RBAC, its name taken)
     KUEUE_TOPOLOGY_FAILED = "KueueTopologyFailed"

@@ -1,20 +1,22 @@
-"""The operator's start check of the broker's ACL: can a node's identity publish a report,
-state or endpoint for another node (it must not)?
+"""The operator's start check of the broker's ACL, and the hold it puts on gating.
 
-With per-node identity (operator/identity) the operator issues a short-lived credential for a
-reserved probe node, probes with it, and revokes it. Without it (an external broker) each
-term probes with the credential `NETVAL_ACL_PROBE_USERNAME`/`_PASSWORD_FILE` names (the chart:
-the agents' login), `start_acl_check`; with neither, a warning says the ACL is unchecked.
-`netval doctor` runs the same probe with whatever credential it is given (a node's). The
-operator's own identity is not the one to probe: it legitimately writes node topics (it
-clears a deleted validation's retained ones).
+Each term probes (`netval.infra.broker_acl.probe_broker_acl`) whether a node's identity can
+publish another node's report, beat, endpoint, load result or state (its last will
+included), or read another node's assignment or load-test plan, with the operator's own
+session as the observer of what got through. With per-node identity (operator/identity) the
+probe identity is a certificate the identity CA mints for a reserved node; without it (an
+external broker) the login `NETVAL_ACL_PROBE_USERNAME`/`_PASSWORD_FILE` names (the chart:
+the agents' login); with neither, a warning says the ACL is unchecked.
 
-A broker that lets it probably enforces no per-node ACL at all (an external broker set up
-without netval's rules, docs/operations.md "External brokers"): then any credential speaks
-for any node, and the operator's node = topic = body check is the only defence left. The
-check logs each violation and exports `netval_broker_acl_violations` (absent until the check
-has run, and when it could not run). It runs once, in the background, and never stops the
-operator.
+While the verdict is `violated`, any agent can speak for any node: a forged failing report
+would taint a healthy node, a forged passing one would hide a failing node. So gating is
+held (`AclHold`): no Node label or taint is written, every validation's `Gating` condition
+is False `BrokerAclViolated`, a Warning Event says so, `netval_operator_gating_held` is 1;
+status and admission go on from the reports. Until a term's check has an answer (seconds;
+at most `PENDING_AT_MOST`) Node writes wait too, so a violation found a few seconds into a
+term finds nothing written on forged reports. `NETVAL_GATING_ON_ACL_VIOLATION=proceed` (the
+chart's `operator.brokerAcl.onViolation`) turns the hold off (logged, still counted). The
+check runs once per term, in the background, and never stops the operator.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Final
 
 import kopf
@@ -30,78 +34,158 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from netval.infra.broker_acl import AclProbe, AclVerdict, probe_node_topics
+from netval.infra.broker_acl import AclProbe, AclVerdict, probe_broker_acl
 from netval.infra.mqtt_settings import MqttSettings
 from netval.operator.thread_pools import PROCESS_POOLS, Concern
 
-__all__ = ["BrokerAclCheck", "start_acl_check", "stop_acl_check"]
+__all__ = ["AclHold", "BrokerAclCheck", "start_acl_check", "stop_acl_check"]
 
 log = logging.getLogger(__name__)
 
 METRIC: Final = "netval_broker_acl_violations"
 TASK_MEMO_KEY: Final = "broker_acl_check"  # Kopf memo: the term's check task
+HOLD_MEMO_KEY: Final = "broker_acl_hold"  # Kopf memo: the term's AclHold
+PENDING_AT_MOST: Final = 90.0  # seconds Node writes wait for a check that has not answered
+
+
+@dataclass
+class AclHold:
+    """Gating's input from the ACL check: a reason to hold, or None."""
+
+    enabled: bool = True  # False: NETVAL_GATING_ON_ACL_VIOLATION=proceed
+    probe: AclProbe | None = field(default=None, repr=False)
+    pending_until: float = 0.0  # monotonic: a check runs and has not answered until then
+
+    def expect(self) -> None:
+        """A check starts now: Node writes wait for its answer (bounded)."""
+        if self.enabled and self.probe is None:
+            self.pending_until = time.monotonic() + PENDING_AT_MOST
+
+    def answered(self, probe: AclProbe) -> None:
+        self.probe = probe
+        self.pending_until = 0.0
+
+    def writes_wait(self) -> bool:
+        """No Node write now: violated, or a check's answer still pending."""
+        return self.held or time.monotonic() < self.pending_until
+
+    def reason(self) -> str | None:
+        probe = self.probe
+        if not self.enabled or probe is None or probe.verdict is not AclVerdict.VIOLATED:
+            return None
+        shown = ", ".join(probe.violations[:4]) + (", ..." if len(probe.violations) > 4 else "")
+        return (
+            f"gating held: the broker's ACL lets identity {probe.identity!r} {shown} of "
+            "another node, so any agent can speak for any node; no label or taint is "
+            'written until a check passes (docs/operations.md "Broker ACL")'
+        )
+
+    @property
+    def held(self) -> bool:
+        return self.reason() is not None
 
 
 class BrokerAclCheck(Collector):
-    """One run of the check; as a collector, its outcome as a gauge."""
+    """One run of the check; as a collector, its outcome as gauges."""
 
     def __init__(
-        self, settings: MqttSettings, *, timeout: float = 5.0, own_client_id: bool = False
+        self,
+        settings: MqttSettings,
+        *,
+        observer: MqttSettings | None = None,
+        own: tuple[str, str] | None = None,
+        timeout: float = 5.0,
+        own_client_id: bool = False,
+        hold: AclHold | None = None,
     ) -> None:
-        # own_client_id: a per-node credential, which the broker binds to its own client id;
-        # else the probe takes a client id of its own (never the ingest session's)
+        # own_client_id: the identity's own client id (a certificate identity's broker binds
+        # it anyway); else the probe takes one of its own (never the ingest session's)
         self.settings = settings
+        self.observer = observer
+        self.own = own
         self.own_client_id = own_client_id
         self.timeout = timeout
+        self.hold = hold if hold is not None else AclHold()
         self.result: AclProbe | None = None
 
     async def run(self) -> AclProbe:
+        observer = self.observer
         result = await PROCESS_POOLS.run(
             Concern.BROKER_PROBE,
-            probe_node_topics,
-            self.settings,
-            self.settings.ssl_context(),
-            timeout=self.timeout,
-            exact_client_id=self.own_client_id,
+            lambda: probe_broker_acl(
+                self.settings,
+                self.settings.ssl_context(),
+                observer=observer,
+                observer_tls=observer.ssl_context() if observer is not None else None,
+                own=self.own,
+                timeout=self.timeout,
+                exact_client_id=self.own_client_id,
+            ),
         )
         self.result = result
+        self.hold.answered(result)
         verdict = result.verdict
         if verdict is AclVerdict.UNCHECKED:
             log.warning("broker ACL check could not run: %s", result.error)
         elif verdict is AclVerdict.VIOLATED:
-            for topic in result.violations:
+            for what in result.violations:
                 log.error(
-                    "broker ACL: identity %r may publish to %s, a node's topic: the broker "
-                    'does not enforce netval\'s ACL (docs/operations.md "Broker ACL")',
+                    "broker ACL: identity %r can %s of another node: the broker does not "
+                    'enforce netval\'s ACL (docs/operations.md "Broker ACL")',
                     result.identity,
-                    topic,
+                    what,
                 )
+            if self.hold.enabled:
+                log.error("gating held until the broker enforces the ACL (a restart checks again)")
+            else:
+                log.warning("gating goes on regardless (NETVAL_GATING_ON_ACL_VIOLATION=proceed)")
         elif verdict is AclVerdict.UNCONFIRMED:
             log.warning(
-                "broker ACL check: no acknowledgement for %d probe publish(es) as %r: the "
-                "ACL is not confirmed",
-                len(result.unacknowledged),
+                "broker ACL check as %r: not confirmed (no answer for %s; own topics %s)",
                 result.identity,
+                ", ".join(result.unacknowledged) or "-",
+                {True: "work", False: "did not get through", None: "not tried"}[result.control],
             )
         else:
-            log.info("broker ACL check: %r cannot publish for a node (enforced)", result.identity)
+            log.info(
+                "broker ACL check: %r cannot speak for another node nor read its topics "
+                "(enforced: %d kinds)",
+                result.identity,
+                len(result.outcomes),
+            )
         return result
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         result = self.result
-        if result is None or result.error is not None:
-            return
+        if result is not None and result.error is None:
+            yield GaugeMetricFamily(
+                METRIC,
+                "Topic kinds of another node (publish report/beat/endpoint/loadresult/state, "
+                "last will, read assignment/loadplan) the probed MQTT identity got through; "
+                "anything above 0 means no per-node ACL",
+                value=len(result.violations),
+            )
         yield GaugeMetricFamily(
-            METRIC,
-            "Node topics (report, state, endpoint of a node it does not own) the probed MQTT "
-            "identity could publish to; anything above 0 means no per-node ACL",
-            value=len(result.violations),
+            "netval_operator_gating_held",
+            "1 while gating (Node labels and taints) is held because the broker's ACL check "
+            "found a violation",
+            value=int(self.hold.held),
         )
 
 
-def start_acl_check(memo: kopf.Memo, probe: MqttSettings | None) -> None:
+def term_hold(memo: kopf.Memo, enabled: bool) -> AclHold:
+    """The term's hold (made once per term), which the node gating round reads."""
+    hold = memo.get(HOLD_MEMO_KEY)
+    if not isinstance(hold, AclHold):
+        hold = memo[HOLD_MEMO_KEY] = AclHold(enabled)
+    return hold
+
+
+def start_acl_check(
+    memo: kopf.Memo, probe: MqttSettings | None, observer: MqttSettings | None, hold: AclHold
+) -> None:
     """A term's start without per-node identity: the check with the configured probe
-    credential, in the background (its gauge in the term's registry); idempotent."""
+    credential, in the background (its gauges in the term's registry); idempotent."""
     if memo.get(TASK_MEMO_KEY) is not None:
         return
     if probe is None:
@@ -113,7 +197,8 @@ def start_acl_check(memo: kopf.Memo, probe: MqttSettings | None) -> None:
         )
         memo[TASK_MEMO_KEY] = False
         return
-    check = BrokerAclCheck(probe)
+    check = BrokerAclCheck(probe, observer=observer, hold=hold)
+    hold.expect()
     registry = memo.get("metrics_registry")
     if isinstance(registry, CollectorRegistry):
         registry.register(check)

@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 from netval.model.loadtest import RunPhase
 from netval.model.topics import DropReason
 from netval.operator.ingest.decode import INGEST_DROP_REASONS
+from netval.operator.ingest.endpoint_check import Refusal
 from netval.operator.ingest.shards import ShardedIngest
 from netval.operator.loadtest.runner import RESULT_OUTCOMES
 from netval.operator.state.beats import BeatOutcome
@@ -170,6 +171,15 @@ class _RuntimeCollector(Collector):
             for state in ("targeted", "reporting", "passing", "warning", "failing", "stale"):
                 nodes.add_metric([name, state], getattr(counts, state))
         yield nodes
+        refused = CounterMetricFamily(
+            "netval_operator_endpoints_refused",
+            "Announced east-west endpoints refused (not the node's address nor in a declared "
+            "fabric network: a node claiming another's), counted once per node and address",
+            labels=["reason"],
+        )
+        for refusal in Refusal:
+            refused.add_metric([refusal.value], rt.endpoint_check.refusals[refusal])
+        yield refused
         yield from _loadtest_metrics(rt)
 
 

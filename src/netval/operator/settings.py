@@ -9,6 +9,8 @@ import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
 from typing import Any, Final
 
 from netval.infra.mqtt_settings import (
@@ -21,9 +23,16 @@ from netval.infra.mqtt_settings import (
     shard_urls,
 )
 from netval.infra.telemetry import TelemetryConfigError, sampler_from_env
+from netval.model.identity import OPERATOR_IDENTITY
 from netval.model.loadplan import MAX_MBPS
 from netval.model.shards import shard_url
 from netval.operator.devices.drivers import DEFAULT_DRIVERS, DriverAttributes, parse_drivers
+from netval.operator.identity.authority import (
+    DEFAULT_LIFETIME,
+    AuthorityError,
+    IdentityAuthority,
+    MintedIdentity,
+)
 
 ENV_NAMESPACE: Final = "NETVAL_NAMESPACE"
 ENV_AGENT_IMAGE: Final = "NETVAL_AGENT_IMAGE"
@@ -55,6 +64,14 @@ ENV_AGENT_ENROLL_CA_CONFIGMAP: Final = "NETVAL_AGENT_ENROLL_CA_CONFIGMAP"
 # (an external broker): the agents' login, or a node's (operator/broker_check.py).
 ENV_ACL_PROBE_USERNAME: Final = "NETVAL_ACL_PROBE_USERNAME"
 ENV_ACL_PROBE_PASSWORD_FILE: Final = "NETVAL_ACL_PROBE_PASSWORD_FILE"
+# While the broker ACL check finds a violation: hold gating (default) or proceed.
+ENV_GATING_ON_ACL_VIOLATION: Final = "NETVAL_GATING_ON_ACL_VIOLATION"
+# The identity CA (docs/architecture.md "Broker identity"): signs the agents' and the
+# operator's own MQTT client certificates.
+ENV_IDENTITY_CA_FILE: Final = "NETVAL_IDENTITY_CA_FILE"
+ENV_IDENTITY_CA_KEY_FILE: Final = "NETVAL_IDENTITY_CA_KEY_FILE"
+ENV_CREDENTIAL_LIFETIME: Final = "NETVAL_CREDENTIAL_LIFETIME_SECONDS"
+MIN_LIFETIME: Final = 60.0
 
 DEFAULT_NAMESPACE: Final = "netval-system"
 DEFAULT_IMAGE: Final = "ghcr.io/netval/netval:0.1.0"
@@ -101,6 +118,10 @@ class OperatorSettings:
     agent_enroll_ca_configmap: str | None = None
     # The broker ACL start check's credential without per-node identity (None: no check).
     acl_probe: MqttSettings | None = None
+    # gating held while that check finds a violation (False: proceed regardless)
+    hold_gating_on_acl_violation: bool = True
+    # The identity CA: agents' certificates at enrollment, the operator's own session's.
+    identity_ca: IdentityAuthority | None = None
     # NetworkLoadTest: the cluster's per-flow ceiling, Mbit/s (0: none). A spec above it is
     # refused (InvalidSpec, spec.maxRateMbps); a spec without a cap of its own gets it.
     loadtest_max_rate_mbps: float = 0.0
@@ -137,6 +158,14 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
         )
     except ValueError as exc:
         raise OperatorConfigError(str(exc)) from None
+    authority = _identity_ca(env)
+    if authority is not None and mqtt.cert_file is None:
+        if not mqtt.tls:
+            raise OperatorConfigError(
+                f"{ENV_IDENTITY_CA_FILE}: client certificates need mqtts:// ({ENV_URL})"
+            )
+        # its own session's certificate, minted in memory (CN netval-operator)
+        mqtt = dataclasses.replace(mqtt, identity=MintedIdentity(authority, OPERATOR_IDENTITY))
     shards, agent_pattern = _shards(env, urls, mqtt)
     window_text = env.get(ENV_STATUS_WINDOW, str(DEFAULT_STATUS_WINDOW))
     try:
@@ -188,6 +217,8 @@ def operator_settings_from_env(env: Mapping[str, str] = os.environ) -> OperatorS
         agent_enroll_url=_enroll_url(env),
         agent_enroll_ca_configmap=env.get(ENV_AGENT_ENROLL_CA_CONFIGMAP, "").strip() or None,
         acl_probe=_acl_probe(env, mqtt),
+        hold_gating_on_acl_violation=_on_acl_violation(env),
+        identity_ca=authority,
         loadtest_max_rate_mbps=_number_env(env, ENV_LOADTEST_MAX_RATE, 0, 0, MAX_MBPS),
         agent_rdma_resource=env.get(ENV_AGENT_RDMA_RESOURCE, "").strip() or None,
         mqtt_shards=shards,
@@ -314,4 +345,40 @@ def _acl_probe(env: Mapping[str, str], mqtt: MqttSettings) -> MqttSettings | Non
         password = read_password_file(path, ENV_ACL_PROBE_PASSWORD_FILE) if path else None
     except ValueError as exc:
         raise OperatorConfigError(str(exc)) from None
-    return dataclasses.replace(mqtt, username=username, password=password)
+    # a login, not the operator's own certificate
+    return dataclasses.replace(mqtt, username=username, password=password, identity=None)
+
+
+def _on_acl_violation(env: Mapping[str, str]) -> bool:
+    text = env.get(ENV_GATING_ON_ACL_VIOLATION, "").strip().lower() or "hold"
+    if text not in ("hold", "proceed"):
+        raise OperatorConfigError(
+            f"{ENV_GATING_ON_ACL_VIOLATION}: expected hold or proceed, got {text!r}"
+        )
+    return text == "hold"
+
+
+def _identity_ca(env: Mapping[str, str]) -> IdentityAuthority | None:
+    cert = env.get(ENV_IDENTITY_CA_FILE, "").strip()
+    key = env.get(ENV_IDENTITY_CA_KEY_FILE, "").strip()
+    if not cert and not key:
+        return None
+    if not cert or not key:
+        raise OperatorConfigError(
+            f"{ENV_IDENTITY_CA_FILE} and {ENV_IDENTITY_CA_KEY_FILE} go together"
+        )
+    text = env.get(ENV_CREDENTIAL_LIFETIME, "").strip()
+    try:
+        seconds = float(text) if text else DEFAULT_LIFETIME.total_seconds()
+    except ValueError:
+        raise OperatorConfigError(f"{ENV_CREDENTIAL_LIFETIME}: not a number: {text!r}") from None
+    if not MIN_LIFETIME <= seconds <= 366 * 86400:
+        raise OperatorConfigError(
+            f"{ENV_CREDENTIAL_LIFETIME}: {MIN_LIFETIME:g} to {366 * 86400} seconds, got {seconds:g}"
+        )
+    try:
+        return IdentityAuthority.from_files(
+            Path(cert), Path(key), lifetime=timedelta(seconds=seconds)
+        )
+    except AuthorityError as exc:
+        raise OperatorConfigError(f"{ENV_IDENTITY_CA_FILE}={cert!r}: {exc}") from None

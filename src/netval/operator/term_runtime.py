@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Final
 
@@ -39,6 +39,11 @@ from netval.operator.agents.rollout import apply_agents
 from netval.operator.gating.node_writer import NodeGating
 from netval.operator.ingest.assignments import assignments, leftover_topics
 from netval.operator.ingest.decode import EndpointAnnounce
+from netval.operator.ingest.endpoint_check import (
+    EndpointCheck,
+    VerifiedEndpoints,
+    fabric_networks,
+)
 from netval.operator.ingest.peer_sets import EndpointTable, epoch_of
 from netval.operator.ingest.shards import ShardedIngest
 from netval.operator.ingest.subscriber import ReportIngest
@@ -100,8 +105,9 @@ class OperatorRuntime:
             self.store,
             lambda group, desired: self.ingest.set_retained(desired, group=group),
             max_rate_ceiling_mbps=settings.loadtest_max_rate_mbps,
-            endpoints=lambda validation: self.endpoints.of(validation),
-            rails=lambda validation: self.endpoints.rails_of(validation),
+            # announcements count only at the node's own addresses (ingest.endpoint_check)
+            endpoints=lambda validation: self.verified_endpoints.of(validation),
+            rails=lambda validation: self.verified_endpoints.rails_of(validation),
             # the term's fencing token for load plans: this leader's clock (ms) at its start
             term=time.time_ns() // 1_000_000,
         )
@@ -129,14 +135,17 @@ class OperatorRuntime:
         )
         self.peer_ports = PeerPortCheck()
         self.endpoints = EndpointTable()
+        # announced endpoints count only at the node's own address (ingest.endpoint_check)
+        self.endpoint_check = EndpointCheck()
+        self.verified_endpoints = VerifiedEndpoints(
+            self.endpoints, self.endpoint_check, self._fabric_networks
+        )
         self.rdma_tests = RdmaLoadTests()
         self._rdma_listed = False
         self._peer_epochs: dict[str, int] = {}
         self.metrics_server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._targets_dirty = False
-        # the leader's identity service: which validations target each node (its MQTT role)
-        self.on_node_targets: Callable[[dict[str, frozenset[str]]], None] | None = None
         self._label_listing: asyncio.Task[None] | None = None
         self._label_listing_after = 0.0  # monotonic: no listing before (after a failure)
         self._started = False
@@ -199,6 +208,15 @@ class OperatorRuntime:
         if self.endpoints.update(announce.validation, announce.node, announce.payload):
             self.targets_changed()
 
+    def on_node_addresses(self, node: str, addresses: frozenset[str] | None) -> None:
+        """A Node's status.addresses (None: deleted): endpoints are judged against them."""
+        if self.endpoint_check.note_node(node, addresses):
+            self.targets_changed()
+
+    def _fabric_networks(self, validation: str) -> tuple[Any, ...]:
+        spec = self.store.specs.get(validation)
+        return fabric_networks(spec.checks.peers.fabric_cidrs) if spec is not None else ()
+
     # -- what Kopf tells us -----------------------------------------------------------------
 
     async def invalid_spec(
@@ -215,6 +233,7 @@ class OperatorRuntime:
         self.status.forget(name)
         nodes = self.store.remove_validation(name)
         self.endpoints.forget(name)
+        self.endpoint_check.forget(name)
         self.ingest.clear_retained(leftover_topics(name, nodes))
 
     # -- targets ----------------------------------------------------------------------------
@@ -248,19 +267,20 @@ class OperatorRuntime:
         if not self._targets_dirty:
             return
         self._targets_dirty = False
-        self.ingest.set_retained(assignments(self.store, self.endpoints, now))
+        self.ingest.set_retained(assignments(self.store, self.verified_endpoints, now))
+        for validation, node, (address, port) in self.endpoint_check.news():
+            what, effect = (
+                (f"the east-west endpoint {address}:{port}", "its peers do not probe it")
+                if port
+                else (f"the load-test rail address {address}", "no load test uses its rails")
+            )
+            self.events.queue(
+                validation, "Warning", EventReason.ENDPOINT_REFUSED,
+                f"node {node} announced {what}, which is neither one of its Node's addresses "
+                f"nor in spec.checks.peers.fabricCidrs: refused ({effect})",
+            )  # fmt: skip
         for name, message in self.peer_ports.update(self.store):
             self.events.queue(name, "Warning", EventReason.PEER_PORT_CONFLICT, message)
-        if self.on_node_targets is not None:
-            self.on_node_targets(self.node_targets())
-
-    def node_targets(self) -> dict[str, frozenset[str]]:
-        """node -> the validations that target it."""
-        found: dict[str, set[str]] = {}
-        for name, state in self.store.states.items():
-            for node in state.targeted:
-                found.setdefault(node, set()).add(name)
-        return {node: frozenset(names) for node, names in found.items()}
 
     def _list_missing_labels(self) -> None:
         """Started as soon as a validation references a new key (from Kopf's handlers, on

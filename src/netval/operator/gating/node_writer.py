@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime
 from typing import Final
 
-from netval.model.status import EventReason
+from netval.model.status import EventReason, Reason
 from netval.operator.devices.rules import RuleChange
 from netval.operator.devices.stage import DeviceStage
 from netval.operator.gating import decisions as gating
@@ -55,7 +56,8 @@ class NodeGating:
         self.breaker_tripped: dict[str, bool] = {}
         self.breaker_trips: Counter[str] = Counter()  # trips by onBreakerTripped action
         self.decisions: Decisions | None = None  # the last round's
-        self._said: dict[str, str | None] = {}  # validation -> Gating False message said
+        # validation -> the reason of the Gating False condition said (None: True)
+        self._said: dict[str, str | None] = {}
         # every Node write of the operator (topology labels too) takes a token of this bucket
         self.bucket = TokenBucket(settings.node_writes_per_second, settings.node_write_burst)
         self.queue = NodeWriteQueue(self._write, self.bucket, GATING_CONCURRENCY)
@@ -66,6 +68,10 @@ class NodeGating:
         store.device_gate = self.devices.gate
         self.fabric_writes = 0
         self.condition_writes = 0
+        # a reason to hold every Node write (the broker ACL check, `operator.broker_check`),
+        # shown in the Gating condition; and whether writes wait (that check not answered yet)
+        self.hold: Callable[[], str | None] = lambda: None
+        self.writes_wait: Callable[[], bool] = lambda: False
 
     @property
     def writes(self) -> int:
@@ -129,6 +135,7 @@ class NodeGating:
                 state.devices_note = note
                 state.dirty = True
         decisions = decide(inputs)
+        held = self.hold()
         for name, verdict in decisions.verdicts.items():
             state = store.states[name]
             before = state.verdict
@@ -137,11 +144,15 @@ class NodeGating:
                 before is None
                 or before.summary() != verdict.summary()
                 or before.nodes != verdict.nodes
+                or state.gating_hold != held
             ):
                 state.dirty = True
+            state.gating_hold = held
+            condition = gating_condition(verdict)
+            if held is not None:
+                condition = (False, Reason.BROKER_ACL_VIOLATED.value, held)
             self._record(
-                name, gating_condition(verdict), verdict.tripped,
-                verdict.policy.on_breaker_tripped.value,
+                name, condition, verdict.tripped, verdict.policy.on_breaker_tripped.value,
             )  # fmt: skip
         self.decisions = decisions
         return decisions
@@ -150,6 +161,9 @@ class NodeGating:
         if not await self.devices.prepare():
             return  # the first ResourceSlice listing: deciding without it would take the node path
         decisions = self.refresh(now)
+        if self.hold() is not None or self.writes_wait():
+            self.queue.reconcile({})  # nothing is written while held, queued wishes dropped
+            return
         if not await self.validations_loaded():
             return  # a half-loaded operator never strips what another validation owns
         store = self.store
@@ -216,6 +230,12 @@ class NodeGating:
         self.breaker_tripped[name] = tripped
         if tripped and not was:
             self.breaker_trips[action] += 1
-        if not condition[0] and (self._said.get(name) is None or (tripped and not was)):
-            self.events.queue(name, "Warning", EventReason.BREAKER_TRIPPED, condition[2])
-        self._said[name] = None if condition[0] else condition[2]
+        said = self._said.get(name)
+        if not condition[0] and (said is None or said != condition[1] or (tripped and not was)):
+            reason = (
+                EventReason.BROKER_ACL_VIOLATED
+                if condition[1] == Reason.BROKER_ACL_VIOLATED.value
+                else EventReason.BREAKER_TRIPPED
+            )
+            self.events.queue(name, "Warning", reason, condition[2])
+        self._said[name] = None if condition[0] else condition[1]

@@ -7,9 +7,16 @@ from typing import Any
 
 import kopf
 
-from netval.operator.broker_check import start_acl_check, stop_acl_check
+from netval.operator.broker_check import start_acl_check, stop_acl_check, term_hold
 from netval.operator.identity.service import start_identity, started_identity, stop_identity
-from netval.operator.term_startup import SIGNALS_KEY, configure_kopf, start_runtime, stop_runtime
+from netval.operator.settings import OperatorSettings
+from netval.operator.term_startup import (
+    SIGNALS_KEY,
+    configure_kopf,
+    start_runtime,
+    started_runtime,
+    stop_runtime,
+)
 
 
 @kopf.on.startup()
@@ -21,9 +28,16 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
         # own once its tasks started, which may be after this handler ran
         asyncio.get_running_loop().call_later(0.2, install_signals)
     await start_runtime(memo)
-    await start_identity(memo, memo["settings"])  # agent enrollment, if configured
+    ours: OperatorSettings = memo["settings"]
+    # the broker ACL check's verdict holds gating while it finds a violation
+    hold = term_hold(memo, ours.hold_gating_on_acl_violation)
+    runtime = started_runtime(memo)
+    if runtime is not None:
+        runtime.gating.hold = hold.reason
+        runtime.gating.writes_wait = hold.writes_wait
+    await start_identity(memo, ours, hold)  # agent enrollment, if configured
     if started_identity(memo) is None:  # (else the identity service checks the ACL)
-        start_acl_check(memo, memo["settings"].acl_probe)
+        start_acl_check(memo, ours.acl_probe, ours.mqtt, hold)
 
 
 @kopf.on.cleanup()

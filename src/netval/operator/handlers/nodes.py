@@ -7,6 +7,7 @@ from typing import Any
 import kopf
 
 from netval.operator.identity.service import started_identity
+from netval.operator.ingest.endpoint_check import node_addresses
 from netval.operator.term_startup import started_runtime
 
 
@@ -24,11 +25,16 @@ async def node_event(
     if type == "DELETED":
         if runtime is not None:
             runtime.store.on_node(name, None)
-        # A deleted Node's MQTT identity is revoked: its clients are disconnected at once.
+            runtime.on_node_addresses(name, None)
+        # A deleted Node's pods enroll again only through a TokenReview of their own (its
+        # certificates expire; what they publish for a node no validation targets counts
+        # for nothing).
         identity = started_identity(memo)
         if identity is not None:
-            await identity.revoke_node(name)
+            identity.forget_node(name)
     elif runtime is not None:  # else: the initial listing is replayed once the runtime exists
         runtime.store.on_node(
             name, dict(labels), list(spec.get("taints") or []), status.get("conditions")
         )
+        # the addresses an announced east-west endpoint must be one of
+        runtime.on_node_addresses(name, node_addresses(status))

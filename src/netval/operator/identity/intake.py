@@ -1,8 +1,7 @@
 """What the enrollment server remembers between requests, bounded: positive token reviews
-(until the token's expiry, `token_check.TokenClaims.cache_until`) and the credentials it
-issued in the last minutes (so that a retried or repeated enrollment of the same pod gets
-the same credential instead of rotating one that works). Both live in this replica's memory
-only; the oldest entries go first when a bound is reached.
+(until the token's expiry, `token_check.TokenClaims.cache_until`), so a fleet enrolling
+again costs the API server one review per pod, not one per request. In this replica's
+memory only; the oldest entries go first when the bound is reached.
 """
 
 from __future__ import annotations
@@ -12,16 +11,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Final, Generic, TypeVar
 
-from netval.operator.identity.credentials import IssuedCredential
 from netval.operator.identity.review import AgentPod
 
 MAX_REVIEWS: Final = 32768  # a 10,000-node fleet with up to 3 agent pods per node
-MAX_FRESH: Final = 32768
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
-
-PodKey = tuple[str, str, str]  # namespace, pod name, pod uid
 
 
 class _Expiring(Generic[K, V]):
@@ -63,10 +58,3 @@ def token_key(token: str) -> str:
 class ReviewCache(_Expiring[str, AgentPod]):
     def forget_node(self, node: str) -> None:
         self.drop(lambda pod: pod.node != node)
-
-
-class FreshCredentials(_Expiring[PodKey, tuple[str, IssuedCredential]]):
-    """(namespace, pod, uid) -> (node, the credential issued last)."""
-
-    def forget_node(self, node: str) -> None:
-        self.drop(lambda item: item[0] != node)

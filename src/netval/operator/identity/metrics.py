@@ -1,5 +1,5 @@
-"""The identity service's Prometheus metrics: enrollment answers by outcome, credentials
-issued, revoked and expired, and the dynamic security admin connection."""
+"""The identity service's Prometheus metrics: enrollment answers by outcome, certificate
+requests refused by reason, certificates issued."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, Final
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from netval.operator.identity.csr import CsrReason
+
 if TYPE_CHECKING:
     from netval.operator.identity.service import IdentityService
 
 OUTCOMES: Final = (
-    "issued", "reused", "denied", "throttled", "busy", "gone", "unauthenticated", "bad_request",
+    "issued", "denied", "bad_csr", "busy", "gone", "unauthenticated", "bad_request",
     "unavailable",
 )  # fmt: skip
 
@@ -31,21 +33,27 @@ class IdentityCollector(Collector):
         for outcome in OUTCOMES:
             answers.add_metric([outcome], s.server.outcomes.get(outcome, 0))
         yield answers
-        credentials = CounterMetricFamily(
-            "netval_operator_mqtt_credentials", "Per-node MQTT credentials, by what happened",
-            labels=["event"],
-        )  # fmt: skip
-        for event, value in (("issued", s.issuer.issued), ("revoked", s.issuer.revoked),
-                             ("expired", s.issuer.expired)):  # fmt: skip
-            credentials.add_metric([event], value)
-        yield credentials
+        refusals = CounterMetricFamily(
+            "netval_operator_csr_refusals",
+            "Certificate signing requests refused, by reason (a hostile or broken agent)",
+            labels=["reason"],
+        )
+        for reason in CsrReason:
+            refusals.add_metric([reason.value], s.server.csr_refusals.get(reason, 0))
+        yield refusals
+        yield CounterMetricFamily(
+            "netval_operator_mqtt_certificates",
+            "Client certificates the identity CA signed (agents' enrollments and the "
+            "operator's own)",
+            value=s.authority.issued,
+        )
         yield GaugeMetricFamily(
             "netval_operator_enrollments_queued",
-            "Enrollment requests admitted and not answered yet (reviewed, issued or waiting)",
+            "Enrollment requests admitted and not answered yet (reviewed or waiting)",
             value=s.server.queued,
         )
         yield GaugeMetricFamily(
-            "netval_operator_dynsec_connected",
-            "1 while the dynamic security admin connection is up",
-            value=int(s.admin.connected),
+            "netval_operator_identity_ca_expiry_seconds",
+            "Seconds until the identity CA's certificate expires (renew it well before)",
+            value=(s.authority.expires_at - s.authority.clock()).total_seconds(),
         )

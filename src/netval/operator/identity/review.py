@@ -6,7 +6,9 @@ itself, read back, must have that uid, run as the agents' ServiceAccount with th
 labels, and be scheduled: its `spec.nodeName` is the node the credential is for. The node
 therefore comes from the API server, never from the request. Its controller must be one of
 netval's agent DaemonSets, read back too (once per DaemonSet uid): anyone who may create
-Pods with the agents' ServiceAccount could otherwise write the labels themselves.
+Pods with the agents' ServiceAccount could otherwise write the labels themselves. The
+DaemonSet's controlling NetworkValidation is the validation the credential is for: a pod
+speaks only for the validation whose DaemonSet runs it.
 
 The checks of what the API server said are pure (`pod_ref_of`, `agent_node_of`,
 `daemonset_owner_of`, `check_agent_daemonset`); the calls run in a worker thread (the
@@ -15,6 +17,7 @@ official client is synchronous).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -73,6 +76,7 @@ class AgentPod:
     name: str
     uid: str
     node: str
+    validation: str = ""  # the NetworkValidation controlling the pod's DaemonSet
 
 
 def _dict(value: Any) -> Mapping[str, Any]:
@@ -162,9 +166,10 @@ def daemonset_owner_of(ref: PodRef, pod: Mapping[str, Any]) -> OwnerRef:
     )
 
 
-def check_agent_daemonset(owner: OwnerRef, daemonset: Mapping[str, Any] | None) -> None:
+def check_agent_daemonset(owner: OwnerRef, daemonset: Mapping[str, Any] | None) -> str:
     """The DaemonSet read back is the one the Pod names (same uid), carries the agents'
-    labels and is controlled by a NetworkValidation: one the operator manages."""
+    labels and is controlled by a NetworkValidation: one the operator manages. Returns that
+    validation's name."""
     what = f"DaemonSet {owner.namespace}/{owner.name}"
     if daemonset is None:
         raise EnrollmentDenied(f"{what} does not exist")
@@ -175,13 +180,20 @@ def check_agent_daemonset(owner: OwnerRef, daemonset: Mapping[str, Any] | None) 
     if any(labels.get(k) != v for k, v in AGENT_POD_LABELS.items()):
         raise EnrollmentDenied(f"{what} is not managed by netval")
     refs = meta.get("ownerReferences")
-    if not any(
-        _dict(o).get("kind") == "NetworkValidation"
-        and str(_dict(o).get("apiVersion", "")).startswith(f"{API_GROUP}/")
-        and _dict(o).get("controller") is True
-        for o in (refs if isinstance(refs, list) else [])
-    ):
-        raise EnrollmentDenied(f"{what} is not controlled by a NetworkValidation")
+    for o in refs if isinstance(refs, list) else []:
+        o = _dict(o)
+        name = o.get("name")
+        if (
+            o.get("kind") == "NetworkValidation"
+            and str(o.get("apiVersion", "")).startswith(f"{API_GROUP}/")
+            and o.get("controller") is True
+            and isinstance(name, str)
+        ):
+            try:
+                return check_topic_level(name, "validation name")
+            except ValueError as exc:
+                raise EnrollmentDenied(f"{what}: {exc}") from None
+    raise EnrollmentDenied(f"{what} is not controlled by a NetworkValidation")
 
 
 class PodTokenReviewer:
@@ -198,9 +210,10 @@ class PodTokenReviewer:
         self.apps_api = client.AppsV1Api(api_client)
         self.namespace = namespace
         self.service_account = service_account
-        # DaemonSets verified, by (namespace, name, uid): a uid is never reused, so a
-        # verified one stays verified (one GET per validation, not per enrollment)
-        self._owners: dict[OwnerRef, None] = {}
+        # DaemonSets verified, by (namespace, name, uid), with their validation: a uid is
+        # never reused, so a verified one stays verified (one GET per validation, not per
+        # enrollment)
+        self._owners: dict[OwnerRef, str] = {}
 
     async def review(self, token: str) -> AgentPod:
         status = await PROCESS_POOLS.run(Concern.ENROLL, self._token_review, token)
@@ -209,13 +222,13 @@ class PodTokenReviewer:
         agent = agent_node_of(ref, pod, service_account=self.service_account)
         assert pod is not None  # agent_node_of refuses a missing pod
         owner = daemonset_owner_of(ref, pod)
-        if owner not in self._owners:
+        validation = self._owners.get(owner)
+        if validation is None:
             found = await PROCESS_POOLS.run(Concern.ENROLL, self._read_daemonset, owner)
-            check_agent_daemonset(owner, found)
-            self._owners[owner] = None
+            validation = self._owners[owner] = check_agent_daemonset(owner, found)
             while len(self._owners) > MAX_OWNERS:
                 del self._owners[next(iter(self._owners))]
-        return agent
+        return dataclasses.replace(agent, validation=validation)
 
     def _token_review(self, token: str) -> dict[str, Any]:
         body = client.V1TokenReview(

@@ -18,13 +18,13 @@ from typing import Any
 
 from netval.model.storage_slots import fleet_positions
 from netval.model.topics import TopicKind, check_topic_level, topic
-from netval.operator.ingest.peer_sets import EndpointTable, epoch_of, peer_sets
+from netval.operator.ingest.peer_sets import Endpoints, EndpointTable, epoch_of, peer_sets
 from netval.operator.state.store import Store
 from netval.operator.topology.agreement import peer_topology_key
 
 
 def assignments(
-    store: Store, endpoints: EndpointTable | None = None, now: float | None = None
+    store: Store, endpoints: Endpoints | None = None, now: float | None = None
 ) -> dict[str, bytes]:
     """topic -> payload of every assignment the broker should hold (`now`: Unix seconds,
     which picks the peers' epoch)."""

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from pydantic import ValidationError
 
@@ -75,6 +75,12 @@ def window_size(samples: int, domains: int) -> int:
 # order, and the other interfaces a load test may name (netval.agent.loadtest.rails).
 AnnouncedRail = tuple[str, str, bool]
 AnnouncedRails = tuple[tuple[AnnouncedRail, ...], tuple[AnnouncedRail, ...]]
+
+
+class Endpoints(Protocol):
+    """What the peer sets read: validation -> node -> (address, port)."""
+
+    def of(self, validation: str) -> Mapping[str, Address]: ...
 
 
 class EndpointTable:

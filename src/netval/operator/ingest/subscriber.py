@@ -11,9 +11,10 @@ drop, never the session's end. The same connection keeps the operator's own reta
 messages (agent assignments) on the broker and clears the retained topics of deleted
 validations; that sync is supervised (a failed publish is logged, counted and retried).
 
-Reconnects follow the rule of every MQTT connection (`infra.mqtt_client.reconnect_loop`):
-exponential backoff with full jitter; a session that stayed up for `STABLE_SESSION_SECONDS`
-resets it, so a broker restart after a long quiet spell is followed by a quick reconnect.
+Reconnects follow the rule of every MQTT connection (`infra.mqtt_client.reconnect_loop`)
+with the operator's policy (`OPERATOR_RECONNECT`): the first attempt at once, then 0.25 s
+doubling to 2 s with full jitter, so it is back before the fleet (the agents' ceiling is
+30 s); a session that stayed up for `STABLE_SESSION_SECONDS` starts the count over.
 After every (re)subscribe the retained replay is recorded (`replayed`: which validation/node reports came back) and handed to `on_replayed`,
 so a gap (targeted nodes without a retained report) is counted instead of trusted; every
 reconnect after the first is reported with the session's shard (`on_reconnected`: the
@@ -41,6 +42,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
 from netval.infra.mqtt_client import (
+    OPERATOR_RECONNECT,
     ReconnectPolicy,
     ReconnectRule,
     SessionEnd,
@@ -156,8 +158,8 @@ class ReportIngest:
         on_reconnected: Callable[[int], None] = lambda shard: None,
         shard: int = 0,
         shards: int = 1,
-        backoff_base: float = 0.5,
-        backoff_cap: float = 30.0,
+        backoff_base: float = OPERATOR_RECONNECT.base,
+        backoff_cap: float = OPERATOR_RECONNECT.cap,
         stable_after: float = STABLE_SESSION_SECONDS,
         tracer: Tracer | None = None,
     ) -> None:
@@ -179,7 +181,10 @@ class ReportIngest:
         # load-test coordinator; the subscription exists only when someone takes them
         self.on_load_result = on_load_result
         self.stable_after = stable_after
-        self._reconnect = ReconnectRule(ReconnectPolicy(backoff_base, backoff_cap, stable_after))
+        # the operator's policy: at once, then a short backoff (`OPERATOR_RECONNECT`)
+        self._reconnect = ReconnectRule(
+            ReconnectPolicy(backoff_base, backoff_cap, stable_after, immediate=True)
+        )
         # the reports handled during the current session's replay (retained, or live ones
         # published after the subscribe)
         self.replayed: set[ReplayKey] = set()

@@ -200,6 +200,8 @@ class ValidationState:
     # failing node pairs a suspect explained (-> the suspect node, None for a link) and when
     # last, kept 2 intervals: a fault's last failing results outlive its suspect by a cycle
     explained: dict[tuple[str, str], tuple[str | None, datetime]] = field(default_factory=dict)
+    # gating held (the broker ACL check found a violation): the Gating condition's message
+    gating_hold: str | None = None
 
     @property
     def stale_after(self) -> timedelta:

@@ -118,6 +118,8 @@ def validation_status(
     status = _with_condition(status, ConditionType.USABLE, *usable, state, previous, now)
     if verdict is not None and spec is not None:
         ok, reason, message = gating_condition(verdict)
+        if state.gating_hold is not None:  # operator.broker_check: nothing is written
+            ok, reason, message = False, Reason.BROKER_ACL_VIOLATED.value, state.gating_hold
         status = _with_condition(
             status, ConditionType.GATING, "True" if ok else "False", reason, message, state,
             previous, now,

@@ -9,12 +9,18 @@ LLDP sees nothing, and the spine block from the router hops toward cross-leaf pe
   gateway address, which names no shared domain (docs/topology.md, "Publication").
 - **Spine from the paths.** On a path that reached a peer across at least three routers
   (leaf, spine, far leaf, ...) the second hop is a spine. Flows are spread over the spines
-  (ECMP), so a node's paths name several of them; the spines seen from one leaf (by any of
-  its nodes) belong to one block. Blocks are the connected groups of spines (two spines are
-  grouped when some leaf's nodes saw both), named by their smallest address, or by the value the block's nodes already
-  carry when it names one of its spines (a spine seen later does not rename a block). A
-  block is published only when its nodes span at least two leaves: a block of one leaf says
-  nothing the leaf does not, and that is what spines answering from per-link addresses give.
+  (ECMP), so a node's paths name several of them; the spines a leaf agrees on (each seen by
+  at least two of its nodes) belong to one block. Blocks are the connected groups of spines
+  (two spines are grouped when some leaf agrees on both), named by their smallest address,
+  or by the value the block's nodes already carry when it names one of its spines (a spine
+  seen later does not rename a block). A block is published only when its nodes span at
+  least two leaves: a block of one leaf says nothing the leaf does not, and that is what
+  spines answering from per-link addresses give.
+- **One node cannot merge blocks.** A node's report is its own word: a hop it names that no
+  other node of its leaf saw (a forged trace, or a path that left the fabric) joins
+  nothing, so it cannot make Kueue's topology treat two pods as one block. A node's block
+  is its leaf's; a node with no leaf value gets the block of a spine it saw that some leaf
+  agreed on (it labels itself only).
 """
 
 from __future__ import annotations
@@ -62,6 +68,25 @@ def shared_only(values: Mapping[str, str]) -> dict[str, str]:
     return {node: value for node, value in values.items() if counts[value] >= 2}
 
 
+MIN_NODES_AGREEING: Final = 2  # nodes of one leaf that must have seen a spine
+
+
+def leaf_spines(
+    seen: Mapping[str, Iterable[str]], leaves: Mapping[str, str]
+) -> dict[str, set[str]]:
+    """leaf -> the spines at least MIN_NODES_AGREEING of its nodes saw."""
+    votes: dict[str, Counter[str]] = {}
+    for node, spines in seen.items():
+        leaf = leaves.get(node)
+        if leaf is not None:
+            votes.setdefault(leaf, Counter()).update(set(spines))
+    return {
+        leaf: agreed
+        for leaf, counts in votes.items()
+        if (agreed := {s for s, n in counts.items() if n >= MIN_NODES_AGREEING})
+    }
+
+
 def spine_blocks(
     seen: Mapping[str, Iterable[str]],
     leaves: Mapping[str, str],
@@ -77,26 +102,22 @@ def spine_blocks(
             x = parent[x]
         return x
 
-    # A leaf's uplinks all go to its block's spines: what one node or one leaf saw is one block.
-    groups: dict[str, list[str]] = {}
-    for node, spines in seen.items():
-        groups.setdefault(leaves.get(node, f"node:{node}"), []).extend(spines)
-    for spines in groups.values():
-        first: str | None = None
-        for spine in spines:
-            if first is None:
-                first = root(spine)
-            else:
-                parent[root(spine)] = first
-                first = root(first)
+    # A leaf's uplinks all go to its block's spines: what a leaf agrees on is one block.
+    agreed = leaf_spines(seen, leaves)
+    for leaf_block in agreed.values():
+        first, *rest = sorted(leaf_block)
+        for spine in rest:
+            parent[root(spine)] = root(first)
+        root(first)
     members: dict[str, set[str]] = {}
     for spine in parent:
         members.setdefault(root(spine), set()).add(spine)
     nodes: dict[str, list[str]] = {}
-    for node, spines in seen.items():
-        block = next((root(s) for s in spines), None)
-        if block is not None:
-            nodes.setdefault(block, []).append(node)
+    for node, saw in seen.items():
+        leaf = leaves.get(node)
+        own = sorted(agreed.get(leaf, ()) if leaf is not None else (s for s in saw if s in parent))
+        if own:
+            nodes.setdefault(root(own[0]), []).append(node)
     out: dict[str, str] = {}
     for block, block_nodes in nodes.items():
         if len({leaves[n] for n in block_nodes if n in leaves}) < 2:
@@ -110,7 +131,9 @@ def spine_blocks(
 
 __all__ = [
     "MAX_SPINES_PER_NODE",
+    "MIN_NODES_AGREEING",
     "RouteView",
+    "leaf_spines",
     "next_hop_leaf",
     "route_view",
     "shared_only",
