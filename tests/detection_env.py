@@ -46,9 +46,10 @@ AGENT: Final = str(Path(__file__).resolve().parent / "detection_agent.py")
 
 
 def validation_spec(
-    interval: int, *, max_latency_ms: float, max_loss_percent: float
+    interval: int, *, max_latency_ms: float, max_loss_percent: float, fabric_cidr: str
 ) -> dict[str, Any]:
-    """A RoCE pool as examples/roce-training-pool.yaml, on the namespace fabric."""
+    """A RoCE pool as examples/roce-training-pool.yaml, on the namespace fabric
+    (`fabric_cidr`: its addresses, which the test Nodes do not list as theirs)."""
     return {
         "nodeSelector": {POOL_KEY: VALIDATION},
         "interval": f"{interval}s",
@@ -63,6 +64,7 @@ def validation_spec(
             "peers": {
                 "enabled": True,
                 "interface": "f0",
+                "fabricCidrs": [fabric_cidr],
                 "topologyKey": LEAF_KEY,
                 "samplesPerDomain": 2,
                 "maxLatencyMs": max_latency_ms,
@@ -253,7 +255,8 @@ def running(
         for node in layout.nodes:
             add_node(kube, node, {POOL_KEY: VALIDATION, LEAF_KEY: layout.leaf_of(node)})
         spec = validation_spec(interval, max_latency_ms=max_latency_ms,
-                               max_loss_percent=max_loss_percent)  # fmt: skip
+                               max_loss_percent=max_loss_percent,
+                               fabric_cidr=f"10.{layout.net}.0.0/16")  # fmt: skip
         kube.create({"apiVersion": NV, "kind": "NetworkValidation",
                      "metadata": {"name": VALIDATION}, "spec": spec})  # fmt: skip
         mqtt_env = {

@@ -74,7 +74,9 @@ def test_two_rails_per_node_load_both_planes_at_once_and_report_both(
     for r in (0, 1):
         mbps = carried[r] * 8 / seconds / 1e6
         print(f"\nuplink of rail {r}: {mbps:.1f} Mbit/s during the cross window")
-        assert mbps >= 0.7 * RATE_MBIT, carried  # each plane's uplink loaded at once
+        # each plane's uplink loaded at once: one after the other, neither would carry more
+        # than half the window's bytes (a flow starting late on a loaded machine costs some)
+        assert mbps >= 0.6 * RATE_MBIT, carried
     assert run.east_west is not None
     cells = {(c.a, c.b, c.rail): c for c in run.east_west.cells}
     assert set(cells) == {(a, b, r) for a, b in (("leaf-a", "leaf-a"), ("leaf-a", "leaf-b"),
